@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set everything up (cached venv, models) and run kvtier's checks and test suite.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not engine"`.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=$(bash "$repo/scripts/setup.sh")
+cd "$repo"
+export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+
+echo "== ruff"
+"$venv/bin/python" -m ruff check src tests
+echo "== pytest"
+"$venv/bin/python" -m pytest -p no:cacheprovider "$@"

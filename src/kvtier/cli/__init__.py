@@ -1,0 +1,1 @@
+"""kvtier's command line (Typer for parsing, Rich for output)."""

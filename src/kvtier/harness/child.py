@@ -1,0 +1,98 @@
+"""The engine child: hosts one ``vllm.LLM`` and answers ``EngineProcess`` requests.
+
+Run as ``python -m kvtier.harness.child <reply_fd>`` with the engine arguments as the first JSON
+line on stdin.
+"""
+
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from kvtier.harness.protocol import decode, encode
+
+
+def _metrics(llm: Any) -> dict[str, float]:
+    """Flatten ``LLM.get_metrics()`` into ``{"name{k=v,...}": value}`` (counters and gauges)."""
+    flat: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        value = getattr(metric, "value", None)
+        if not isinstance(value, int | float):
+            continue
+        labels = ",".join(
+            f"{k}={v}"
+            for k, v in sorted(metric.labels.items())
+            if k not in ("model_name", "engine")
+        )
+        flat[f"{metric.name}{{{labels}}}"] = float(value)
+    return flat
+
+
+def main() -> None:
+    reply_fd = int(sys.argv[1])
+    replies = os.fdopen(reply_fd, "wb", buffering=0)
+    stdin = sys.stdin.buffer
+
+    def reply(**message: Any) -> None:
+        replies.write(encode(message))
+
+    engine_args = decode(stdin.readline())
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        started = time.perf_counter()
+        llm = LLM(**engine_args)
+        reply(ok=True, start_s=time.perf_counter() - started, pid=os.getpid())
+    except BaseException:
+        reply(ok=False, error=traceback.format_exc())
+        raise
+
+    for line in stdin:
+        request = decode(line)
+        op = request["op"]
+        try:
+            if op == "generate":
+                params = SamplingParams(
+                    temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True, seed=0
+                )
+                prompts = [TokensPrompt(prompt_token_ids=p) for p in request["prompts"]]
+                extra = {}
+                if request.get("cache_salt") is not None:
+                    prompts = [
+                        TokensPrompt(prompt_token_ids=p, cache_salt=request["cache_salt"])
+                        for p in request["prompts"]
+                    ]
+                t0 = time.perf_counter()
+                outputs = llm.generate(prompts, params, use_tqdm=False, **extra)
+                elapsed = time.perf_counter() - t0
+                reply(
+                    ok=True,
+                    elapsed_s=elapsed,
+                    results=[
+                        {
+                            "token_ids": list(o.outputs[0].token_ids),
+                            "num_cached_tokens": o.num_cached_tokens or 0,
+                        }
+                        for o in outputs
+                    ],
+                )
+            elif op == "reset_prefix_cache":
+                done = llm.reset_prefix_cache(reset_connector=request.get("reset_connector", False))
+                reply(ok=True, result=bool(done))
+            elif op == "metrics":
+                reply(ok=True, result=_metrics(llm))
+            elif op == "shutdown":
+                reply(ok=True)
+                break
+            else:
+                reply(ok=False, error=f"unknown op {op!r}")
+        except Exception:
+            reply(ok=False, error=traceback.format_exc())
+    # Let vLLM shut its engine down the normal way (worker cleanup runs).
+    del llm
+
+
+if __name__ == "__main__":
+    main()

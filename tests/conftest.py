@@ -1,0 +1,42 @@
+"""Shared fixtures: models built once per session, engines closed even when a test fails."""
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kvtier.harness import EngineConfig, EngineProcess
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from kvtier.models import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine-logs")
+
+
+@pytest.fixture(scope="module")
+def start_engine(engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
+    """Start engines for one test module; every one still running is closed at module end."""
+    started: list[EngineProcess] = []
+
+    def start(config: EngineConfig, name: str) -> EngineProcess:
+        engine = EngineProcess(config, engine_logs / f"{name}.log")
+        started.append(engine)
+        return engine
+
+    yield start
+    for engine in started:
+        engine.close()
+
+
+def random_prompt(seed: int, length: int, vocab: int = 2048) -> list[int]:
+    """Token ids unlikely to share a prefix with any other seed's prompt."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, vocab) for _ in range(length)]

@@ -1,0 +1,57 @@
+"""``kvtier.kv_transfer_config`` builds what vLLM expects and rejects bad input clearly."""
+
+import json
+
+import pytest
+
+import kvtier
+from kvtier.errors import ConfigError
+from kvtier.units import format_size, parse_size
+
+
+def test_default_config_plugs_the_spec_into_the_stock_connector():
+    cfg = kvtier.kv_transfer_config()
+    assert cfg["kv_connector"] == "OffloadingConnector"
+    assert cfg["kv_role"] == "kv_both"
+    assert cfg["kv_load_failure_policy"] == "recompute"
+    extra = cfg["kv_connector_extra_config"]
+    assert extra["spec_name"] == "KvtierCpuSpec"
+    assert extra["spec_module_path"] == "kvtier.vllm.spec"
+    assert extra["cpu_bytes_to_use"] == 2 * 2**30
+    assert extra["secondary_tiers"] == []
+    json.dumps(cfg)  # must survive --kv-transfer-config '<json>'
+
+
+def test_disk_dir_adds_a_disk_tier_with_an_absolute_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = kvtier.kv_transfer_config(host_pool="512MiB", disk_dir="cache")
+    extra = cfg["kv_connector_extra_config"]
+    assert extra["cpu_bytes_to_use"] == 512 * 2**20
+    (tier,) = extra["secondary_tiers"]
+    assert tier["root_dir"] == str(tmp_path / "cache")
+
+
+def test_upstream_options_pass_through_and_typos_are_rejected():
+    cfg = kvtier.kv_transfer_config(extra={"eviction_policy": "arc"})
+    assert cfg["kv_connector_extra_config"]["eviction_policy"] == "arc"
+    with pytest.raises(ConfigError, match=r"unknown extra option\(s\) \['evicton_policy'\]"):
+        kvtier.kv_transfer_config(extra={"evicton_policy": "arc"})
+
+
+@pytest.mark.parametrize("bad", [0, "0GiB", "lots", "-1", -5, True])
+def test_bad_host_pool_sizes_name_the_option_and_an_example(bad):
+    with pytest.raises(ConfigError, match="host_pool"):
+        kvtier.kv_transfer_config(host_pool=bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4096", 4096), ("4KiB", 4096), ("1.5GiB", 3 * 2**29), ("2GB", 2 * 10**9), ("7 mib", 7 << 20)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_format_size_uses_binary_units():
+    assert format_size(3 * 2**29) == "1.50 GiB"
+    assert format_size(512) == "512 B"
