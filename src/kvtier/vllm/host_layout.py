@@ -6,7 +6,8 @@ It follows upstream's layout exactly (``vllm/v1/kv_offload/cpu/gpu_worker.py``:
 and the tier files written from them mean the same bytes on every platform:
 
 * every canonical KV tensor ``t`` has a host view of shape
-  ``(num_chunks, page_t * blocks_per_chunk)`` with row stride ``row_stride`` (the whole aligned chunk row, all ranks, all tensors);
+  ``(num_chunks, page_t * blocks_per_chunk)`` with row stride ``row_stride`` (the whole aligned
+  chunk row: all ranks, all tensors);
 * sub-block ``j`` of chunk ``c`` of tensor ``t`` starts at ``host_base_t + c * row_stride +
   j * page_t``;
 * per KV group with ``n`` engine blocks whose first logical block index is ``k``, the host side
