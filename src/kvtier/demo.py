@@ -6,9 +6,6 @@
 then a bar chart of time to first token and where each prompt token came from.
 """
 
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -17,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvtier.cli.serve import serve_env
-from kvtier.openai_client import ServerClient, StreamResult
+from kvtier.harness.server import ServerProcess
+from kvtier.openai_client import StreamResult
 
 MAX_TOKENS = 24
 SOURCES = {
@@ -67,100 +64,40 @@ class Phase:
     sources: dict[str, float]
 
 
-class DemoServer:
-    """One ``kvtier serve`` process on loopback."""
-
-    def __init__(self, model_dir: Path, disk_dir: Path, port: int, log: Path) -> None:
-        env = serve_env()
-        env.update(
-            VLLM_SERVER_DEV_MODE="1",  # exposes /reset_prefix_cache
-            VLLM_CPU_KVCACHE_SPACE="1",
-            VLLM_CPU_NUM_OF_RESERVED_CPU="0",
-        )
-        argv = [
-            sys.executable,
-            "-m",
-            "kvtier.cli",
-            "serve",
-            str(model_dir),
-            "--disk-dir",
-            str(disk_dir),
-            "--host-pool",
-            "2GiB",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--served-model-name",
-            "smollm2",
-            "--max-model-len",
-            "8192",
-            "--enforce-eager",
-            "--dtype",
-            "float32",
-            "--max-num-seqs",
-            "4",
-        ]
-        self.log = log
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        self.client = ServerClient(f"http://127.0.0.1:{port}", "smollm2")
-        self.client.wait_ready(600, lambda: self.proc.poll() is None)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-
-
-def measure(server: DemoServer, name: str, prompt: list[int]) -> Phase:
+def measure(server: ServerProcess, name: str, prompt: list[int]) -> Phase:
     before = server.client.metrics()
     result = server.client.complete_stream(prompt, MAX_TOKENS)
     after = server.client.metrics()
     sources = {label: after.get(key, 0.0) - before.get(key, 0.0) for label, key in SOURCES.items()}
-    # vLLM counts restored tokens both as cached-by-source and, for the host pool and disk,
-    # as external transfers; the two cached rows split the external count.
     return Phase(name, result, sources)
 
 
 def render(console: Console, phases: list[Phase], num_tokens: int) -> None:
     cold = phases[0].result.ttft_s
-    width = 40
-    table = Table(title=f"Time to first token, {num_tokens}-token prompt, SmolLM2-135M (CPU)")
-    table.add_column("request")
-    table.add_column("TTFT", justify="right")
-    table.add_column("")
-    table.add_column("vs cold", justify="right")
-    for label in SOURCES:
-        table.add_column(label, justify="right")
+    width = 30
+    chart = Table(title=f"Time to first token, {num_tokens}-token prompt, SmolLM2-135M on CPU")
+    chart.add_column("request")
+    chart.add_column("TTFT", justify="right")
+    chart.add_column("speed-up", justify="right")
+    chart.add_column("", no_wrap=True)
     for phase in phases:
         ttft = phase.result.ttft_s
         bar = "█" * max(1, round(width * ttft / cold))
-        table.add_row(
-            phase.name,
-            f"{ttft:.2f} s",
-            bar,
-            f"{cold / ttft:.1f}×",
-            *(f"{phase.sources[label]:.0f}" for label in SOURCES),
-        )
-    console.print(table)
-    console.print(
-        "Columns on the right: prompt tokens by where they came from (vLLM's own "
-        "prompt_tokens_by_source / prompt_tokens_cached_by_source counters)."
-    )
+        chart.add_row(phase.name, f"{ttft:.2f} s", f"{cold / ttft:.1f}×", bar)
+    console.print(chart)
+    sources = Table(title="Where the prompt tokens came from (vLLM's prompt_tokens_*_by_source)")
+    sources.add_column("request")
+    for label in SOURCES:
+        sources.add_column(label, justify="right")
+    for phase in phases:
+        sources.add_row(phase.name, *(f"{phase.sources[label]:.0f}" for label in SOURCES))
+    console.print(sources)
 
 
 def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
     from kvtier.models import smollm2
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 100)
     err = Console(stderr=True)
     work = work_dir or Path(tempfile.mkdtemp(prefix="kvtier-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -172,7 +109,7 @@ def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
     server = None
     try:
         with err.status("Starting kvtier serve (about a minute on 2 cores)..."):
-            server = DemoServer(model_dir, disk, port, work / "server-1.log")
+            server = ServerProcess(model_dir, work / "server-1.log", disk_dir=disk, port=port)
         with err.status(f"Cold prefill of {len(prompt)} tokens..."):
             phases.append(measure(server, "cold prefill", prompt))
         server.client.reset_prefix_cache()
@@ -180,10 +117,10 @@ def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
             phases.append(measure(server, "host-pool restore", prompt))
         with err.status("Restarting the server (the host pool is gone, the disk tier stays)..."):
             server.stop()
-            server = DemoServer(model_dir, disk, port, work / "server-2.log")
+            server = ServerProcess(model_dir, work / "server-2.log", disk_dir=disk, port=port)
         with err.status("Same prompt on the fresh server..."):
-            phases.append(measure(server, "disk restore after restart", prompt))
-            reference = measure(server, "engine prefix-cache hit", prompt)
+            phases.append(measure(server, "disk restore, restarted", prompt))
+            reference = measure(server, "engine cache hit", prompt)
     except Exception as exc:
         err.print(f"kvtier demo failed: {exc}\nserver logs in {work}")
         return 1

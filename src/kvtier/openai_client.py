@@ -78,7 +78,10 @@ class ServerClient:
             resp.read()
 
     def metrics(self) -> dict[str, float]:
-        """Prometheus samples as ``{"name{label=value,...}": value}`` (model/engine labels cut)."""
+        """Prometheus samples as ``{"name{label=value,...}": value}`` (model/engine labels cut).
+
+        Keys match ``EngineProcess.metrics()``: counter names without ``_total``.
+        """
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as resp:
             text = resp.read().decode()
         samples: dict[str, float] = {}
@@ -87,6 +90,8 @@ class ServerClient:
                 continue
             name_labels, _, value = line.rpartition(" ")
             name, _, labels = name_labels.partition("{")
+            # The exposition adds ``_total`` to counters; key them by the metric's own name.
+            name = name.removesuffix("_total")
             kept = ",".join(
                 part
                 for part in labels.rstrip("}").split(",")

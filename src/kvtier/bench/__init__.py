@@ -1,0 +1,1 @@
+"""Benchmarks that drive real engines and print figures (never imported by the library)."""
