@@ -36,6 +36,14 @@ def start_engine(engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
         engine.close()
 
 
+@pytest.fixture(scope="session")
+def plain_engine(tiny_model: Path, engine_logs: Path) -> Iterator[EngineProcess]:
+    """The tiny model without offloading, shared by every module: the resume oracle's engine."""
+    engine = EngineProcess(EngineConfig(model=str(tiny_model)), engine_logs / "plain.log")
+    yield engine
+    engine.close()
+
+
 def random_prompt(seed: int, length: int, vocab: int = 2048) -> list[int]:
     """Token ids unlikely to share a prefix with any other seed's prompt."""
     rng = random.Random(seed)

@@ -1,6 +1,7 @@
 """``kvtier.kv_transfer_config`` builds what vLLM expects and rejects bad input clearly."""
 
 import json
+import os
 
 import pytest
 
@@ -22,13 +23,46 @@ def test_default_config_plugs_the_spec_into_the_stock_connector():
     json.dumps(cfg)  # must survive --kv-transfer-config '<json>'
 
 
-def test_disk_dir_adds_a_disk_tier_with_an_absolute_root(tmp_path, monkeypatch):
+def test_disk_dir_adds_kvtiers_disk_tier_with_an_absolute_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = kvtier.kv_transfer_config(host_pool="512MiB", disk_dir="cache")
+    cfg = kvtier.kv_transfer_config(host_pool="512MiB", disk_dir="cache", disk_capacity="8GiB")
     extra = cfg["kv_connector_extra_config"]
     assert extra["cpu_bytes_to_use"] == 512 * 2**20
     (tier,) = extra["secondary_tiers"]
+    assert tier["type"] == "KvtierDiskTier"
+    assert tier["module_path"] == "kvtier.vllm.disk_tier"
     assert tier["root_dir"] == str(tmp_path / "cache")
+    assert tier["capacity_bytes"] == 8 * 2**30
+
+
+def test_default_disk_capacity_is_a_quarter_of_the_file_system_at_most_256gib(tmp_path):
+    cfg = kvtier.kv_transfer_config(disk_dir=tmp_path / "not-yet" / "created")
+    (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    st = os.statvfs(tmp_path)
+    assert tier["capacity_bytes"] == min(st.f_blocks * st.f_frsize // 4, 256 * 2**30)
+
+
+def test_stock_fs_tier_stays_available_for_comparisons(tmp_path):
+    cfg = kvtier.kv_transfer_config(disk_dir=tmp_path, disk_tier="fs")
+    (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["type"] == "fs"
+    assert "module_path" not in tier
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"disk_tier": "nfs"}, "disk_tier='nfs'"),
+        ({"fsync": "sometimes"}, "fsync='sometimes'"),
+        ({"disk_capacity": "1GiB"}, "disk_dir"),
+        ({"disk_threads": 0}, "disk_threads"),
+    ],
+)
+def test_bad_disk_options_say_what_to_do(tmp_path, kwargs, match):
+    if "disk_capacity" not in kwargs:
+        kwargs = {"disk_dir": tmp_path, **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        kvtier.kv_transfer_config(**kwargs)
 
 
 def test_upstream_options_pass_through_and_typos_are_rejected():

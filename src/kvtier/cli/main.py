@@ -1,6 +1,7 @@
 """``kvtier`` command: serve a model with offloading, run the demo, benchmarks and probes."""
 
 import os
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -34,7 +35,15 @@ def serve(
     disk_dir: Annotated[
         Path | None, typer.Option(help="Folder of the persistent disk tier (off when unset).")
     ] = None,
+    disk_capacity: Annotated[
+        str | None,
+        typer.Option(help="Disk tier cap, e.g. 64GiB (default: 1/4 of its file system, <=256GiB)."),
+    ] = None,
     disk_threads: Annotated[int, typer.Option(help="Disk tier I/O threads per direction.")] = 4,
+    disk_tier: Annotated[
+        str, typer.Option(help="kvtier (verified, bounded) or fs (vLLM's stock tier).")
+    ] = "kvtier",
+    fsync: Annotated[str, typer.Option(help="never, data or always.")] = "never",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the command instead of running it.")
     ] = False,
@@ -49,13 +58,18 @@ def serve(
 
     try:
         config = kv_transfer_config(
-            host_pool=host_pool, disk_dir=disk_dir, disk_threads=disk_threads
+            host_pool=host_pool,
+            disk_dir=disk_dir,
+            disk_capacity=disk_capacity,
+            disk_threads=disk_threads,
+            disk_tier=disk_tier,
+            fsync=fsync,
         )
         argv = serve_command(model, config, list(ctx.args))
     except ConfigError as exc:
         _fail(str(exc))
     if dry_run:
-        typer.echo(" ".join(argv))
+        typer.echo(shlex.join(argv))
         return
     os.execve(argv[0], argv, serve_env())
 

@@ -29,7 +29,26 @@ def _metrics(llm: Any) -> dict[str, float]:
     return flat
 
 
+def _die_with_parent() -> None:
+    """Take the whole engine (EngineCore, workers: our process group) down with us.
+
+    vLLM's EngineCore outlives a SIGTERMed front end as an orphan; a test runner that dies
+    must not leave engines behind, so SIGTERM (also sent by the kernel when our parent dies)
+    kills our process group.
+    """
+    import ctypes
+    import signal
+
+    def kill_group(signum: int, frame: Any) -> None:
+        os.killpg(0, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, kill_group)
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def main() -> None:
+    _die_with_parent()
     reply_fd = int(sys.argv[1])
     replies = os.fdopen(reply_fd, "wb", buffering=0)
     stdin = sys.stdin.buffer

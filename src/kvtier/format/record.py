@@ -1,0 +1,189 @@
+"""The on-disk block record: a 4096-byte header, then the payload.
+
+Layout (little-endian)::
+
+    offset  size  field
+    0       8     magic            b"KVTIERB1"
+    8       2     version          FORMAT_VERSION
+    10      2     header_len       HEADER_BYTES (4096)
+    12      1     checksum_alg     id from kvtier.format.checksum
+    13      1     flags            0 (reserved)
+    14      2     key_len          1..MAX_KEY_BYTES
+    16      16    namespace        Namespace.digest()
+    32      8     payload_len      bytes after the header
+    40      8     payload_checksum checksum of the payload with checksum_alg
+    48      K     key              opaque key bytes (vLLM: 32-byte block hash + u32 group, BE)
+    48+K    8     header_checksum  xxh3_64 of bytes [0, 48+K)
+    56+K    ...   zero padding up to header_len
+
+The header fills one page so the payload starts page-aligned: a reader can ``preadv`` the
+file straight into a page-aligned host-pool row, with ``O_DIRECT`` where the buffer allows.
+The header checksum is always xxh3-64 so it can be checked before the algorithm id is trusted.
+
+``decode_header`` checks, in this order, and raises ``CorruptRecordError`` with the reason:
+``bad_magic`` (also a zero-filled file), ``version`` (unknown version, header length or
+checksum id), ``header_checksum`` (damaged header or non-zero padding), ``namespace``,
+``key``, ``length``. The payload checksum is checked by ``verify_payload`` (``checksum``)
+once the payload is in the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from kvtier.errors import CorruptRecordError
+from kvtier.format import checksum as _checksum
+
+MAGIC = b"KVTIERB1"
+#: Bumped whenever the header layout or its meaning changes; readers refuse other values.
+FORMAT_VERSION = 1
+#: Header size on disk; the payload starts at this offset.
+HEADER_BYTES = 4096
+#: Bytes of the namespace digest stored in each header.
+NAMESPACE_DIGEST_BYTES = 16
+#: Longest key a record can carry (vLLM's keys are 36 bytes).
+MAX_KEY_BYTES = 256
+
+_FIXED = struct.Struct(f"<8sHHBBH{NAMESPACE_DIGEST_BYTES}sQQ")
+_U64 = struct.Struct("<Q")
+_ZERO_PAGE = bytes(HEADER_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    """The decoded header of one record; ``decode_header(encode_header(h)) == h``."""
+
+    #: Digest of the namespace the record was written for (NAMESPACE_DIGEST_BYTES long).
+    namespace_digest: bytes
+    #: The block key, opaque bytes, 1..MAX_KEY_BYTES long.
+    key: bytes
+    #: Bytes of payload that follow the header.
+    payload_len: int
+    #: Checksum of the payload, computed with ``checksum_alg``.
+    payload_checksum: int
+    #: Id of the payload checksum algorithm (kvtier.format.checksum.ALGORITHMS).
+    checksum_alg: int = _checksum.DEFAULT_ALGORITHM.algorithm_id
+    #: Format version the record was written with.
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if len(self.namespace_digest) != NAMESPACE_DIGEST_BYTES:
+            raise ValueError(
+                f"namespace_digest is {len(self.namespace_digest)} bytes; "
+                f"use Namespace.digest() ({NAMESPACE_DIGEST_BYTES} bytes)"
+            )
+        check_key(self.key)
+        if not 0 <= self.payload_len < 2**64 or not 0 <= self.payload_checksum < 2**64:
+            raise ValueError("payload_len and payload_checksum must fit in an unsigned 64-bit int")
+
+    @property
+    def record_bytes(self) -> int:
+        """Size of the whole record file: header plus payload."""
+        return HEADER_BYTES + self.payload_len
+
+
+def check_key(key: bytes) -> None:
+    """Raise ``ValueError`` unless ``key`` is bytes of 1..MAX_KEY_BYTES (a caller's bug)."""
+    if not isinstance(key, bytes) or not 1 <= len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"a key must be 1..{MAX_KEY_BYTES} bytes, got {key!r:.80}")
+
+
+def make_header(
+    namespace_digest: bytes,
+    key: bytes,
+    payload: _checksum.Buffer,
+    checksum_alg: int = _checksum.DEFAULT_ALGORITHM.algorithm_id,
+) -> RecordHeader:
+    """Build the header for ``payload`` (checksummed in place, not copied)."""
+    payload_view = memoryview(payload)
+    return RecordHeader(
+        namespace_digest=namespace_digest,
+        key=key,
+        payload_len=payload_view.nbytes,
+        payload_checksum=_checksum.compute_checksum(payload_view, checksum_alg),
+        checksum_alg=checksum_alg,
+    )
+
+
+def encode_header(header: RecordHeader) -> bytes:
+    """Serialise ``header`` to exactly HEADER_BYTES bytes."""
+    fixed = _FIXED.pack(
+        MAGIC,
+        header.version,
+        HEADER_BYTES,
+        header.checksum_alg,
+        0,
+        len(header.key),
+        header.namespace_digest,
+        header.payload_len,
+        header.payload_checksum,
+    )
+    body = fixed + header.key
+    body += _U64.pack(xxhash.xxh3_64_intdigest(body))
+    return body + _ZERO_PAGE[len(body) :]
+
+
+def decode_header(
+    buf: _checksum.Buffer,
+    expected_namespace: bytes,
+    expected_key: bytes,
+    expected_payload_len: int | None = None,
+) -> RecordHeader:
+    """Parse and check a header read from disk.
+
+    ``buf`` holds at least HEADER_BYTES bytes (only those are read). The header must
+    belong to ``expected_namespace`` and ``expected_key`` and, when given, announce
+    ``expected_payload_len`` bytes of payload. Raises ``CorruptRecordError`` with the first
+    failing check's reason (see the module docstring); never returns a header it has not
+    fully checked.
+    """
+    view = memoryview(buf).cast("B")
+    if view.nbytes < HEADER_BYTES:
+        raise CorruptRecordError("length", f"header is {view.nbytes} bytes, need {HEADER_BYTES}")
+    magic, version, header_len, alg, _flags, key_len, namespace, payload_len, payload_ck = (
+        _FIXED.unpack_from(view)
+    )
+    if magic != MAGIC:
+        raise CorruptRecordError("bad_magic", f"magic {bytes(magic)!r}, want {MAGIC!r}")
+    if version != FORMAT_VERSION or header_len != HEADER_BYTES:
+        raise CorruptRecordError(
+            "version", f"version {version}/header {header_len}, want {FORMAT_VERSION}/4096"
+        )
+    body_len = _FIXED.size + key_len
+    if not 1 <= key_len <= MAX_KEY_BYTES:
+        raise CorruptRecordError("header_checksum", f"key length {key_len} out of range")
+    (stored_ck,) = _U64.unpack_from(view, body_len)
+    if stored_ck != xxhash.xxh3_64_intdigest(view[:body_len]) or (
+        view[body_len + _U64.size : HEADER_BYTES] != _ZERO_PAGE[body_len + _U64.size :]
+    ):
+        raise CorruptRecordError("header_checksum", "header bytes do not match their checksum")
+    _checksum.algorithm(alg)
+    if namespace != expected_namespace:
+        raise CorruptRecordError(
+            "namespace", f"record of namespace {namespace.hex()}, want {expected_namespace.hex()}"
+        )
+    key = bytes(view[_FIXED.size : body_len])
+    if key != expected_key:
+        raise CorruptRecordError("key", f"record of key {key.hex()}, want {expected_key.hex()}")
+    if expected_payload_len is not None and payload_len != expected_payload_len:
+        raise CorruptRecordError(
+            "length", f"payload of {payload_len} bytes, want {expected_payload_len}"
+        )
+    return RecordHeader(namespace, key, payload_len, payload_ck, alg, version)
+
+
+def verify_payload(header: RecordHeader, payload: _checksum.Buffer) -> None:
+    """Raise ``CorruptRecordError("checksum")`` unless ``payload`` matches ``header``."""
+    view = memoryview(payload)
+    if view.nbytes != header.payload_len:
+        raise CorruptRecordError(
+            "length", f"payload {view.nbytes} bytes, want {header.payload_len}"
+        )
+    actual = _checksum.compute_checksum(view, header.checksum_alg)
+    if actual != header.payload_checksum:
+        raise CorruptRecordError(
+            "checksum", f"payload checksum {actual:#x}, header says {header.payload_checksum:#x}"
+        )

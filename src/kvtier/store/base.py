@@ -1,0 +1,154 @@
+"""The block store interface every backend implements, and the values it returns.
+
+A store maps opaque keys (bytes, 1..256 long) to payloads (bytes of one KV block). It is a
+cache, not a database: a store may drop any record at any time to stay under its byte cap,
+so callers treat every lookup as "maybe". A *miss* is an outcome (``False``), never an
+exception: unknown key, evicted record, record removed by another process, or a record that
+failed verification (then also quarantined, and not offered again).
+
+Contracts shared by all backends:
+
+* **Thread safety**: every method may be called from many threads at once.
+* **Blocking**: every method except ``contains`` may block on I/O or on other processes
+  (a disk store's index lock); call them from the tier's own worker threads, never from the
+  scheduler's critical path. ``contains`` is an in-memory lookup, no syscall.
+* **Faults**: I/O faults (ENOSPC, EIO, permissions, a damaged file) are logged and turned
+  into ``False``; they never raise. Programming errors (a key that is not bytes, a closed
+  store misused) raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Self
+
+from kvtier.format.checksum import Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One finding of ``BlockStore.verify``."""
+
+    #: Machine-readable kind, e.g. "missing_file", "orphan_file", "corrupt", "counter".
+    kind: str
+    #: Human-readable explanation with the offending values.
+    detail: str
+    #: The record's key, when the problem concerns one.
+    key: bytes | None = None
+    #: The file concerned, relative to the store's folder, when there is one.
+    path: str | None = None
+    #: True when ``verify(fix=True)`` repaired it.
+    fixed: bool = False
+
+
+@dataclass(slots=True)
+class StoreStats:
+    """Counters since the store was opened (this process only); ``stats()`` returns a copy."""
+
+    #: Successful puts.
+    puts: int = 0
+    #: Puts that stored nothing (no room after eviction, I/O error).
+    put_failures: int = 0
+    #: Loads that filled the caller's buffer with verified data.
+    hits: int = 0
+    #: Loads that returned False, corrupt records included.
+    misses: int = 0
+    #: Records that failed verification, by reason ("checksum", "key", "not_regular"...).
+    corrupt: dict[str, int] = field(default_factory=dict)
+    #: Records dropped to make room.
+    evictions: int = 0
+    #: Record bytes (header + payload) written by successful puts.
+    bytes_written: int = 0
+    #: Payload bytes delivered by hits.
+    bytes_read: int = 0
+    #: Files moved into quarantine.
+    quarantined: int = 0
+
+    def copy(self) -> StoreStats:
+        """A snapshot that later operations do not change."""
+        return dataclasses.replace(self, corrupt=dict(self.corrupt))
+
+
+class BlockStore(abc.ABC):
+    """A byte-capped, evicting map from block keys to payloads (see the module contracts)."""
+
+    @abc.abstractmethod
+    def put(self, key: bytes, payload: Buffer) -> bool:
+        """Store ``payload`` under ``key``, replacing any record.
+
+        ``payload`` is read in place (not copied, not kept); the caller must not change it
+        until ``put`` returns.
+
+        Returns True once the record is durable to the store's policy and visible to
+        ``contains``/``get_into``; False when it was not stored (larger than the cap, no room
+        after eviction, an I/O fault). May evict other records first.
+        """
+
+    @abc.abstractmethod
+    def get_into(self, key: bytes, out: memoryview) -> bool:
+        """Fill ``out`` with the payload of ``key`` and verify it; True on a verified hit.
+
+        ``out`` must be writable and exactly the stored payload's length (else False). On
+        False the content of ``out`` is unspecified: it may hold part of a record. A record
+        that fails verification is quarantined, so later lookups miss without I/O.
+        """
+
+    @abc.abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """True if this process believes ``key`` is stored; in memory, no syscall.
+
+        A True may still end in a miss (another process evicted the record); a False may
+        hide a record another process added since the last ``refresh``.
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: bytes) -> bool:
+        """Remove ``key``; True if a record was removed."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[bytes]:
+        """Keys this process believes are stored (a snapshot; order unspecified)."""
+
+    @abc.abstractmethod
+    def payload_len(self, key: bytes) -> int | None:
+        """Payload length of ``key``'s record, or None if not stored; in memory."""
+
+    @abc.abstractmethod
+    def used_bytes(self) -> int:
+        """Bytes of records held under the cap (all processes sharing the store)."""
+
+    @abc.abstractmethod
+    def stats(self) -> StoreStats:
+        """A snapshot of this process's counters."""
+
+    @abc.abstractmethod
+    def verify(self, fix: bool = False) -> list[Problem]:
+        """Check the store against ground truth; with ``fix``, repair what can be repaired.
+
+        Slow (reads every record): meant for the CLI and the end of stress tests.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release files and locks; idempotent. Later calls return False or empty results."""
+
+    def refresh(self) -> int:
+        """Pick up records other processes added or removed; returns how many changed.
+
+        The default has nothing to pick up: a store private to one process.
+        """
+        return 0
+
+    def get(self, key: bytes) -> bytes | None:
+        """The payload of ``key`` as new bytes, or None on a miss (built on ``get_into``)."""
+        out = bytearray(self.payload_len(key) or 0)  # unknown: get_into misses (and counts it)
+        return bytes(out) if self.get_into(key, memoryview(out)) else None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,250 @@
+"""``verify``: compare a disk store's index with its files, read every record, repair on demand.
+
+Problem kinds (``Problem.kind``) and what ``fix=True`` does about them:
+
+==============  ==============================================  ==============================
+kind            meaning                                         fix
+==============  ==============================================  ==============================
+missing_file    a ready row whose file is gone                  drop the row
+corrupt         a ready row whose file fails a check (detail    quarantine the file, drop the
+                names the reason: checksum, length, key...)     row
+stale_pending   an unfinished write of a dead process           drop the row and its files
+stale_trash     an evicted file a dead process did not unlink   unlink it
+stale_temp      a temp file of a dead process                   unlink it
+orphan_file     a record file no row names                      unlink it
+unknown_file    a file or folder the store did not make         quarantine it
+counter         the usage total differs from the rows' sum      set the total
+namespace_file  namespace.json missing or not this namespace    rewrite it
+==============  ==============================================  ==============================
+
+Files are listed before rows are read: a record is renamed into place only after its
+pending row exists, so a file that a concurrent writer publishes during the scan is never
+mistaken for an orphan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvtier.errors import ConfigError, CorruptRecordError
+from kvtier.format.namespace import Namespace
+from kvtier.format.record import decode_header, verify_payload
+from kvtier.store import layout
+from kvtier.store.base import Problem
+from kvtier.store.index import PENDING, Index, Row
+from kvtier.store.io import RecordIO
+from kvtier.store.quarantine import quarantine
+from kvtier.store.session import is_alive
+
+
+@dataclass
+class StoreCheck:
+    """One run of the checks over a namespace folder; ``run()`` returns the problems."""
+
+    #: The namespace folder.
+    dir: Path
+    #: The namespace the folder is for.
+    namespace: Namespace
+    #: Its open index.
+    index: Index
+    #: File I/O used to read records (the store's own).
+    io: RecordIO
+    #: The checking store's own session (alive by definition).
+    session_id: str
+    #: Quarantine size limit, as the store's.
+    quarantine_max: int
+    #: Repair what can be repaired.
+    fix: bool
+    problems: list[Problem] = field(default_factory=list)
+    _alive: dict[str, bool] = field(default_factory=dict)
+
+    def report(
+        self,
+        kind: str,
+        detail: str,
+        repair: Callable[[], object] | None,
+        key: bytes | None = None,
+        path: str | None = None,
+    ) -> None:
+        fixed = False
+        if self.fix and repair is not None:
+            repair()
+            fixed = True
+        self.problems.append(Problem(kind, detail, key, path, fixed))
+
+    def alive(self, session: str) -> bool:
+        if session not in self._alive:
+            self._alive[session] = session == self.session_id or is_alive(self.dir, session)
+        return self._alive[session]
+
+    def run(self) -> list[Problem]:
+        files = self.scan_blocks()
+        temps = sorted(os.listdir(self.dir / layout.TMP))
+        rows = self.index.all_rows()
+        trash = self.index.trash()
+        named = {row.path for row in rows} | {path for path, _ in trash}
+        for row in rows:
+            if row.state == PENDING:
+                self.check_pending(row)
+            else:
+                self.check_ready(row, files.get(row.path))
+        for path, session in trash:
+            if not self.alive(session):
+                self.report(
+                    "stale_trash",
+                    f"evicted file left by dead session {session}",
+                    lambda p=path: self.remove_trash(p),
+                    path=path,
+                )
+        for relative, mode in sorted(files.items()):
+            if relative not in named:
+                self.check_unnamed(relative, mode)
+        for name in temps:
+            self.check_temp(name)
+        self.check_counter()
+        self.check_namespace_file()
+        return self.problems
+
+    def scan_blocks(self) -> dict[str, int]:
+        """relative path -> lstat mode of everything two levels under blocks/."""
+        found: dict[str, int] = {}
+        for top in os.scandir(self.dir / layout.BLOCKS):
+            relative = f"{layout.BLOCKS}/{top.name}"
+            if not top.is_dir(follow_symlinks=False):
+                found[relative] = top.stat(follow_symlinks=False).st_mode
+                continue
+            for entry in os.scandir(top.path):
+                found[f"{relative}/{entry.name}"] = entry.stat(follow_symlinks=False).st_mode
+        return found
+
+    def check_ready(self, row: Row, mode: int | None) -> None:
+        if mode is None:
+            self.report(
+                "missing_file",
+                f"record {row.record_id} has no file",
+                lambda: self.index.remove_records([row.record_id]),
+                row.key,
+                row.path,
+            )
+            return
+        reason, detail = self.read_record(row)
+        if reason is not None:
+            self.report(
+                "corrupt",
+                f"{reason}: {detail}",
+                lambda: self.quarantine_row(row, reason, detail),
+                row.key,
+                row.path,
+            )
+
+    def read_record(self, row: Row) -> tuple[str | None, str]:
+        out = memoryview(bytearray(row.payload_len))
+        try:
+            header = decode_header(
+                self.io.read_into(self.dir / row.path, out),
+                self.namespace.digest(),
+                row.key,
+                row.payload_len,
+            )
+            verify_payload(header, out)
+        except CorruptRecordError as exc:
+            return exc.reason, str(exc)
+        except OSError as exc:
+            return "io_error", str(exc)
+        return None, ""
+
+    def quarantine_row(self, row: Row, reason: str, detail: str) -> None:
+        label = f"{row.key.hex()}.{row.record_id}"
+        quarantine(self.dir, row.path, label, reason, detail, self.quarantine_max)
+        self.index.remove_records([row.record_id])
+
+    def check_pending(self, row: Row) -> None:
+        if self.alive(row.session):
+            return
+
+        def repair() -> None:
+            self.index.reclaim([row.session])
+            _remove(self.dir / row.path)
+            _remove(self.dir / layout.temp_name(row.key, row.record_id, row.session))
+
+        self.report(
+            "stale_pending",
+            f"unfinished write of dead session {row.session}",
+            repair,
+            row.key,
+            row.path,
+        )
+
+    def remove_trash(self, path: str) -> None:
+        _remove(self.dir / path)
+        self.index.trash_done([path])
+
+    def check_unnamed(self, relative: str, mode: int) -> None:
+        parsed = layout.parse_record_name(relative)
+        if parsed is None or not stat.S_ISREG(mode):
+            self.report(
+                "unknown_file",
+                f"not made by the store (mode {mode:#o})",
+                lambda: quarantine(
+                    self.dir,
+                    relative,
+                    "unknown",
+                    "unknown_file",
+                    "found by verify",
+                    self.quarantine_max,
+                ),
+                path=relative,
+            )
+        else:
+            self.report(
+                "orphan_file",
+                "record file that no index row names",
+                lambda: _remove(self.dir / relative),
+                parsed[0],
+                relative,
+            )
+
+    def check_temp(self, name: str) -> None:
+        session = layout.temp_session(name)
+        if session is not None and self.alive(session):
+            return
+        relative = f"{layout.TMP}/{name}"
+        self.report(
+            "stale_temp",
+            "temp file of a dead session",
+            lambda: _remove(self.dir / relative),
+            path=relative,
+        )
+
+    def check_counter(self) -> None:
+        used, actual = self.index.counter_drift()
+        if used != actual:
+            self.report(
+                "counter",
+                f"used_bytes says {used}, rows add up to {actual}",
+                lambda: self.index.set_used_bytes(actual),
+            )
+
+    def check_namespace_file(self) -> None:
+        path = self.dir / layout.NAMESPACE_FILE
+        try:
+            ok = Namespace.from_json(path.read_text()) == self.namespace
+        except (OSError, ConfigError):
+            ok = False
+        if not ok:
+            self.report(
+                "namespace_file",
+                f"{path.name} missing or for another namespace",
+                lambda: layout.write_small_file(path, self.namespace.to_json().encode()),
+                path=layout.NAMESPACE_FILE,
+            )
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(IsADirectoryError):
+        path.unlink(missing_ok=True)

@@ -1,0 +1,168 @@
+"""The contract every ``BlockStore`` passes (zarr's StoreTests shape).
+
+A backend's test class inherits ``StoreContract`` and supplies ``make_store`` (a store whose
+cap holds ``records`` records of PAYLOAD_BYTES) and ``record_bytes`` (what one record of a
+given payload size costs against the cap).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from array import array
+
+from kvtier.store import BlockStore
+from tests.store.store_helpers import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
+
+
+class StoreContract:
+    """Behaviour shared by all stores; subclasses bind it to one backend."""
+
+    def make_store(self, records: int = 8) -> BlockStore:
+        raise NotImplementedError
+
+    def record_bytes(self, payload_len: int) -> int:
+        raise NotImplementedError
+
+    def read(self, store: BlockStore, key: bytes, size: int = PAYLOAD_BYTES) -> bytes | None:
+        out = aligned_buffer(size)
+        return bytes(out) if store.get_into(key, out) else None
+
+    def test_get_after_put_round_trips(self) -> None:
+        store = self.make_store()
+        assert store.put(key_of(1), payload_of(1))
+        assert store.contains(key_of(1))
+        assert self.read(store, key_of(1)) == payload_of(1)
+
+    def test_get_into_unaligned_buffer_round_trips(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        out = memoryview(bytearray(PAYLOAD_BYTES + 1))[1:]
+        assert store.get_into(key_of(1), out)
+        assert bytes(out) == payload_of(1)
+
+    def test_typed_buffers_round_trip(self) -> None:
+        store = self.make_store()
+        floats = array("f", range(PAYLOAD_BYTES // 4))
+        assert store.put(key_of(1), floats)
+        out = array("f", bytes(PAYLOAD_BYTES))
+        assert store.get_into(key_of(1), memoryview(out))
+        assert out == floats
+
+    def test_put_replaces_existing_record(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        assert store.put(key_of(1), payload_of(2))
+        assert self.read(store, key_of(1)) == payload_of(2)
+
+    def test_duplicate_put_is_charged_once(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        store.put(key_of(1), payload_of(1))
+        assert store.used_bytes() == self.record_bytes(PAYLOAD_BYTES)
+        assert list(store.keys()) == [key_of(1)]
+
+    def test_get_of_unknown_key_is_miss(self) -> None:
+        store = self.make_store()
+        assert not store.contains(key_of(9))
+        assert self.read(store, key_of(9)) is None
+        assert store.stats().misses == 1
+
+    def test_get_into_wrong_length_buffer_is_miss(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        assert self.read(store, key_of(1), PAYLOAD_BYTES - 4096) is None
+        assert store.contains(key_of(1))
+
+    def test_get_returns_bytes_or_none(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        assert store.get(key_of(1)) == payload_of(1)
+        assert store.get(key_of(2)) is None
+
+    def test_delete_removes_record(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        assert store.delete(key_of(1))
+        assert not store.contains(key_of(1))
+        assert self.read(store, key_of(1)) is None
+        assert store.used_bytes() == 0
+
+    def test_delete_of_unknown_key_returns_false(self) -> None:
+        assert not self.make_store().delete(key_of(1))
+
+    def test_keys_lists_stored_keys(self) -> None:
+        store = self.make_store()
+        for i in range(3):
+            store.put(key_of(i), payload_of(i))
+        store.delete(key_of(1))
+        assert sorted(store.keys()) == [key_of(0), key_of(2)]
+
+    def test_used_bytes_counts_every_record(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        store.put(key_of(2), payload_of(2, 4096))
+        assert store.used_bytes() == self.record_bytes(PAYLOAD_BYTES) + self.record_bytes(4096)
+
+    def test_payload_larger_than_cap_is_refused(self) -> None:
+        store = self.make_store(records=2)
+        assert not store.put(key_of(1), bytes(3 * PAYLOAD_BYTES + 8192))
+        assert store.stats().put_failures == 1
+        assert store.used_bytes() == 0
+
+    def test_cap_is_never_exceeded(self) -> None:
+        store = self.make_store(records=4)
+        rng = random.Random(7)
+        cap = 4 * self.record_bytes(PAYLOAD_BYTES)
+        for i in range(60):
+            assert store.put(key_of(i), payload_of(i, rng.choice([1024, 4096, PAYLOAD_BYTES])))
+            assert store.used_bytes() <= cap
+        assert store.stats().evictions > 0
+
+    def test_least_recently_used_is_evicted_first(self) -> None:
+        store = self.make_store(records=4)
+        for i in range(4):
+            store.put(key_of(i), payload_of(i))
+        assert self.read(store, key_of(0)) == payload_of(0)
+        store.put(key_of(4), payload_of(4))
+        assert store.contains(key_of(0))
+        assert not store.contains(key_of(1))
+        assert store.contains(key_of(4))
+
+    def test_concurrent_puts_and_gets_stay_consistent(self) -> None:
+        store = self.make_store(records=16)
+        errors: list[str] = []
+
+        def worker(offset: int) -> None:
+            for i in range(offset, offset + 40):
+                store.put(key_of(i % 24), payload_of(i % 24))
+                data = self.read(store, key_of((i * 7) % 24))
+                if data is not None and data != payload_of((i * 7) % 24):
+                    errors.append(f"wrong bytes for {(i * 7) % 24}")
+
+        threads = [threading.Thread(target=worker, args=(n * 10,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert store.used_bytes() <= 16 * self.record_bytes(PAYLOAD_BYTES)
+        assert [p for p in store.verify() if not p.fixed] == []
+
+    def test_closed_store_misses_and_refuses_puts(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        store.close()
+        assert self.read(store, key_of(1)) is None
+        assert not store.put(key_of(2), payload_of(2))
+        store.close()  # idempotent
+
+    def test_key_that_is_not_bytes_is_a_programming_error(self) -> None:
+        store = self.make_store()
+        for bad in ("text", b"", bytes(300)):
+            try:
+                store.put(bad, payload_of(1))  # type: ignore[arg-type]
+            except ValueError as exc:
+                assert "key must be" in str(exc)
+            else:
+                raise AssertionError(f"put accepted key {bad!r:.20}")

@@ -1,0 +1,66 @@
+"""Processes that die at a chosen step of a put (run under multiprocessing "spawn").
+
+They live in their own module so a spawned child can import them (tests.store.crash_helpers).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvtier.format import HEADER_BYTES
+from kvtier.format.checksum import Buffer
+from kvtier.store import DiskStore, RecordIO
+from tests.store.store_helpers import PAYLOAD_BYTES, key_of, make_namespace, payload_of
+
+CRASH_EXIT_CODE = 17
+CAPACITY_RECORDS = 4
+
+
+class CrashingIO(RecordIO):
+    """Exits the process, without any cleanup, at step ``at`` of a write."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at = at
+        self.armed = True
+
+    def _maybe_crash(self, step: str) -> None:
+        if self.armed and self.at == step:
+            os._exit(CRASH_EXIT_CODE)
+
+    def write_temp(self, path: Path, header: bytes, payload: Buffer) -> None:
+        self._maybe_crash("before_write")
+        super().write_temp(path, header, payload)
+        self._maybe_crash("after_temp_write")
+
+    def publish(self, temp: Path, final: Path) -> None:
+        super().publish(temp, final)
+        self._maybe_crash("after_rename")
+
+    def remove(self, path: Path) -> None:
+        if path.suffix == ".kvb":
+            self._maybe_crash("before_evict_unlink")
+        super().remove(path)
+
+
+def open_store(root: str, io: RecordIO | None = None) -> DiskStore:
+    return DiskStore(
+        root,
+        make_namespace(),
+        CAPACITY_RECORDS * (HEADER_BYTES + PAYLOAD_BYTES),
+        free_space_floor_bytes=0,
+        io=io,
+    )
+
+
+def fill_then_crash(root: str, at: str, prefill: int) -> None:
+    """Store ``prefill`` records normally, then crash at step ``at`` of the next put."""
+    io = CrashingIO(at)
+    io.armed = False
+    store = open_store(root, io)
+    for i in range(prefill):
+        store.put(key_of(100 + i), payload_of(100 + i))
+    io.armed = True
+    store.put(key_of(1), payload_of(1))
+    raise SystemExit(f"did not crash at {at}")

@@ -1,0 +1,47 @@
+"""Helpers shared by the store tests (tests is a package: import as tests.store.store_helpers)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from kvtier.format import Namespace
+
+PAYLOAD_BYTES = 8192
+
+
+def make_namespace(model: str = "test/model", block_bytes: int = PAYLOAD_BYTES) -> Namespace:
+    """A small namespace; ``model`` varies it."""
+    return Namespace(
+        model=model,
+        weights_fingerprint="sha256:feed",
+        kv_dtype="float32",
+        block_size_tokens=16,
+        num_groups=1,
+        num_layers=2,
+        num_kv_heads=2,
+        head_size=64,
+        block_bytes=block_bytes,
+        hash_algorithm="sha256_cbor",
+    )
+
+
+def key_of(i: int) -> bytes:
+    """A vLLM-shaped key: 32-byte hash + 4-byte big-endian group index."""
+    return i.to_bytes(32, "big") + (0).to_bytes(4, "big")
+
+
+def payload_of(i: int, size: int = PAYLOAD_BYTES) -> bytes:
+    """Deterministic, key-specific payload bytes."""
+    return (i.to_bytes(4, "big") * (size // 4 + 1))[:size]
+
+
+def aligned_buffer(size: int) -> memoryview:
+    """A page-aligned writable buffer, like a host-pool row."""
+    return memoryview(mmap.mmap(-1, size))
+
+
+def files_under(folder: Path) -> list[Path]:
+    """Every non-directory entry below ``folder``."""
+    return [Path(d) / f for d, _, names in os.walk(folder) for f in names]

@@ -1,0 +1,190 @@
+"""A damaged or planted record file is a miss, is quarantined, counted, and can be rewritten."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvtier.format import HEADER_BYTES
+from kvtier.store import DiskStore
+from kvtier.store.quarantine import entries
+from tests.store.store_helpers import (
+    PAYLOAD_BYTES,
+    aligned_buffer,
+    key_of,
+    make_namespace,
+    payload_of,
+)
+
+OpenDisk = Callable[..., DiskStore]
+
+
+def stored(open_disk: OpenDisk) -> tuple[DiskStore, Path]:
+    store = open_disk()
+    assert store.put(key_of(1), payload_of(1))
+    path = store.record_path(key_of(1))
+    assert path is not None
+    return store, path
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x10]))
+
+
+def assert_quarantined(store: DiskStore, reason: str) -> None:
+    """The read misses, the file went to quarantine under ``reason``, and a rewrite works."""
+    before = store.used_bytes()
+    assert not store.get_into(key_of(1), aligned_buffer(PAYLOAD_BYTES))
+    names = entries(store.namespace_dir)
+    assert len(names) == 1 and f".{reason}." in names[0], names
+    assert store.stats().corrupt == {reason: 1}
+    assert store.stats().quarantined == 1
+    assert not store.contains(key_of(1))
+    assert store.used_bytes() == before - (HEADER_BYTES + PAYLOAD_BYTES)
+    assert store.put(key_of(1), payload_of(1))
+    assert store.get(key_of(1)) == payload_of(1)
+    assert [p for p in store.verify() if not p.fixed] == []
+
+
+def test_bit_flip_in_payload_is_quarantined_as_checksum(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    flip_bit(path, HEADER_BYTES + 1234)
+    assert_quarantined(store, "checksum")
+
+
+def test_bit_flip_in_header_is_quarantined_as_header_checksum(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    flip_bit(path, 20)  # inside the namespace digest
+    assert_quarantined(store, "header_checksum")
+
+
+def test_bit_flip_in_header_padding_is_quarantined(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    flip_bit(path, 3000)
+    assert_quarantined(store, "header_checksum")
+
+
+def test_unknown_version_is_quarantined_as_version(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    flip_bit(path, 9)
+    assert_quarantined(store, "version")
+
+
+def test_truncated_file_is_quarantined_as_length(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    os.truncate(path, HEADER_BYTES + PAYLOAD_BYTES // 2)
+    assert_quarantined(store, "length")
+
+
+def test_extended_file_is_quarantined_as_length(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    with open(path, "ab") as f:
+        f.write(b"extra")
+    assert_quarantined(store, "length")
+
+
+def test_zero_filled_file_is_quarantined_as_bad_magic(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    path.write_bytes(bytes(HEADER_BYTES + PAYLOAD_BYTES))
+    assert_quarantined(store, "bad_magic")
+
+
+def test_wrong_magic_is_quarantined_as_bad_magic(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    with open(path, "r+b") as f:
+        f.write(b"NOTKVTIE")
+    assert_quarantined(store, "bad_magic")
+
+
+def test_file_copied_from_other_namespace_is_quarantined(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    other = open_disk(namespace=make_namespace(model="other/model"))
+    other.put(key_of(1), payload_of(1))
+    other_path = other.record_path(key_of(1))
+    assert other_path is not None and other_path.parent.parent.parent != path.parent.parent.parent
+    shutil.copyfile(other_path, path)
+    assert_quarantined(store, "namespace")
+    assert other.get(key_of(1)) == payload_of(1)
+
+
+def test_file_renamed_to_another_key_is_quarantined_as_key(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    store.put(key_of(2), payload_of(2))
+    other = store.record_path(key_of(2))
+    assert other is not None
+    os.replace(other, path)
+    store.delete(key_of(2))  # its file now sits at key 1's name
+    assert_quarantined(store, "key")
+
+
+def test_symlink_in_place_of_record_is_quarantined_not_followed(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    store.put(key_of(2), payload_of(2))
+    valid = store.record_path(key_of(2))
+    decoy = store.root.parent / "decoy"
+    os.replace(path, decoy)  # a valid record of key 1, reachable only through the link
+    os.symlink(decoy, path)
+    assert_quarantined(store, "symlink")
+    assert valid is not None and valid.exists() and decoy.exists()
+
+
+def plant_fifo(path: Path) -> None:
+    os.mkfifo(path, 0o600)
+
+
+def plant_directory(path: Path) -> None:
+    path.mkdir()
+    (path / "inside").write_bytes(b"x")
+
+
+@pytest.mark.timeout(20)  # a FIFO opened in blocking mode would hang here
+@pytest.mark.parametrize("plant", [plant_fifo, plant_directory], ids=["fifo", "directory"])
+def test_non_regular_file_in_place_of_record_is_quarantined(
+    open_disk: OpenDisk, plant: Callable[[Path], None]
+) -> None:
+    store, path = stored(open_disk)
+    path.unlink()
+    plant(path)
+    assert_quarantined(store, "not_regular")
+
+
+def test_file_removed_by_someone_else_is_a_clean_miss(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    path.unlink()
+    assert not store.get_into(key_of(1), aligned_buffer(PAYLOAD_BYTES))
+    assert not store.contains(key_of(1))
+    assert store.stats().corrupt == {}
+    assert entries(store.namespace_dir) == []
+
+
+def test_quarantine_keeps_only_the_newest_entries(open_disk: OpenDisk) -> None:
+    store = open_disk(quarantine_max_entries=2)
+    for i in range(4):
+        store.put(key_of(i), payload_of(i))
+        path = store.record_path(key_of(i))
+        assert path is not None
+        flip_bit(path, HEADER_BYTES)
+        assert not store.get_into(key_of(i), aligned_buffer(PAYLOAD_BYTES))
+    names = entries(store.namespace_dir)
+    assert [n[:2] for n in names] == [key_of(2).hex()[:2], key_of(3).hex()[:2]]
+    assert store.stats().quarantined == 4
+
+
+def test_verify_finds_and_fixes_a_corrupt_record(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    flip_bit(path, HEADER_BYTES + 5)
+    problems = store.verify()
+    assert [(p.kind, p.key) for p in problems] == [("corrupt", key_of(1))]
+    assert "checksum" in problems[0].detail
+    assert all(p.fixed for p in store.verify(fix=True))
+    assert store.verify() == []
+    assert not store.contains(key_of(1))
+    assert len(entries(store.namespace_dir)) == 1

@@ -1,0 +1,173 @@
+"""KvtierDiskTier against a fake host pool: the SecondaryTierManager contract, no engine."""
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.tiering.base import TransferJob
+
+from kvtier.vllm.disk_tier import KvtierDiskTier
+
+ROWS, ROW_BYTES = 8, 8192
+CTX = ReqContext(req_id="r")
+
+
+def offloading_config(model_dir) -> OffloadingConfig:
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(128, ("layer.0",), 0),),
+        worker_kv_bytes_per_block=ROW_BYTES,
+        enable_kv_cache_events=False,
+        extra_config={},
+        engine_id="test",
+        model=OffloadingModelConfig(name=str(model_dir), dtype="float32"),
+        cache=OffloadingCacheConfig(tokens_per_hash=128, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, None, True),
+    )
+
+
+@pytest.fixture
+def pool():
+    return np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+
+
+@pytest.fixture
+def tier(tmp_path, pool):
+    init_none_hash(sha256)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    made = KvtierDiskTier(
+        spec, memoryview(pool), "KvtierDiskTier", str(tmp_path / "disk"), capacity_bytes="1MiB"
+    )
+    yield made
+    made.shutdown()
+
+
+def key(i: int) -> bytes:
+    return bytes([i]) * 32 + (0).to_bytes(4, "big")
+
+
+def run(tier, job_id, keys, rows, is_promotion):
+    job = TransferJob(job_id, keys, np.array(rows, dtype=np.int32), is_promotion, CTX)
+    (tier.submit_load if is_promotion else tier.submit_store)(job)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        results = list(tier.get_finished_jobs())
+        if results:
+            (result,) = results
+            return result
+        time.sleep(0.01)
+    raise AssertionError("job did not finish")
+
+
+def wait_open(tier):
+    deadline = time.monotonic() + 30
+    while tier.lookup(key(99), CTX) is LookupResult.RETRY:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_stored_rows_load_back_into_other_rows(tier, pool):
+    wait_open(tier)
+    pool[0] = np.arange(ROW_BYTES) % 127
+    pool[1] = -5
+    assert run(tier, 1, [key(1), key(2)], [0, 1], False).success
+    assert tier.lookup(key(1), CTX) is LookupResult.HIT
+    result = run(tier, 2, [key(1), key(2)], [5, 6], True)
+    assert result.success and result.transfer_bytes == 2 * ROW_BYTES
+    assert np.array_equal(pool[5], pool[0]) and np.array_equal(pool[6], pool[1])
+
+
+def test_lookup_retries_until_the_store_is_open_then_misses(tmp_path, pool):
+    init_none_hash(sha256)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(spec, memoryview(pool), "t", str(tmp_path / "d"), capacity_bytes="1MiB")
+    try:
+        seen = set()
+        deadline = time.monotonic() + 30
+        while (answer := tier.lookup(key(3), CTX)) is LookupResult.RETRY:
+            seen.add(answer)
+            assert time.monotonic() < deadline
+        assert answer is LookupResult.MISS
+    finally:
+        tier.shutdown()
+
+
+def test_a_corrupt_block_is_a_partial_failure_and_then_a_miss(tier, pool):
+    wait_open(tier)
+    pool[0], pool[1] = 1, 2
+    run(tier, 1, [key(1), key(2)], [0, 1], False)
+    store = tier._wait_store()
+    path = store.record_path(key(2))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = run(tier, 2, [key(1), key(2)], [4, 5], True)
+    assert not result.success
+    assert list(result.successful_keys) == [key(1)]
+    assert tier.lookup(key(2), CTX) is LookupResult.MISS, "no request may re-promote it"
+    assert tier.lookup(key(1), CTX) is LookupResult.HIT
+
+
+def test_a_deleted_block_is_a_miss_after_its_failed_load(tier, pool):
+    wait_open(tier)
+    run(tier, 1, [key(7)], [0], False)
+    tier._wait_store().record_path(key(7)).unlink()
+    assert tier.lookup(key(7), CTX) is LookupResult.HIT  # the index still believes it
+    assert not run(tier, 2, [key(7)], [3], True).success
+    assert tier.lookup(key(7), CTX) is LookupResult.MISS
+
+
+def test_store_of_a_block_already_on_disk_is_not_rewritten(tier, pool):
+    wait_open(tier)
+    run(tier, 1, [key(1)], [0], False)
+    puts = tier._wait_store().stats().puts
+    assert run(tier, 2, [key(1)], [0], False).success
+    assert tier._wait_store().stats().puts == puts
+
+
+def test_drain_waits_for_every_job_and_pending_work_is_reported(tier, pool):
+    wait_open(tier)
+    job = TransferJob(1, [key(i) for i in range(5)], np.arange(5, dtype=np.int32), False, CTX)
+    tier.submit_store(job)
+    assert tier.has_pending_work()
+    tier.drain_jobs()
+    (result,) = tier.get_finished_jobs()
+    assert result.success
+    assert not tier.has_pending_work()
+
+
+def test_an_unusable_root_disables_the_tier_without_raising(tmp_path, pool):
+    init_none_hash(sha256)
+    root = tmp_path / "file"
+    root.write_text("not a folder")
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(spec, memoryview(pool), "t", str(root), capacity_bytes="1MiB")
+    try:
+        deadline = time.monotonic() + 30
+        while tier.lookup(key(1), CTX) is LookupResult.RETRY:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert tier.lookup(key(1), CTX) is LookupResult.MISS
+        assert not run(tier, 1, [key(1)], [0], False).success
+    finally:
+        tier.shutdown()
+
+
+def test_a_block_stored_again_after_a_failed_load_is_served_again(tier, pool):
+    wait_open(tier)
+    run(tier, 1, [key(8)], [0], False)
+    tier._wait_store().record_path(key(8)).unlink()
+    assert not run(tier, 2, [key(8)], [3], True).success
+    assert tier.lookup(key(8), CTX) is LookupResult.MISS
+    assert run(tier, 3, [key(8)], [0], False).success
+    assert tier.lookup(key(8), CTX) is LookupResult.HIT
