@@ -1,12 +1,27 @@
 """Shared fixtures: models built once per session, engines closed even when a test fails."""
 
 import random
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from kvtier.harness import EngineConfig, EngineProcess
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` tests run only when asked for: a ``-m`` expression that names slow or faults.
+
+    So plain ``pytest`` (CI) and ``-m "not engine"`` skip them, ``-m faults`` runs the whole
+    fault suite, and ``-m "faults and not slow"`` its fast part.
+    """
+    if re.search(r"\b(slow|faults)\b", config.getoption("markexpr") or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +54,9 @@ def start_engine(engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
 @pytest.fixture(scope="session")
 def plain_engine(tiny_model: Path, engine_logs: Path) -> Iterator[EngineProcess]:
     """The tiny model without offloading, shared by every module: the resume oracle's engine."""
-    engine = EngineProcess(EngineConfig(model=str(tiny_model)), engine_logs / "plain.log")
+    engine = EngineProcess(
+        EngineConfig(model=str(tiny_model), in_process=True), engine_logs / "plain.log"
+    )
     yield engine
     engine.close()
 

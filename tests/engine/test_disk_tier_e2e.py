@@ -37,6 +37,7 @@ def engine(start_engine, tiny_model, disk_dir) -> EngineProcess:
         kv_transfer_config=kvtier.kv_transfer_config(
             host_pool="128MiB", disk_dir=disk_dir, disk_capacity="512MiB"
         ),
+        in_process=True,
     )
     return start_engine(config, "kvtier-disk-tier")
 

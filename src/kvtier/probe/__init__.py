@@ -1,0 +1,1 @@
+"""Correctness probes that drive a real engine (never imported by the library)."""
