@@ -52,6 +52,8 @@ def kv_transfer_config(
     disk_threads: int = 4,
     disk_tier: str = "kvtier",
     fsync: str = "never",
+    host_pool_dir: str | os.PathLike[str] | None = None,
+    allow_small_tiers: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build vLLM's ``kv_transfer_config`` dict for kvtier.
@@ -68,6 +70,11 @@ def kv_transfer_config(
     fsync: when kvtier's disk tier syncs a record to stable storage: ``"never"`` (the default;
         a crash can lose recent records but never serve a torn one, since every load is
         checksummed), ``"data"`` or ``"always"`` (data and folder).
+    host_pool_dir: back the host pool with a sparse file in this folder on local disk instead
+        of ``/dev/shm`` (RAM): for a pool larger than the RAM you can spare. Only rows in use
+        cost disk space and page cache; the file is removed however the engine stops.
+    allow_small_tiers: start even when a tier cannot hold more than the engine's own KV pool
+        (such a tier never serves a restore); kvtier then warns instead of refusing.
     extra: upstream ``OffloadingConnector`` options passed through unchanged
         (one of ``PASSTHROUGH_KEYS``).
     """
@@ -88,6 +95,12 @@ def kv_transfer_config(
         "secondary_tiers": [],
         **extra,
     }
+    if host_pool_dir is not None:
+        connector_extra["kvtier_host_pool_dir"] = str(Path(host_pool_dir).expanduser().absolute())
+    if not isinstance(allow_small_tiers, bool):
+        raise ConfigError(f"allow_small_tiers={allow_small_tiers!r}; give True or False")
+    if allow_small_tiers:
+        connector_extra["kvtier_allow_small_tiers"] = True
     if disk_tier not in ("kvtier", "fs"):
         raise ConfigError(f"disk_tier={disk_tier!r}; use 'kvtier' (default) or 'fs'")
     if fsync not in ("never", "data", "always"):

@@ -35,7 +35,10 @@ def engine(start_engine, tiny_model, disk_dir) -> EngineProcess:
     config = EngineConfig(
         model=str(tiny_model),
         kv_transfer_config=kvtier.kv_transfer_config(
-            host_pool="128MiB", disk_dir=disk_dir, disk_capacity="512MiB"
+            host_pool="128MiB",
+            disk_dir=disk_dir,
+            disk_capacity="512MiB",
+            allow_small_tiers=True,  # evictions here are explicit prefix-cache resets
         ),
         in_process=True,
     )

@@ -57,7 +57,11 @@ def disk_dir(tmp_path_factory) -> Path:
 def kvtier_config(tiny_model: Path, disk_dir: Path, **env: str) -> EngineConfig:
     return EngineConfig(
         model=str(tiny_model),
-        kv_transfer_config=kvtier.kv_transfer_config(host_pool="256MiB", disk_dir=disk_dir),
+        # Eviction here is an explicit prefix-cache reset, so tiers smaller than the
+        # engine pool still serve restores: opt out of the sizing guard.
+        kv_transfer_config=kvtier.kv_transfer_config(
+            host_pool="256MiB", disk_dir=disk_dir, allow_small_tiers=True
+        ),
         env=dict(env),
     )
 

@@ -26,7 +26,12 @@ def smollm2_dir():
 def test_served_real_model_restores_from_host_pool_and_stops_clean(smollm2_dir, engine_logs):
     prompt = build_prompt(smollm2_dir, 700)  # 5 full blocks and a tail
     server = ServerProcess(
-        smollm2_dir, engine_logs / "smollm2-server.log", host_pool="512MiB", max_model_len=2048
+        smollm2_dir,
+        engine_logs / "smollm2-server.log",
+        host_pool="512MiB",
+        max_model_len=2048,
+        # evicted by a prefix-cache reset: a pool below the engine's 1 GiB is enough here
+        allow_small_tiers=True,
     )
     try:
         client = server.client

@@ -22,7 +22,11 @@ def test_restore_is_correct_on_both_ranks(start_engine, tiny_model):
         EngineConfig(
             model=str(tiny_model),
             tensor_parallel_size=2,
-            kv_transfer_config=kvtier.kv_transfer_config(host_pool="128MiB"),
+            # The test evicts with a prefix-cache reset, so a pool smaller than the engine's
+            # (which kvtier refuses by default: it never serves a real eviction) is enough.
+            kv_transfer_config=kvtier.kv_transfer_config(
+                host_pool="128MiB", allow_small_tiers=True
+            ),
             env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         ),
         "kvtier-tp2",

@@ -44,6 +44,16 @@ def serve(
         str, typer.Option(help="kvtier (verified, bounded) or fs (vLLM's stock tier).")
     ] = "kvtier",
     fsync: Annotated[str, typer.Option(help="never, data or always.")] = "never",
+    host_pool_dir: Annotated[
+        Path | None,
+        typer.Option(help="Back the host pool with a sparse file in this local folder, not RAM."),
+    ] = None,
+    allow_small_tiers: Annotated[
+        bool,
+        typer.Option(
+            "--allow-small-tiers", help="Warn instead of refusing a tier no larger than the engine."
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the command instead of running it.")
     ] = False,
@@ -64,6 +74,8 @@ def serve(
             disk_threads=disk_threads,
             disk_tier=disk_tier,
             fsync=fsync,
+            host_pool_dir=host_pool_dir,
+            allow_small_tiers=allow_small_tiers,
         )
         argv = serve_command(model, config, list(ctx.args))
     except ConfigError as exc:

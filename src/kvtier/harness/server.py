@@ -29,6 +29,7 @@ class ServerProcess:
         port: int | None = None,
         max_model_len: int = 8192,
         ready_timeout_s: float = 600,
+        allow_small_tiers: bool = False,
     ) -> None:
         self.port = port or free_port()
         env = serve_env()
@@ -48,6 +49,8 @@ class ServerProcess:
         ]
         if disk_dir is not None:
             argv += ["--disk-dir", str(disk_dir)]
+        if allow_small_tiers:
+            argv.append("--allow-small-tiers")
         argv += [
             "--host",
             "127.0.0.1",

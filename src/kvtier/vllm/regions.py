@@ -57,17 +57,20 @@ def _held_paths(folder: Path) -> set[str]:
     return held
 
 
-def clean_stale_regions(shm_dir: Path = SHM_DIR, min_age_s: float | None = None) -> list[Path]:
+def clean_stale_regions(
+    shm_dir: Path = SHM_DIR, min_age_s: float | None = None, pattern: str = REGION_GLOB
+) -> list[Path]:
     """Remove region files that no live process holds; return the paths removed.
 
     A region some process has open or mapped is never touched, whoever owns it. Errors are
-    logged, never raised: a failed cleanup must not stop an engine from starting.
+    logged, never raised: a failed cleanup must not stop an engine from starting. ``pattern``
+    selects the files (the disk-backed pool uses its own, see ``kvtier.vllm.file_region``).
     """
     if min_age_s is None:
         min_age_s = MIN_AGE_S
     removed: list[Path] = []
     try:
-        candidates = sorted(shm_dir.glob(REGION_GLOB))
+        candidates = sorted(shm_dir.glob(pattern))
     except OSError as exc:
         logger.warning("kvtier: cannot list %s for stale host pools: %s", shm_dir, exc)
         return removed

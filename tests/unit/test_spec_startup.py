@@ -1,0 +1,179 @@
+"""``KvtierCpuSpec`` start-up: guards run before any pool exists, and both roles agree on it.
+
+The worker and scheduler specs are built here in one process, the way vLLM's uniprocess
+executor builds them, from a hand-made ``OffloadingConfig`` (no engine).
+"""
+
+import logging
+import os
+import uuid
+
+import pytest
+import torch
+from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+
+import kvtier.vllm.spec as spec_module
+from kvtier.errors import ConfigError
+from kvtier.memory import MemorySnapshot
+from kvtier.vllm.regions import region_path
+from kvtier.vllm.spec import KvtierCpuSpec
+
+PAGE = 64 * 1024  # bytes of one engine block (one layer here)
+MiB = 2**20
+
+
+def offloading_config(engine_id: str, pool_bytes: int, **extra) -> OffloadingConfig:
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=128, layer_names=("l.0",), group_id=0),),
+        worker_kv_bytes_per_block=PAGE,
+        enable_kv_cache_events=False,
+        extra_config={"cpu_bytes_to_use": pool_bytes, "secondary_tiers": [], **extra},
+        engine_id=engine_id,
+        model=OffloadingModelConfig(name="test-model", dtype="float32"),
+        cache=OffloadingCacheConfig(tokens_per_hash=128, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0,
+            world_size=1,
+            tp_size=1,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
+            is_parallelism_agnostic=True,
+        ),
+    )
+
+
+def engine_kv(num_blocks: int) -> CanonicalKVCaches:
+    tensor = torch.zeros(num_blocks, PAGE, dtype=torch.int8)
+    return CanonicalKVCaches(
+        [CanonicalKVCacheTensor(tensor, PAGE)], [[CanonicalKVCacheRef(0, PAGE)]]
+    )
+
+
+@pytest.fixture
+def engine_id():
+    engine_id = f"kvtier-unit-{uuid.uuid4().hex}"
+    yield engine_id
+    region_path(engine_id).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def kvtier_logs(monkeypatch, caplog):
+    monkeypatch.setattr(logging.getLogger("kvtier"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="kvtier")
+    return caplog
+
+
+def test_unsupported_connector_option_is_refused_before_anything_is_built():
+    with pytest.raises(ConfigError, match="store_threshold=3 is not supported"):
+        KvtierCpuSpec(offloading_config("x", 64 * MiB, store_threshold=3))
+
+
+def test_host_pool_no_larger_than_the_engine_pool_is_refused_and_no_pool_is_created(engine_id):
+    spec = KvtierCpuSpec(offloading_config(engine_id, 8 * MiB))  # 128 rows
+    with pytest.raises(
+        ConfigError,
+        match=r"tier sizing trap: host pool: host_pool=8.00 MiB holds "
+        r"16,384 tokens \(128 x 64.00 KiB\), no more than the engine KV pool "
+        r"\(32,768 tokens",
+    ):
+        spec.get_worker(engine_kv(256))
+    assert not region_path(engine_id).exists()
+
+
+def test_small_host_pool_starts_with_a_warning_when_allowed(engine_id, kvtier_logs):
+    spec = KvtierCpuSpec(offloading_config(engine_id, 8 * MiB, kvtier_allow_small_tiers=True))
+    worker = spec.get_worker(engine_kv(256))
+    try:
+        assert any("would never serve a restore" in r.message for r in kvtier_logs.records)
+    finally:
+        worker.shutdown()
+
+
+def test_host_pool_larger_than_the_engine_pool_starts_and_logs_the_sizing(engine_id, kvtier_logs):
+    spec = KvtierCpuSpec(offloading_config(engine_id, 32 * MiB))
+    worker = spec.get_worker(engine_kv(256))
+    try:
+        (line,) = [r.message for r in kvtier_logs.records if r.message.startswith("kvtier sizing")]
+        assert "engine KV pool 16.00 MiB = 256 x 64.00 KiB = 32,768 tokens" in line
+        assert "host pool 32.00 MiB = 512 x 64.00 KiB = 65,536 tokens" in line
+    finally:
+        worker.shutdown()
+
+
+def test_clamped_pool_is_adopted_by_the_scheduler_from_the_file_size(
+    engine_id, monkeypatch, kvtier_logs
+):
+    # 40 MiB spare after the floor: a 64 MiB pool is clamped to 40 MiB (640 rows)
+    snapshot = MemorySnapshot(total_bytes=2**30, available_bytes=(256 + 40) * MiB)
+    monkeypatch.setattr(spec_module, "read_memory", lambda: snapshot)
+    config = offloading_config(engine_id, 64 * MiB)
+    worker_spec = KvtierCpuSpec(config)
+    worker = worker_spec.get_worker(engine_kv(256))
+    scheduler_spec = KvtierCpuSpec(config)
+    try:
+        assert worker_spec.num_chunks == 640
+        assert any("host pool clamped from 64.00 MiB" in r.message for r in kvtier_logs.records)
+        manager = scheduler_spec.get_manager()
+        assert scheduler_spec.num_chunks == 640
+        assert manager.primary_tier.get_kv_memoryview().shape == (640, PAGE)
+        assert not region_path(engine_id).exists()  # unlinked once everyone mapped it
+    finally:
+        scheduler_spec.get_manager().shutdown()
+        worker.shutdown()
+
+
+def test_disk_backed_pool_is_one_sparse_file_shared_by_worker_and_scheduler(engine_id, tmp_path):
+    folder = tmp_path / "pool"
+    config = offloading_config(engine_id, 4 * 2**30, kvtier_host_pool_dir=str(folder))
+    worker_spec = KvtierCpuSpec(config)
+    kv = engine_kv(256)
+    kv.tensors[0].tensor[5].fill_(7)
+    worker = worker_spec.get_worker(kv)
+    (pool_file,) = folder.iterdir()
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert pool_file.stat().st_size == 4 * 2**30  # larger than RAM is fine: sparse
+    scheduler_spec = KvtierCpuSpec(config)
+    manager = scheduler_spec.get_manager()
+    try:
+        assert list(folder.iterdir()) == []  # name dropped once every process mapped it
+        from vllm.v1.kv_offload.base import GPULoadStoreSpec
+        from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+        worker.submit_store(1, GPULoadStoreSpec([5], [1], [0]), CPULoadStoreSpec([42]))
+        worker.wait({1})
+        row = manager.primary_tier.get_kv_memoryview()
+        import numpy as np
+
+        assert set(np.asarray(row)[42, :PAGE].tolist()) == {7}
+        del row
+    finally:
+        manager.shutdown()
+        worker.shutdown()
+    assert list(folder.iterdir()) == []
+
+
+def test_pool_clamped_below_the_engine_pool_is_refused_naming_the_memory_limit(
+    engine_id, monkeypatch
+):
+    # 8 MiB spare after the floor: a 64 MiB pool would shrink to 128 rows, below 256 blocks
+    snapshot = MemorySnapshot(total_bytes=2**30, available_bytes=(256 + 8) * MiB)
+    monkeypatch.setattr(spec_module, "read_memory", lambda: snapshot)
+    spec = KvtierCpuSpec(offloading_config(engine_id, 64 * MiB))
+    with pytest.raises(
+        ConfigError,
+        match=r"tier sizing trap: .* shrunk to fit RAM: .*clamped "
+        r"from 64.00 MiB to 8.00 MiB",
+    ):
+        spec.get_worker(engine_kv(256))
+    assert not region_path(engine_id).exists()
