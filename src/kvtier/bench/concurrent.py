@@ -42,8 +42,13 @@ def run(
             cold, cold_s = engine.generate(prompts)
             if any(r.num_cached_tokens for r in cold):
                 raise RuntimeError(f"N={n}: a cold prefill was a cache hit")
+            # vLLM submits a step's stores at the start of the next step: one small unrelated
+            # request makes sure every block of the batch is offloaded before the reset.
+            engine.generate_one(random_prompt(64, 8_000_000 + n, vocab=bench.vocab))
             engine.reset_prefix_cache(reset_connector=True)
             restored, restore_s = engine.generate(prompts)
+            if any(r.num_cached_tokens == 0 for r in restored):
+                raise RuntimeError(f"N={n}: a request was not restored; the run would mislead")
             row = {
                 "n": n,
                 "prefill_batch_s": cold_s,
