@@ -19,7 +19,10 @@ namespace_file  namespace.json missing or not this namespace    rewrite it
 
 Files are listed before rows are read: a record is renamed into place only after its
 pending row exists, so a file that a concurrent writer publishes during the scan is never
-mistaken for an orphan.
+mistaken for an orphan. Other processes keep writing and evicting during a check, so before a
+file or a row is reported missing or unnamed it is looked at again: a record published after
+the listing, a file evicted (unlinked, then un-trashed) after it, or a row evicted after the
+rows were read is work in flight, not a problem.
 """
 
 from __future__ import annotations
@@ -115,15 +118,22 @@ class StoreCheck:
         found: dict[str, int] = {}
         for top in os.scandir(self.dir / layout.BLOCKS):
             relative = f"{layout.BLOCKS}/{top.name}"
-            if not top.is_dir(follow_symlinks=False):
-                found[relative] = top.stat(follow_symlinks=False).st_mode
-                continue
-            for entry in os.scandir(top.path):
-                found[f"{relative}/{entry.name}"] = entry.stat(follow_symlinks=False).st_mode
+            with contextlib.suppress(FileNotFoundError):  # evicted while we looked
+                if not top.is_dir(follow_symlinks=False):
+                    found[relative] = top.stat(follow_symlinks=False).st_mode
+                    continue
+                for entry in os.scandir(top.path):
+                    with contextlib.suppress(FileNotFoundError):
+                        mode = entry.stat(follow_symlinks=False).st_mode
+                        found[f"{relative}/{entry.name}"] = mode
         return found
 
+    def still_ready(self, row: Row) -> bool:
+        """True if ``row`` is still a ready record (not evicted or replaced since it was read)."""
+        return self.index.is_ready(row.record_id)
+
     def check_ready(self, row: Row, mode: int | None) -> None:
-        if mode is None:
+        if mode is None and not os.path.lexists(self.dir / row.path) and self.still_ready(row):
             self.report(
                 "missing_file",
                 f"record {row.record_id} has no file",
@@ -133,6 +143,10 @@ class StoreCheck:
             )
             return
         reason, detail = self.read_record(row)
+        if reason == "gone":
+            if not self.still_ready(row):
+                return  # evicted while we read it
+            reason, detail = "io_error", f"{row.path} vanished while its row stayed ready"
         if reason is not None:
             self.report(
                 "corrupt",
@@ -154,23 +168,28 @@ class StoreCheck:
             verify_payload(header, out)
         except CorruptRecordError as exc:
             return exc.reason, str(exc)
+        except FileNotFoundError as exc:
+            return "gone", str(exc)
         except OSError as exc:
             return "io_error", str(exc)
         return None, ""
 
     def quarantine_row(self, row: Row, reason: str, detail: str) -> None:
         label = f"{row.key.hex()}.{row.record_id}"
-        quarantine(self.dir, row.path, label, reason, detail, self.quarantine_max)
-        self.index.remove_records([row.record_id])
+        moved = quarantine(self.dir, row.path, label, reason, detail, self.quarantine_max)
+        stuck = moved is None and os.path.lexists(self.dir / row.path)  # kept named, in trash
+        self.index.remove_records([row.record_id], trash=stuck)
 
     def check_pending(self, row: Row) -> None:
         if self.alive(row.session):
             return
 
         def repair() -> None:
-            self.index.reclaim([row.session])
-            _remove(self.dir / row.path)
+            _, paths = self.index.reclaim([row.session])
             _remove(self.dir / layout.temp_name(row.key, row.record_id, row.session))
+            for path in paths:
+                _remove(self.dir / path)
+            self.index.trash_done(paths)
 
         self.report(
             "stale_pending",
@@ -185,6 +204,8 @@ class StoreCheck:
         self.index.trash_done([path])
 
     def check_unnamed(self, relative: str, mode: int) -> None:
+        if not os.path.lexists(self.dir / relative):
+            return  # evicted, or its failed write undone, after the listing
         parsed = layout.parse_record_name(relative)
         if parsed is None or not stat.S_ISREG(mode):
             self.report(

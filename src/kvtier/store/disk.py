@@ -19,6 +19,12 @@ Writing a record (``put``), and what a crash at each step leaves behind:
 5. Commit: the row becomes *ready* (and older records of the key go to trash). Only now
    can any process serve it: the file always exists before the index offers it.
 
+Cleanup that fails (an unlink on a read-only folder, an index write on a full disk) never
+drops a file's name: every file under ``blocks/`` is named by a row (charged to the cap) or
+by a trash entry. Files that could not be unlinked and reservations that could not be
+dropped are retried with later puts; what is still left when the process ends is reclaimed
+with its session.
+
 A power cut with ``fsync="never"`` may also leave a ready row whose file is empty or torn
 (the data was still in the page cache): the read checks catch it, quarantine the file and
 miss. Loss of the last index commits (``synchronous=NORMAL``) can leave a ready row without
@@ -147,6 +153,10 @@ class DiskStore(BlockStore):
         self._seq = 0
         self._pins: Counter[bytes] = Counter()
         self._touches: dict[bytes, int] = {}
+        # Cleanup that failed (read-only folder, full disk, EIO) and is retried with later
+        # puts: trashed files not unlinked yet, reservations not dropped yet.
+        self._retry_trash: set[str] = set()
+        self._retry_aborts: set[int] = set()
         self._stats = StoreStats()
         self._closed = False
         self._session = Session(self.namespace_dir)
@@ -178,6 +188,8 @@ class DiskStore(BlockStore):
         record_bytes = HEADER_BYTES + view.nbytes
         if self._closed or record_bytes > self.capacity_bytes:
             return self._put_failed(key, "larger than the cap" if not self._closed else "closed")
+        if self._retry_trash or self._retry_aborts:
+            self._retry_cleanup()
         header = encode_header(make_header(self._digest, key, view))
         try:
             reservation = self._index.reserve(
@@ -430,7 +442,11 @@ class DiskStore(BlockStore):
             if session == own:
                 continue
             if session is None:
-                stale = time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_TEMP_AGE_S
+                try:
+                    age_s = time.time() - entry.stat(follow_symlinks=False).st_mtime
+                except FileNotFoundError:  # removed by another process since the listing
+                    continue
+                stale = age_s > STRAY_TEMP_AGE_S
             else:
                 stale = not is_alive(self.namespace_dir, session)
             if stale:
@@ -445,9 +461,8 @@ class DiskStore(BlockStore):
             for s in self._index.writer_sessions()
             if s != own and not is_alive(self.namespace_dir, s)
         ]
-        pending, trash = self._index.reclaim(dead)
+        pending, trash = self._index.reclaim(dead)  # pending rows' files are in ``trash``
         for row in pending:
-            self._io.remove(self.namespace_dir / row.path)
             self._io.remove(
                 self.namespace_dir / layout.temp_name(row.key, row.record_id, row.session)
             )
@@ -456,35 +471,79 @@ class DiskStore(BlockStore):
         self._empty_trash(trash)
 
     def _empty_trash(self, paths: Iterable[str]) -> None:
-        paths = list(paths)
-        for relative in paths:
-            self._io.remove(self.namespace_dir / relative)
+        """Unlink trashed files, then forget their trash entries.
+
+        A file that cannot be unlinked (read-only folder, EIO) keeps its entry and is retried
+        with the next batch: it stays named, never an orphan outside the cap.
+        """
+        with self._lock:
+            paths = list(dict.fromkeys([*paths, *self._retry_trash]))
+            self._retry_trash.clear()
+        if not paths:
+            return
+        gone = [p for p in paths if self._io.remove(self.namespace_dir / p)]
+        if len(gone) < len(paths):
+            with self._lock:
+                self._retry_trash.update(set(paths).difference(gone))
         try:
-            self._index.trash_done(paths)
+            self._index.trash_done(gone)
         except sqlite3.Error as exc:
             log.warning("disk tier: could not clear trash entries (retried at next open): %s", exc)
 
     def _discard_write(self, record_id: int, temp: Path, final: Path) -> None:
-        self._io.remove(temp)
-        self._io.remove(final)
+        """Undo a failed put: the reservation leaves the index, its file name goes to trash.
+
+        Rejected: unlinking the published file, then dropping the row. If the unlink fails
+        the file is left unnamed, outside the cap; if dropping the row fails (a full disk
+        refuses index writes too) its bytes stay reserved for the life of the session.
+        Both are retried instead.
+        """
+        self._io.remove(temp)  # if it stays, it names this session: removed after it ends
         try:
-            self._index.abort(record_id)
+            trashed = self._index.abort(record_id)
         except sqlite3.Error as exc:
-            log.warning("disk tier: could not drop reservation %d: %s", record_id, exc)
+            log.warning("disk tier: could not drop reservation %d (retried): %s", record_id, exc)
+            with self._lock:
+                self._retry_aborts.add(record_id)
+            return
+        if trashed:
+            self._empty_trash(trashed)
+        else:  # another process reclaimed the row (and trashed the name) already
+            self._io.remove(final)
+
+    def _retry_cleanup(self) -> None:
+        """Retry reservations that could not be dropped and files that could not be unlinked."""
+        with self._lock:
+            aborts, self._retry_aborts = self._retry_aborts, set()
+        trashed: list[str] = []
+        for record_id in aborts:
+            try:
+                trashed += self._index.abort(record_id)
+            except sqlite3.Error:
+                with self._lock:
+                    self._retry_aborts.add(record_id)
+        self._empty_trash(trashed)
 
     def _quarantine(self, key: bytes, record_id: int, reason: str, detail: str) -> None:
+        relative = layout.record_name(key, record_id)
         moved = quarantine(
             self.namespace_dir,
-            layout.record_name(key, record_id),
+            relative,
             f"{key.hex()}.{record_id}",
             reason,
             detail,
             self._quarantine_max,
         )
+        # Neither moved nor removed (read-only folder): keep the file named, in trash.
+        stuck = moved is None and os.path.lexists(self.namespace_dir / relative)
         try:
-            self._index.remove_records([record_id])
+            self._index.remove_records([record_id], trash=stuck)
         except sqlite3.Error as exc:
             log.warning("disk tier: could not drop quarantined record from the index: %s", exc)
+        else:
+            if stuck:
+                with self._lock:
+                    self._retry_trash.add(relative)
         self._forget(key, record_id)
         with self._lock:
             self._stats.corrupt[reason] = self._stats.corrupt.get(reason, 0) + 1

@@ -217,6 +217,16 @@ class Index:
                 )
             ]
 
+    def is_ready(self, record_id: int) -> bool:
+        """True if record ``record_id`` is still in the index and ready (one indexed query)."""
+        with self._lock:
+            return (
+                self._conn.execute(
+                    "SELECT 1 FROM records WHERE id = ? AND state = 1", (record_id,)
+                ).fetchone()
+                is not None
+            )
+
     def all_rows(self) -> list[Row]:
         with self._lock:
             return _rows(self._conn, "1")
@@ -300,10 +310,16 @@ class Index:
                 self._trim_changes(conn)
             return superseded, seq
 
-    def abort(self, record_id: int) -> None:
-        """Drop a pending record whose file was not written."""
+    def abort(self, record_id: int) -> list[str]:
+        """Drop a pending record whose write failed; its file name goes to trash.
+
+        Returns the trashed path ([] if the row is gone); the caller unlinks the file (it may
+        have been published already) and then calls ``trash_done``.
+        """
         with self._write() as conn:
-            conn.execute("DELETE FROM records WHERE id = ? AND state = 0", (record_id,))
+            rows = _rows(conn, "id = ? AND state = 0", (record_id,))
+            self._remove(conn, rows)
+            return [r.path for r in rows]
 
     def remove_key(self, key: bytes) -> list[Row]:
         """Remove the ready records of ``key``; their files go to trash. Returns them."""
@@ -312,9 +328,17 @@ class Index:
             self._remove(conn, rows)
             return rows
 
-    def remove_records(self, record_ids: Collection[int]) -> int:
-        """Drop rows by id without trashing files (quarantined or missing); rows removed."""
+    def remove_records(self, record_ids: Collection[int], trash: bool = False) -> int:
+        """Drop rows by id; rows removed.
+
+        Their files are not trashed (they were quarantined or are missing) unless ``trash``:
+        then they enter trash, for files that should be gone but could not be moved.
+        """
         with self._write() as conn:
+            if trash:
+                rows = [r for i in record_ids for r in _rows(conn, "id = ?", (i,))]
+                self._remove(conn, rows)
+                return len(rows)
             return sum(
                 conn.execute("DELETE FROM records WHERE id = ?", (i,)).rowcount for i in record_ids
             )
@@ -334,8 +358,12 @@ class Index:
     def reclaim(self, dead_sessions: Collection[str]) -> tuple[list[Row], list[str]]:
         """Take over what dead sessions left: drop their pending rows, adopt their trash.
 
-        Returns (dropped pending rows, trash paths now owned by this session); the caller
-        removes their files and then calls ``trash_done``.
+        The files the dropped rows name (published before the writer died, or not) enter
+        trash in the same transaction, so a crash before they are unlinked leaves them to
+        the next reclaimer rather than as orphans outside the cap.
+
+        Returns (dropped pending rows, trash paths now owned by this session, the dropped
+        rows' files included); the caller removes the files and then calls ``trash_done``.
         """
         if not dead_sessions:
             return [], []
@@ -343,7 +371,6 @@ class Index:
         sessions = list(dead_sessions)
         with self._write() as conn:
             pending = _rows(conn, f"state = 0 AND session IN ({marks})", sessions)
-            conn.executemany("DELETE FROM records WHERE id = ?", [(r.record_id,) for r in pending])
             paths = [
                 p
                 for (p,) in conn.execute(
@@ -354,7 +381,8 @@ class Index:
                 f"UPDATE trash SET session = ? WHERE session IN ({marks})",
                 [self.session, *sessions],
             )
-            return pending, paths
+            self._remove(conn, pending)  # rows out, their files into this session's trash
+            return pending, paths + [r.path for r in pending]
 
     def writer_sessions(self) -> set[str]:
         """Sessions that own pending rows or trash entries (candidates for ``reclaim``)."""

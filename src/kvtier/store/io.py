@@ -118,29 +118,42 @@ class RecordIO:
         if self.fsync == "always":
             fsync_dir(final.parent)
 
-    def remove(self, path: Path) -> None:
-        """Unlink a record or temp file if present (folders and other errors are logged)."""
+    def remove(self, path: Path) -> bool:
+        """Unlink a record or temp file if present; True once it is gone.
+
+        Folders and other errors are logged and give False (the file is still there).
+        """
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("disk tier: could not remove %s: %s", path, exc)
+            return False
+        return True
 
     def read_into(self, path: Path, out: memoryview) -> memoryview:
         """Read the record at ``path``: payload into ``out``, header into a returned buffer.
 
         One ``preadv`` fills both. The returned header buffer is reused by the calling
         thread's next read. Raises ``CorruptRecordError`` ("symlink", "not_regular",
-        "length") for files that cannot be a valid record of ``out``'s size,
-        ``FileNotFoundError`` when the file is gone, ``OSError`` for other faults.
+        "not_private", "length") for files that cannot be a valid record of ``out``'s size
+        written by this user, ``FileNotFoundError`` when the file is gone, ``OSError`` for
+        other faults.
         """
         header = self._buffer("read_header")
         direct = self._direct_ok and _aligned(out)
         try:
-            fd = self.open_for_read(path, direct)
+            try:
+                fd = self.open_for_read(path, direct)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not direct:
+                    raise
+                # O_DIRECT refused: by the file system, or because this is no regular file
+                # (a FIFO planted in place of a record). Only the first turns it off for good.
+                fd = self.open_for_read(path, False)
+                direct = False
+                if _is_regular(fd):
+                    self._disable_direct(exc)
         except OSError as exc:
-            if exc.errno == errno.EINVAL and direct:
-                self._disable_direct(exc)
-                return self.read_into(path, out)
             if exc.errno == errno.ELOOP:
                 raise CorruptRecordError("symlink", f"{path} is a symlink") from None
             raise
@@ -148,6 +161,14 @@ class RecordIO:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise CorruptRecordError("not_regular", f"{path} mode {st.st_mode:#o}")
+            if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                # Records are 0600 and ours: another user's file, or one others could have
+                # rewritten, may carry a valid checksum over KV it wants served.
+                raise CorruptRecordError(
+                    "not_private",
+                    f"{path} is owned by uid {st.st_uid} with mode "
+                    f"{stat.S_IMODE(st.st_mode):#o}; records must be this user's, 0600",
+                )
             want = HEADER_BYTES + out.nbytes
             if st.st_size != want:
                 raise CorruptRecordError("length", f"{path} is {st.st_size} bytes, want {want}")
@@ -182,6 +203,13 @@ class RecordIO:
             buf = memoryview(mmap.mmap(-1, HEADER_BYTES))
             setattr(self._local, name, buf)
         return buf
+
+
+def _is_regular(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _aligned(buf: memoryview) -> bool:

@@ -61,9 +61,13 @@ def reap_dead_sessions(namespace_dir: Path) -> int:
     """
     removed = 0
     for entry in os.scandir(namespace_dir / SESSIONS):
-        age_s = time.time() - entry.stat(follow_symlinks=False).st_mtime
-        if entry.name.endswith(_STAGING) and age_s < _STAGING_GRACE_S:
-            continue
+        if entry.name.endswith(_STAGING):
+            try:
+                age_s = time.time() - entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:  # renamed or reaped since the listing
+                continue
+            if age_s < _STAGING_GRACE_S:
+                continue
         removed += _remove_if_unlocked(Path(entry.path))
     return removed
 
