@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtier.bench.common import drop_page_cache
-from kvtier.bench.report import environment_line, markdown_table
+from kvtier.bench.report import drop_page_cache, environment_line, markdown_table
 from kvtier.bench.stats import median
 from kvtier.format import Namespace
 from kvtier.store import DiskStore

@@ -2,7 +2,6 @@
 
 import json
 import random
-import subprocess
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -26,16 +25,6 @@ def model_vocab(model: str, default: int = 49000) -> int:
         return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError):
         return default
-
-
-def drop_page_cache() -> bool:
-    """Flush dirty pages and drop the page cache (root only); False when not permitted."""
-    subprocess.run(["sync"], check=False)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def default_model() -> str:

@@ -8,6 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def repeat_s(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -44,3 +45,13 @@ def environment_line() -> str:
         f"python {platform.python_version()}, {platform.system()} {platform.release()}, "
         f"{platform.machine()}, {os.cpu_count()} cpus, argv: {' '.join(sys.argv)}"
     )
+
+
+def drop_page_cache() -> bool:
+    """Flush dirty pages and drop the page cache (root only); False when not permitted."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from kvtier.bench.report import environment_line, markdown_table, quantile
+from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, quantile
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
 
@@ -87,16 +87,6 @@ def resident_share(paths: list[Path]) -> float:
         resident += sum(b & 1 for b in vec.raw)
         total += pages
     return resident / total if total else 0.0
-
-
-def drop_caches() -> bool:
-    """Flush and drop the page cache; False where not permitted."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def namespace(block_bytes: int) -> Namespace:
@@ -153,7 +143,7 @@ def store_pass(folder: Path, block: int, count: int, io: RecordIO, cold: bool) -
     write_s = timed(write)
     sync_s = timed(os.sync)
     resident = resident_share([p for k in keys if (p := store.record_path(k))])
-    cold_s = timed(lambda: read(True)) if cold and drop_caches() else None
+    cold_s = timed(lambda: read(True)) if cold and drop_page_cache() else None
     warm_s = timed(lambda: read(cold_s is None))
     if store.stats().hits != count * (2 if cold_s is not None else 1):
         raise RuntimeError(f"store missed: {store.stats()}")
@@ -186,7 +176,7 @@ def plain_pass(folder: Path, block: int, count: int, direct: bool, cold: bool) -
     write_s = timed(write)
     sync_s = timed(os.sync)
     resident = resident_share([path])
-    cold_s = timed(lambda: read(True)) if cold and drop_caches() else None
+    cold_s = timed(lambda: read(True)) if cold and drop_page_cache() else None
     warm_s = timed(lambda: read(cold_s is None))
     path.unlink()
     return Pass(write_s, sync_s, cold_s, warm_s, put_ms, get_ms, resident)
@@ -282,7 +272,7 @@ def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
         seconds: dict[str, list[float]] = {name: [] for name in stores}
         for r in range(rounds):
             for name in list(stores)[:: 1 if r % 2 == 0 else -1]:
-                if not drop_caches():
+                if not drop_page_cache():
                     return "(cold read A/B skipped: drop_caches not permitted)"
                 seconds[name].append(timed(partial(read_all, stores[name], keys, out)))
         for store in stores.values():

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.bench.common import BenchRun, bar_plot, drop_page_cache, random_prompt
-from kvtier.bench.report import markdown_table
+from kvtier.bench.common import BenchRun, bar_plot, random_prompt
+from kvtier.bench.report import drop_page_cache, markdown_table
 from kvtier.bench.stats import median, median_range
 
 KINDS = {
