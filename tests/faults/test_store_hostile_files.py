@@ -114,7 +114,7 @@ class WatchedIO(RecordIO):
     """Records whether each read was opened with O_DIRECT."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(direct_reads=True)
         self.direct: list[bool] = []
 
     def open_for_read(self, path: Path, direct: bool) -> int:

@@ -156,7 +156,7 @@ class NoDirectIO(RecordIO):
     """A file system that refuses O_DIRECT opens."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(direct_reads=True)
         self.direct_attempts = 0
 
     def open_for_read(self, path: Path, direct: bool) -> int:
@@ -241,7 +241,7 @@ class NoDirectWriteIO(RecordIO):
     """A file system that refuses O_DIRECT writes."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(direct_reads=True)
         self.direct_attempts = 0
 
     def write_file(self, path: Path, header: object, payload: memoryview, direct: bool) -> None:

@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, quantile
@@ -44,6 +43,8 @@ from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
 
 BLOCK_SIZES = (512 << 10, 5_898_240)
+#: Threads of the multi-threaded read A/B: the disk tier's default ``disk_threads``.
+AB_THREADS = 4
 
 
 @dataclass
@@ -189,12 +190,12 @@ def _store_case(**io_options: object) -> Callable[[Path, int, int, bool], Pass]:
 CASES: dict[str, Callable[[Path, int, int, bool], Pass]] = {
     "plain file, buffered": lambda d, b, n, c: plain_pass(d, b, n, False, c),
     "plain file, O_DIRECT": lambda d, b, n, c: plain_pass(d, b, n, True, c),
-    "DiskStore default: fsync=never, O_DIRECT writes+reads": _store_case(),
+    "DiskStore default: fsync=never, O_DIRECT writes, buffered reads": _store_case(),
     "DiskStore, buffered writes + DONTNEED": _store_case(direct_writes=False),
     "DiskStore, buffered writes, no fadvise": _store_case(
         direct_writes=False, drop_written_pages=False
     ),
-    "DiskStore, buffered reads": _store_case(direct_reads=False),
+    "DiskStore, O_DIRECT reads": _store_case(direct_reads=True),
     "DiskStore fsync=data": _store_case(fsync="data"),
     "DiskStore fsync=always": _store_case(fsync="always"),
 }
@@ -246,41 +247,46 @@ def throughput(work: Path, total_mib: int, repeats: int, cold: bool) -> tuple[st
     return markdown_table(header, rows), raw
 
 
-def read_all(store: DiskStore, keys: list[bytes], out: memoryview) -> None:
-    for key in keys:
-        store.get_into(key, out)
-
-
 def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
-    """O_DIRECT vs buffered cold reads of the same records, interleaved round by round."""
+    """O_DIRECT vs buffered cold reads of the same records, interleaved round by round, by one
+    thread and by as many threads as the engine's disk tier uses by default."""
     rows = []
     for block in BLOCK_SIZES:
         count = max(4, (total_mib << 20) // block)
         folder = work / f"ab-{block}"
         capacity = (count + 1) * (block + HEADER_BYTES)
         stores = {
-            "O_DIRECT": DiskStore(folder, namespace(block), capacity, 0, io=RecordIO()),
-            "buffered": DiskStore(
-                folder, namespace(block), capacity, 0, io=RecordIO(direct_reads=False)
+            "O_DIRECT": DiskStore(
+                folder, namespace(block), capacity, 0, io=RecordIO(direct_reads=True)
             ),
+            "buffered": DiskStore(folder, namespace(block), capacity, 0, io=RecordIO()),
         }
-        payload, out = aligned(block, os.urandom(4096)), aligned(block)
+        payload = aligned(block, os.urandom(4096))
         keys = [i.to_bytes(36, "big") for i in range(count)]
         for key in keys:
             stores["O_DIRECT"].put(key, payload)
         stores["buffered"].refresh()
-        seconds: dict[str, list[float]] = {name: [] for name in stores}
+        cases = [(name, n) for n in (1, AB_THREADS) for name in stores]
+        seconds: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
         for r in range(rounds):
-            for name in list(stores)[:: 1 if r % 2 == 0 else -1]:
+            for name, n in cases[:: 1 if r % 2 == 0 else -1]:
                 if not drop_page_cache():
                     return "(cold read A/B skipped: drop_caches not permitted)"
-                seconds[name].append(timed(partial(read_all, stores[name], keys, out)))
+                seconds[(name, n)].append(drive(stores[name], keys, payload, "get", n))
         for store in stores.values():
             store.close()
         shutil.rmtree(folder)
-        direct, buffered = (count * block / statistics.median(seconds[n]) / 1e9 for n in stores)
-        rows.append([f"{block / (1 << 20):.2f} MiB", f"{direct:.2f}", f"{buffered:.2f}"])
-    header = ["block", "O_DIRECT cold GB/s", "buffered cold GB/s"]
+        rate = {c: count * block / statistics.median(v) / 1e9 for c, v in seconds.items()}
+        for n in (1, AB_THREADS):
+            rows.append(
+                [
+                    f"{block / (1 << 20):.2f} MiB",
+                    str(n),
+                    f"{rate[('O_DIRECT', n)]:.2f}",
+                    f"{rate[('buffered', n)]:.2f}",
+                ]
+            )
+    header = ["block", "threads", "O_DIRECT cold GB/s", "buffered cold GB/s"]
     return markdown_table(header, rows) + f"\n\nmedian of {rounds} interleaved rounds"
 
 
@@ -411,9 +417,16 @@ def main() -> None:
     parser.add_argument("--real-records", type=int, default=5_000)
     parser.add_argument("--no-cold", action="store_true", help="skip drop_caches cold reads")
     parser.add_argument("--json", type=Path, help="also write raw per-pass figures here")
+    parser.add_argument(
+        "--read-ab-only", action="store_true", help="only the O_DIRECT vs buffered read A/B"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=args.dir))
     try:
+        if args.read_ab_only:
+            print(cold_read_ab(work, args.total_mib, 2 * args.repeats + 1))
+            print(f"{args.total_mib} MiB per pass; {environment_line()}")
+            return
         table, raw = throughput(work, args.total_mib, args.repeats, not args.no_cold)
         print(table, end="\n\n", flush=True)
         if not args.no_cold:
