@@ -52,6 +52,7 @@ def test_overhead_bench_compares_on_and_off_with_zero_reuse(tiny_model, tmp_path
         str(tiny_model),
         tmp_path,
         requests=2,
+        latency_requests=2,
         prompt_len=128,
         output_len=4,
         passes=1,
@@ -59,6 +60,7 @@ def test_overhead_bench_compares_on_and_off_with_zero_reuse(tiny_model, tmp_path
         in_process=True,
     )
     assert set(result["passes"]) == {"off", "on"}
+    assert all(p["ttft_median_s"] > 0 for runs in result["passes"].values() for p in runs)
     assert "kvtier on" in (tmp_path / "overhead.md").read_text()
 
 

@@ -17,7 +17,7 @@ from vllm.v1.kv_offload.config import (
 )
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
-from kvtier.vllm.disk_tier import KvtierDiskTier
+from kvtier.vllm.disk_tier import REFRESH_INTERVAL_S, KvtierDiskTier
 
 ROWS, ROW_BYTES = 8, 8192
 CTX = ReqContext(req_id="r")
@@ -171,3 +171,26 @@ def test_a_block_stored_again_after_a_failed_load_is_served_again(tier, pool):
     assert tier.lookup(key(8), CTX) is LookupResult.MISS
     assert run(tier, 3, [key(8)], [0], False).success
     assert tier.lookup(key(8), CTX) is LookupResult.HIT
+
+
+def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_path, pool):
+    """Two engines sharing a disk folder: each picks up the other's blocks while running."""
+    other_pool = np.zeros_like(pool)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    other = KvtierDiskTier(
+        spec, memoryview(other_pool), "t", str(tmp_path / "disk"), capacity_bytes="1MiB"
+    )
+    try:
+        wait_open(tier)
+        wait_open(other)
+        assert other.lookup(key(7), CTX) is LookupResult.MISS
+        pool[2] = 42
+        assert run(tier, 1, [key(7)], [2], False).success
+        deadline = time.monotonic() + 10 * REFRESH_INTERVAL_S + 5
+        while other.lookup(key(7), CTX) is not LookupResult.HIT:
+            assert time.monotonic() < deadline, "the other tier never saw the stored block"
+            time.sleep(0.05)
+        assert run(other, 2, [key(7)], [4], True).success
+        assert (other_pool[4] == 42).all()
+    finally:
+        other.shutdown()

@@ -99,17 +99,27 @@ def bench_concurrent(
 def bench_overhead(
     out: OutOption = Path("bench-out"),
     model: ModelOption = None,
-    requests: Annotated[int, typer.Option(help="Requests per pass.")] = 16,
-    passes: Annotated[int, typer.Option(help="Passes per engine (alternating).")] = 3,
+    requests: Annotated[int, typer.Option(help="Requests of the throughput batch.")] = 16,
+    latency_requests: Annotated[
+        int, typer.Option(help="Requests sent one at a time for TTFT and TPOT.")
+    ] = 6,
+    passes: Annotated[int, typer.Option(help="Passes per engine (alternating).")] = 5,
 ) -> None:
     """kvtier on vs off over the same zero-reuse request set: TTFT, TPOT, throughput.
 
-    Example: kvtier bench overhead --requests 16 --passes 3
+    Example: kvtier bench overhead --passes 5
     """
     from kvtier.bench import overhead
 
     with _progress("overhead") as report:
-        overhead.run(_model(model), out, requests=requests, passes=passes, progress=report)
+        overhead.run(
+            _model(model),
+            out,
+            requests=requests,
+            latency_requests=latency_requests,
+            passes=passes,
+            progress=report,
+        )
     _print_result(out, "overhead")
 
 

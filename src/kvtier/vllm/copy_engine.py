@@ -9,10 +9,11 @@ Two queues, one per direction, each executed in submission order (upstream's ord
 transfers of one direction are serialised). Loads get their own thread so a burst of stores
 never delays a restore, which is on the time-to-first-token path.
 
-A large load is also split over the process's CPUs: one core copying 196 KB pages reaches only
-about half of what a single large memcpy does on this machine (large copies use non-temporal
-stores, page-sized ones do not), and a request being restored waits for every byte. Stores are
-not split: they run while the engine computes, and extra copy threads would take its cores.
+Copies run in one native call per plan with streaming stores (kvtier.native) where a C compiler
+is available: glibc copies ~200 KB pages with ordinary stores, which reached only half of one
+large memcpy here. Without it, one ``ctypes.memmove`` per page. A large load is also split
+over the process's CPUs, since a request being restored waits for every byte. Stores are not
+split: they run while the engine computes, and extra copy threads would take its cores.
 """
 
 import ctypes
@@ -27,6 +28,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from kvtier.native import page_copier
 from kvtier.vllm.host_layout import CopyPlan
 
 logger = logging.getLogger(__name__)
@@ -59,31 +63,51 @@ def usable_cpus() -> int:
 
 
 def run_plan(plan: CopyPlan, helpers: ThreadPoolExecutor | None = None, parts: int = 1) -> None:
-    """Execute every copy of ``plan`` (blocking; releases the GIL per copy).
+    """Execute every copy of ``plan`` (blocking; the GIL is released while copying).
 
     With ``helpers`` and ``parts`` > 1, a plan of at least ``SPLIT_MIN_BYTES`` is cut into
     ``parts`` runs of consecutive copies: ``parts - 1`` run on ``helpers``, one on the calling
     thread. The copies of one plan never overlap, so their order does not matter; the call
     returns when all are done and re-raises the first error.
     """
-    dsts, srcs, sizes = plan.dst.tolist(), plan.src.tolist(), plan.sizes.tolist()
+    n = len(plan.sizes)
+    if len(plan.src) != n or len(plan.dst) != n:
+        raise ValueError(f"copy plan of {n} sizes, {len(plan.src)} sources, {len(plan.dst)} dests")
+    dst, src, sizes = (
+        np.ascontiguousarray(a, dtype=np.uint64) for a in (plan.dst, plan.src, plan.sizes)
+    )
+    arrays = (dst, src, sizes)
     if helpers is None or parts <= 1 or plan.total_bytes < SPLIT_MIN_BYTES:
-        _copy(dsts, srcs, sizes)
+        copy_range(arrays, 0, n)
         return
-    bounds = [len(dsts) * i // parts for i in range(parts + 1)]
-    futures = [
-        helpers.submit(_copy, dsts[a:b], srcs[a:b], sizes[a:b])
-        for a, b in itertools.pairwise(bounds[1:])
-    ]
+    bounds = [n * i // parts for i in range(parts + 1)]
+    futures = [helpers.submit(copy_range, arrays, a, b) for a, b in itertools.pairwise(bounds[1:])]
     try:
-        _copy(dsts[: bounds[1]], srcs[: bounds[1]], sizes[: bounds[1]])
+        copy_range(arrays, 0, bounds[1])
     finally:
         errors = [f.exception() for f in futures]  # waits for every part
     if first := next((e for e in errors if e is not None), None):
         raise first
 
 
-def _copy(dsts: list[int], srcs: list[int], sizes: list[int]) -> None:
+def copy_range(arrays: tuple[np.ndarray, np.ndarray, np.ndarray], start: int, stop: int) -> None:
+    """Copies ``start:stop`` of (dst, src, sizes) uint64 arrays: streaming stores if built."""
+    dst, src, sizes = arrays
+    native = page_copier()
+    if native is not None:
+        item = dst.itemsize
+        native(
+            stop - start,
+            dst.ctypes.data + start * item,
+            src.ctypes.data + start * item,
+            sizes.ctypes.data + start * item,
+        )
+        return
+    memmove_all(dst[start:stop].tolist(), src[start:stop].tolist(), sizes[start:stop].tolist())
+
+
+def memmove_all(dsts: list[int], srcs: list[int], sizes: list[int]) -> None:
+    """The pure-Python path: one ``ctypes.memmove`` per copy."""
     memmove = ctypes.memmove
     for dst, src, size in zip(dsts, srcs, sizes, strict=True):
         memmove(dst, src, size)

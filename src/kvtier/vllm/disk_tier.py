@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 setup_logging()
 
 NEGATIVE_TTL_S = 300.0
+#: How often the tier picks up blocks that other engines sharing its folder stored (and
+#: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
+REFRESH_INTERVAL_S = 1.0
 # How long the opener waits for vLLM to seed its block hashes (done right after start-up).
 OPEN_TIMEOUT_S = 600.0
 
@@ -107,6 +110,7 @@ class KvtierDiskTier(SecondaryTierManager):
         self._jobs: dict[int, _Job] = {}
         self._failed_until: dict[OffloadKey, float] = {}
         self._failed_lock = threading.Lock()
+        self._stopping = threading.Event()
         threading.Thread(target=self._open_store, name="kvtier-disk-open", daemon=True).start()
 
     # -- store lifecycle -----------------------------------------------------------------
@@ -143,6 +147,15 @@ class KvtierDiskTier(SecondaryTierManager):
             self._opened.set_exception(exc)
             return
         self._opened.set_result(store)
+        self._follow_others(store)
+
+    def _follow_others(self, store: DiskStore) -> None:
+        """Apply other processes' stores and evictions until shutdown (this opener thread)."""
+        while not self._stopping.wait(REFRESH_INTERVAL_S):
+            try:
+                store.refresh()
+            except Exception:  # never let a refresh problem end the thread silently
+                logger.exception("kvtier disk tier: refresh failed")
 
     def _wait_store(self) -> DiskStore | None:
         """For I/O threads: the store once open, None if it never will be."""
@@ -213,6 +226,7 @@ class KvtierDiskTier(SecondaryTierManager):
                 future.exception()  # waits; never cancels a copy under way
 
     def shutdown(self) -> None:
+        self._stopping.set()
         self.drain_jobs()
         self._read_pool.shutdown(wait=True)
         self._write_pool.shutdown(wait=True)
