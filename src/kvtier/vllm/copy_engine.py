@@ -161,6 +161,7 @@ class CopyEngine:
         self._finished: deque[CopyJob] = deque()
         self._pending: dict[int, CopyJob] = {}
         parts = load_parts if load_parts is not None else min(usable_cpus(), MAX_SPLIT)
+        page_copier()  # build (or load) the native copier now, not during the first restore
         self._stores = _DirectionQueue("kvtier-store-copy", self._complete)
         self._loads = _DirectionQueue("kvtier-load-copy", self._complete, max(1, parts))
 
