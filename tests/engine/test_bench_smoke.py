@@ -91,3 +91,5 @@ def test_needle_probe_scores_every_session(tmp_path):
     answers = json.loads((tmp_path / "needles.json").read_text())["answers"]
     assert len(answers) == 10
     assert all(a["cached_tokens"] > 0 for a in answers), "every revisit must be a restore"
+    assert all("baseline_answer" in a for a in answers)
+    assert result["identical_answers"] == sum(a["answer"] == a["baseline_answer"] for a in answers)

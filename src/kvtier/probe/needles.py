@@ -126,10 +126,12 @@ def run(
         "in_process": in_process,
     }
     baseline: dict[str, dict[float, str]] = {}
+    baseline_text: dict[tuple[str, float], str] = {}
     with EngineProcess(EngineConfig(**common), out / "probe-baseline.log") as engine:
         progress("model-only baseline...")
         for s, n, answer, _ in _ask(engine, tokenizer, all_sessions, max_tokens):
             baseline.setdefault(s.name, {})[n.depth] = classify(answer, n, all_needles)
+            baseline_text[(s.name, n.depth)] = answer
     transfer = kvtier.kv_transfer_config(
         host_pool="1GiB", disk_dir=out / "probe-disk", disk_capacity="4GiB"
     )
@@ -160,6 +162,7 @@ def run(
                         "depth": n.depth,
                         "code": n.code,
                         "answer": answer,
+                        "baseline_answer": baseline_text[(s.name, n.depth)],
                         "cached_tokens": cached,
                     }
                 )
@@ -174,8 +177,10 @@ def run(
     markdown = markdown_table(
         ["session", "baseline found", "after restore found", "min cached tokens", "verdict"], rows
     )
+    identical = sum(a["answer"] == a["baseline_answer"] for a in answers)
     markdown += (
         f"\n\n{sum(v == 'ok' for v in verdicts.values())}/{len(verdicts)} sessions ok; "
+        f"answers identical to the model-only baseline: {identical}/{len(answers)}; "
         f"filler pushed: {filler_tokens} tokens > engine pool {pool_tokens} tokens."
     )
     (out / "needles.md").write_text(markdown + "\n")
@@ -183,6 +188,7 @@ def run(
         json.dumps(
             {
                 "verdicts": verdicts,
+                "identical_answers": identical,
                 "baseline": baseline,
                 "answers": answers,
                 "config": {
@@ -197,4 +203,10 @@ def run(
             default=str,
         )
     )
-    return {"passed": passed, "verdicts": verdicts, "markdown": markdown}
+    return {
+        "passed": passed,
+        "verdicts": verdicts,
+        "identical_answers": identical,
+        "answers": len(answers),
+        "markdown": markdown,
+    }
