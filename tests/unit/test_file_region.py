@@ -2,8 +2,6 @@
 
 import os
 import stat
-import subprocess
-import sys
 import uuid
 
 import numpy as np
@@ -16,6 +14,7 @@ from kvtier.vllm.file_region import (
     clean_stale_pool_files,
     pool_path,
 )
+from tests.unit.mapping_helpers import mapped_by_another_process
 
 ROW = 64 * 1024
 ROWS = 4096  # a 256 MiB pool
@@ -132,25 +131,10 @@ def test_pool_file_left_by_a_dead_engine_is_removed(tmp_path, monkeypatch):
 def test_pool_file_mapped_by_a_live_process_is_kept(tmp_path, monkeypatch):
     live = pool_path(tmp_path, "live")
     live.write_bytes(b"\0" * 4096)
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import mmap,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR); "
-            "m=mmap.mmap(fd, 4096); os.close(fd); print('ready', flush=True); time.sleep(60)",
-            str(live),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "ready"
+    with mapped_by_another_process(live):
         monkeypatch.setattr("kvtier.vllm.regions.MIN_AGE_S", 0.0)
         assert clean_stale_pool_files(tmp_path) == []
         assert live.exists()
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_other_files_in_the_pool_folder_are_never_touched(tmp_path, monkeypatch):

@@ -1,11 +1,10 @@
 """Start-up cleanup removes host pools of dead engines and never touches a live one."""
 
 import os
-import subprocess
-import sys
 import time
 
 from kvtier.vllm.regions import clean_stale_regions
+from tests.unit.mapping_helpers import mapped_by_another_process
 
 
 def test_region_nobody_holds_is_removed(tmp_path):
@@ -25,24 +24,9 @@ def test_young_region_is_kept_even_without_a_visible_holder(tmp_path):
 def test_region_held_open_by_a_live_process_is_kept(tmp_path):
     live = tmp_path / "vllm_offload_live.mmap"
     live.write_bytes(b"\0" * 4096)
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import mmap,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR); "
-            "m=mmap.mmap(fd, 4096); os.close(fd); print('ready', flush=True); time.sleep(60)",
-            str(live),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "ready"  # mapped, fd closed: maps only
+    with mapped_by_another_process(live):  # mapped, fd closed: maps only
         assert clean_stale_regions(tmp_path, min_age_s=0) == []
         assert live.exists()
-    finally:
-        holder.kill()
-        holder.wait()
     time.sleep(0.1)
     assert clean_stale_regions(tmp_path, min_age_s=0) == [live]
 
