@@ -31,10 +31,13 @@ import os
 import shutil
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,12 +193,12 @@ def _store_case(**io_options: object) -> Callable[[Path, int, int, bool], Pass]:
 CASES: dict[str, Callable[[Path, int, int, bool], Pass]] = {
     "plain file, buffered": lambda d, b, n, c: plain_pass(d, b, n, False, c),
     "plain file, O_DIRECT": lambda d, b, n, c: plain_pass(d, b, n, True, c),
-    "DiskStore default: fsync=never, O_DIRECT writes, buffered reads": _store_case(),
+    "DiskStore default: fsync=never, O_DIRECT writes+reads": _store_case(),
     "DiskStore, buffered writes + DONTNEED": _store_case(direct_writes=False),
     "DiskStore, buffered writes, no fadvise": _store_case(
         direct_writes=False, drop_written_pages=False
     ),
-    "DiskStore, O_DIRECT reads": _store_case(direct_reads=True),
+    "DiskStore, buffered reads": _store_case(direct_reads=False),
     "DiskStore fsync=data": _store_case(fsync="data"),
     "DiskStore fsync=always": _store_case(fsync="always"),
 }
@@ -249,17 +252,47 @@ def throughput(work: Path, total_mib: int, repeats: int, cold: bool) -> tuple[st
 
 def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
     """O_DIRECT vs buffered cold reads of the same records, interleaved round by round, by one
-    thread and by as many threads as the engine's disk tier uses by default."""
+    thread and by as many threads as the engine's disk tier uses by default, with the CPUs
+    idle and with every CPU kept busy by a spinning process (as an engine computing is)."""
+    rows = []
+    for busy in (False, True):
+        with _cpus_busy(busy):
+            rows += _cold_read_rows(work, total_mib, rounds, "every CPU busy" if busy else "idle")
+    header = ["CPUs", "block", "threads", "O_DIRECT cold GB/s", "buffered cold GB/s"]
+    return markdown_table(header, rows) + f"\n\nmedian of {rounds} interleaved rounds"
+
+
+@contextmanager
+def _cpus_busy(busy: bool) -> Iterator[None]:
+    """One spinning process per CPU while the block runs (if ``busy``)."""
+    spinners = (
+        [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in _cpus()]
+        if busy
+        else []
+    )
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def _cpus() -> range:
+    return range(len(os.sched_getaffinity(0)))
+
+
+def _cold_read_rows(work: Path, total_mib: int, rounds: int, cpus: str) -> list[list[str]]:
     rows = []
     for block in BLOCK_SIZES:
         count = max(4, (total_mib << 20) // block)
         folder = work / f"ab-{block}"
         capacity = (count + 1) * (block + HEADER_BYTES)
         stores = {
-            "O_DIRECT": DiskStore(
-                folder, namespace(block), capacity, 0, io=RecordIO(direct_reads=True)
+            "O_DIRECT": DiskStore(folder, namespace(block), capacity, 0, io=RecordIO()),
+            "buffered": DiskStore(
+                folder, namespace(block), capacity, 0, io=RecordIO(direct_reads=False)
             ),
-            "buffered": DiskStore(folder, namespace(block), capacity, 0, io=RecordIO()),
         }
         payload = aligned(block, os.urandom(4096))
         keys = [i.to_bytes(36, "big") for i in range(count)]
@@ -271,7 +304,7 @@ def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
         for r in range(rounds):
             for name, n in cases[:: 1 if r % 2 == 0 else -1]:
                 if not drop_page_cache():
-                    return "(cold read A/B skipped: drop_caches not permitted)"
+                    return [[cpus, "(skipped: drop_caches not permitted)", "", "", ""]]
                 seconds[(name, n)].append(drive(stores[name], keys, payload, "get", n))
         for store in stores.values():
             store.close()
@@ -280,14 +313,14 @@ def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
         for n in (1, AB_THREADS):
             rows.append(
                 [
+                    cpus,
                     f"{block / (1 << 20):.2f} MiB",
                     str(n),
                     f"{rate[('O_DIRECT', n)]:.2f}",
                     f"{rate[('buffered', n)]:.2f}",
                 ]
             )
-    header = ["block", "threads", "O_DIRECT cold GB/s", "buffered cold GB/s"]
-    return markdown_table(header, rows) + f"\n\nmedian of {rounds} interleaved rounds"
+    return rows
 
 
 def drive(store: DiskStore, keys: list[bytes], payload: memoryview, op: str, n: int) -> float:
