@@ -199,51 +199,64 @@ def run(
     shutil.rmtree(work, ignore_errors=True)
     med = {k: median(v) for k, v in results.items()}
     copier = "streaming stores" if page_copier() else "memmove per page: no C compiler"
+
+    def spread(key: str) -> str:
+        return f"{med[key]:.2f} ({min(results[key]):.2f}–{max(results[key]):.2f})"
+
     rows = [
         [
             "disk tier -> host pool, page cache cold",
-            f"{med['tier_read_cold']:.2f}",
+            spread("tier_read_cold"),
             "plain sequential read, cold",
-            f"{med['plain_read_cold']:.2f}",
+            spread("plain_read_cold"),
             f"{med['tier_read_cold'] / med['plain_read_cold']:.2f}",
         ],
         [
             "disk tier -> host pool, page cache cold",
-            f"{med['tier_read_cold']:.2f}",
+            spread("tier_read_cold"),
             "plain sequential read of the record files, cold",
-            f"{med['record_files_cold']:.2f}",
+            spread("record_files_cold"),
             f"{med['tier_read_cold'] / med['record_files_cold']:.2f}",
         ],
         [
             "disk tier -> host pool, second pass",
-            f"{med['tier_read_warm']:.2f}",
+            spread("tier_read_warm"),
             "plain sequential read, page cache warm",
-            f"{med['plain_read_warm']:.2f}",
+            spread("plain_read_warm"),
             f"{med['tier_read_warm'] / med['plain_read_warm']:.2f}",
         ],
         [
             f"host pool -> engine KV, copy plan as the engine runs it ({parts} threads, {copier})",
-            f"{med['host_to_engine']:.2f}",
+            spread("host_to_engine"),
             f"one contiguous memcpy split over {parts} threads",
-            f"{med['memcpy_split']:.2f}",
+            spread("memcpy_split"),
             f"{med['host_to_engine'] / med['memcpy_split']:.2f}",
         ],
         [
             f"host pool -> engine KV, copy plan on 1 thread ({copier})",
-            f"{med['host_to_engine_1']:.2f}",
+            spread("host_to_engine_1"),
             "one contiguous memcpy (numpy), 1 thread",
-            f"{med['memcpy']:.2f}",
+            spread("memcpy"),
             f"{med['host_to_engine_1'] / med['memcpy']:.2f}",
         ],
         [
             "host pool -> engine KV, copy plan on 1 thread (memmove per page, the fallback)",
-            f"{med['host_to_engine_memmove']:.2f}",
+            spread("host_to_engine_memmove"),
             "one contiguous memcpy (numpy), 1 thread",
-            f"{med['memcpy']:.2f}",
+            spread("memcpy"),
             f"{med['host_to_engine_memmove'] / med['memcpy']:.2f}",
         ],
     ]
-    markdown = markdown_table(["kvtier path", "GB/s", "reference", "GB/s", "ratio"], rows)
+    markdown = markdown_table(
+        [
+            "kvtier path",
+            "GB/s median (min–max)",
+            "reference",
+            "GB/s median (min–max)",
+            "ratio of medians",
+        ],
+        rows,
+    )
     markdown += (
         f"\n\n{BLOCKS} blocks x {ROW:,} B = {total / 1e6:.0f} MB per pass, medians of "
         f"{reps} passes; page cache dropped: {dropped}; disk tier read on {TIER_THREADS} threads "
