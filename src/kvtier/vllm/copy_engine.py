@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtier.native import page_copier
+from kvtier.threads import name_os_thread
 from kvtier.vllm.host_layout import CopyPlan
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,11 @@ class _DirectionQueue:
         self._on_done = on_done
         self._parts = parts
         self._helpers = (
-            ThreadPoolExecutor(parts - 1, thread_name_prefix=f"{name}-part") if parts > 1 else None
+            ThreadPoolExecutor(
+                parts - 1, thread_name_prefix=f"{name}-part", initializer=name_os_thread
+            )
+            if parts > 1
+            else None
         )
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -137,6 +142,7 @@ class _DirectionQueue:
             self._helpers.shutdown()
 
     def _run(self) -> None:
+        name_os_thread()
         while (job := self._jobs.get()) is not None:
             start = time.perf_counter()
             try:

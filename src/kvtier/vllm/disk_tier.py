@@ -41,6 +41,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvtier.errors import ConfigError
 from kvtier.log import setup_logging
 from kvtier.store import DiskStore, set_background_io_priority
+from kvtier.threads import name_os_thread
 from kvtier.units import parse_size
 from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
 
@@ -102,10 +103,10 @@ class KvtierDiskTier(SecondaryTierManager):
         self._open_error: BaseException | None = None
         self._opened: Future[DiskStore] = Future()
         self._read_pool = ThreadPoolExecutor(
-            io_threads, "kvtier-disk-read", initializer=set_background_io_priority
+            io_threads, "kvtier-disk-read", initializer=_start_io_thread
         )
         self._write_pool = ThreadPoolExecutor(
-            io_threads, "kvtier-disk-write", initializer=set_background_io_priority
+            io_threads, "kvtier-disk-write", initializer=_start_io_thread
         )
         self._jobs: dict[int, _Job] = {}
         self._failed_until: dict[OffloadKey, float] = {}
@@ -125,6 +126,7 @@ class KvtierDiskTier(SecondaryTierManager):
 
     def _open_store(self) -> None:
         """Open the store once vLLM has seeded its block hashes (they are in the namespace)."""
+        name_os_thread()
         try:
             deadline = time.monotonic() + OPEN_TIMEOUT_S
             while True:
@@ -261,6 +263,11 @@ class KvtierDiskTier(SecondaryTierManager):
             "kvtier disk tier: load of block %s failed; it will be recomputed", key.hex()[:16]
         )
         return False
+
+
+def _start_io_thread() -> None:
+    name_os_thread()
+    set_background_io_priority()
 
 
 def _succeeded(future: Future[bool]) -> bool:
