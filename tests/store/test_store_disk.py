@@ -67,6 +67,25 @@ def test_load_of_record_another_writer_evicted_is_clean_miss(open_disk: OpenDisk
     assert mine.stats().corrupt == {} and mine.stats().misses == 1
 
 
+def test_a_record_deleted_by_hand_leaves_the_index_and_stays_a_miss(open_disk: OpenDisk) -> None:
+    """Regression: the row of a file deleted behind the store's back stayed in the index, so
+    its bytes stayed charged and the next refresh (which replays this process's own commits)
+    offered the key again."""
+    store = open_disk()
+    store.put(key_of(1), payload(1))
+    store.put(key_of(2), payload(2))
+    used = store.used_bytes()
+    path = store.record_path(key_of(1))
+    assert path is not None
+    path.unlink()
+    assert store.get(key_of(1)) is None
+    store.refresh()
+    assert not store.contains(key_of(1))
+    assert store.used_bytes() == used - (HEADER_BYTES + len(payload(1)))
+    assert store.verify() == []
+    assert store.stats().corrupt == {} and store.get(key_of(2)) == payload(2)
+
+
 class PausingReadIO(RecordIO):
     """Pauses reads of one key until released (a slow read in flight)."""
 

@@ -32,8 +32,9 @@ a file (a clean miss) or a file without a row (an orphan). Neither ever serves w
 
 Reading (``get_into``): the in-memory map gives the record id; one ``preadv`` fills the
 header buffer and the caller's buffer; header and payload checksum are checked. A missing
-file is a clean miss (another process evicted the record). Anything else that fails is
-quarantined and leaves the index, so no caller retries it.
+file is a clean miss (another process evicted the record, or someone deleted it); its row, if
+still there, leaves the index. Anything else that fails is quarantined and leaves the index,
+so no caller retries it.
 
 Capacity: ``capacity_bytes`` caps header + payload bytes of pending and ready rows, across
 all processes (the index holds the shared total). Records of another process's pending
@@ -249,7 +250,10 @@ class DiskStore(BlockStore):
             )
             verify_payload(header, out)
         except FileNotFoundError:
-            self._forget(key, entry.record_id)  # evicted or replaced by another process
+            # Evicted or replaced by another process (its row is already gone), or deleted
+            # behind the store's back: drop the row too, so its bytes leave the cap and no
+            # later refresh (which replays this record's commit) offers the key again.
+            self._drop_missing(key, entry.record_id)
             return self._missed()
         except CorruptRecordError as exc:
             self._quarantine(key, entry.record_id, exc.reason, str(exc))
@@ -576,6 +580,13 @@ class DiskStore(BlockStore):
             entry = self._mem.get(key)
             if entry is not None and entry.record_id == record_id:
                 del self._mem[key]
+
+    def _drop_missing(self, key: bytes, record_id: int) -> None:
+        try:
+            self._index.remove_records([record_id])
+        except sqlite3.Error as exc:
+            log.warning("disk tier: could not drop a record whose file is gone: %s", exc)
+        self._forget(key, record_id)
 
     def _forget_rows(self, rows: list[Row]) -> None:
         for row in rows:
