@@ -32,7 +32,8 @@ from kvtier.format import Namespace
 from kvtier.format.record import HEADER_BYTES
 from kvtier.native import page_copier
 from kvtier.store import DiskStore
-from kvtier.vllm.copy_engine import MAX_SPLIT, memmove_all, run_plan, usable_cpus
+from kvtier.threads import usable_cpus
+from kvtier.vllm.copy_engine import MAX_SPLIT, memmove_all, run_plan
 from kvtier.vllm.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
 
 LAYERS, PAGE, BLOCKS = 30, 196_608, 62

@@ -44,6 +44,7 @@ from pathlib import Path
 from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, quantile
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
+from kvtier.threads import usable_cpus
 
 BLOCK_SIZES = (512 << 10, 5_898_240)
 #: Threads of the multi-threaded read A/B: the disk tier's default ``disk_threads``.
@@ -266,7 +267,7 @@ def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
 def _cpus_busy(busy: bool) -> Iterator[None]:
     """One spinning process per CPU while the block runs (if ``busy``)."""
     spinners = (
-        [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in _cpus()]
+        [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cpus())]
         if busy
         else []
     )
@@ -276,10 +277,6 @@ def _cpus_busy(busy: bool) -> Iterator[None]:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-
-
-def _cpus() -> range:
-    return range(len(os.sched_getaffinity(0)))
 
 
 def _cold_read_rows(work: Path, total_mib: int, rounds: int, cpus: str) -> list[list[str]]:

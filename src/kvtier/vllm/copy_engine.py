@@ -19,7 +19,6 @@ split: they run while the engine computes, and extra copy threads would take its
 import ctypes
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtier.native import page_copier
-from kvtier.threads import name_os_thread
+from kvtier.threads import name_os_thread, usable_cpus
 from kvtier.vllm.host_layout import CopyPlan
 
 logger = logging.getLogger(__name__)
@@ -53,14 +52,6 @@ class CopyJob:
 SPLIT_MIN_BYTES = 16 << 20
 #: Most threads one load is split over (memory bandwidth, not cores, is the limit beyond).
 MAX_SPLIT = 4
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def run_plan(plan: CopyPlan, helpers: ThreadPoolExecutor | None = None, parts: int = 1) -> None:
