@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.harness import EngineConfig, EngineProcess
+from kvtier.devtools.harness import EngineConfig, EngineProcess
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from kvtier.models import tiny_llama
+    from kvtier.devtools.models import tiny_llama
 
     return tiny_llama()
 
@@ -59,9 +59,3 @@ def plain_engine(tiny_model: Path, engine_logs: Path) -> Iterator[EngineProcess]
     )
     yield engine
     engine.close()
-
-
-def random_prompt(seed: int, length: int, vocab: int = 2048) -> list[int]:
-    """Token ids unlikely to share a prefix with any other seed's prompt."""
-    rng = random.Random(seed)
-    return [rng.randrange(3, vocab) for _ in range(length)]

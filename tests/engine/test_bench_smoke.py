@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvtier.bench import bandwidth, concurrent, overhead, ttft
+from kvtier.devtools.bench import bandwidth, concurrent, overhead, ttft
 
 pytestmark = pytest.mark.engine
 
@@ -72,8 +72,8 @@ def test_bandwidth_bench_checks_the_bytes_it_moves(tmp_path):
 
 @pytest.mark.real_model
 def test_needle_probe_scores_every_session(tmp_path):
-    from kvtier.models import smollm2
-    from kvtier.probe import needles
+    from kvtier.devtools.models import smollm2
+    from kvtier.devtools.probe import needles
 
     result = needles.run(
         str(smollm2()),

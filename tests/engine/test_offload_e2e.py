@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.harness import EngineConfig, EngineProcess
-from kvtier.harness.oracle import ResumeReference, check_restore, resume_reference
+from kvtier.devtools.harness import EngineConfig, EngineProcess
+from kvtier.devtools.harness.oracle import ResumeReference, check_restore, resume_reference
 from kvtier.vllm.regions import SHM_DIR
-from tests.conftest import random_prompt
+from tests.support.prompts import random_prompt
 
 pytestmark = pytest.mark.engine
 

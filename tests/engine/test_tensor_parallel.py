@@ -8,9 +8,9 @@ heads, one per rank: a rank that restored the other rank's bytes would change th
 import pytest
 
 import kvtier
-from kvtier.harness import EngineConfig
-from kvtier.harness.oracle import check_restore, resume_reference
-from tests.conftest import random_prompt
+from kvtier.devtools.harness import EngineConfig
+from kvtier.devtools.harness.oracle import check_restore, resume_reference
+from tests.support.prompts import random_prompt
 
 pytestmark = pytest.mark.engine
 

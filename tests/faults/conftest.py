@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.fault_helpers import Outside
+from tests.support.faults import Outside
 
 FAULTS_DIR = Path(__file__).resolve().parent
 REPO = FAULTS_DIR.parent.parent
@@ -210,7 +210,7 @@ def _table(collector: Reliability, wall_s: float, exitstatus: int) -> str:
         "the CPUs.",
         "",
         "Checked in every row unless it says otherwise: requests complete and the engine keeps "
-        "serving; every restored output equals the resume oracle (`kvtier.harness.oracle`) or, "
+        "serving; every restored output equals the resume oracle (`kvtier.devtools.harness.oracle`) or, "
         "where a block must not be served, the cold output; a bad block is a miss and is "
         "quarantined with the reason named; `verify()` finds nothing left to repair; no temp, "
         "orphan or `/dev/shm/vllm_offload_*` file stays behind; a sibling folder and the parent "

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.harness import EngineConfig, EngineError, EngineProcess
+from kvtier.devtools.harness import EngineConfig, EngineError, EngineProcess
 from kvtier.vllm.regions import SHM_DIR
-from tests.conftest import random_prompt
-from tests.faults.engine_helpers import (
+from tests.support.prompts import random_prompt
+from tests.support.engine import (
     DISK_CAP_BYTES,
     ENGINE_BLOCKS,
     FULL_BLOCK_TOKENS,
@@ -47,7 +47,7 @@ from tests.faults.engine_helpers import (
     unique_engine_id,
     wait_for_namespace_dir,
 )
-from tests.faults.fault_helpers import (
+from tests.support.faults import (
     DAMAGES,
     Outside,
     Sources,
@@ -61,8 +61,8 @@ from tests.faults.fault_helpers import (
     tmpfs,
     unmount,
 )
-from tests.faults.test_store_io_faults import bind_readonly
-from tests.store.store_helpers import make_namespace
+from tests.support.faults import bind_readonly
+from tests.support.store import make_namespace
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.timeout(1800)]
 

@@ -22,45 +22,24 @@ from pathlib import Path
 import pytest
 
 from kvtier.store.quarantine import entries
-from tests.faults.fault_helpers import (
+from tests.support.faults import (
     FUZZ_CAPACITY_RECORDS,
     FUZZ_RECORD,
     assert_store_sound,
+    check_after_crashes,
+    forkserver,
     open_fuzz_store,
     payload_ok,
 )
-from tests.faults.workers import open_and_crash_in_reclaim, open_close_loop, write_forever
-from tests.store.crash_helpers import CRASH_EXIT_CODE, fill_then_crash, open_store
-from tests.store.store_helpers import files_under
+from tests.support.workers import open_and_crash_in_reclaim, open_close_loop, write_forever
+from tests.support.crash import CRASH_EXIT_CODE, fill_then_crash, open_store
+from tests.support.store import files_under
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1200)]
 
 CAPACITY = FUZZ_CAPACITY_RECORDS * FUZZ_RECORD
 #: Writers are killed this long (uniformly random) after they were started.
 KILL_WINDOW_S = 0.3
-
-
-def forkserver() -> multiprocessing.context.BaseContext:
-    """Children forked from a clean, single-threaded server that has imported the store."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.faults.workers"])
-    return ctx
-
-
-def check_after_crashes(root: Path) -> int:
-    """Open the folder as a fresh process would and check it; returns the records offered."""
-    with open_fuzz_store(root) as store:
-        keys = list(store.keys())
-        for key in keys:
-            data = store.get(key)
-            assert data is not None, f"record {key.hex()[:8]} offered but not served"
-            assert payload_ok(int.from_bytes(key[:32], "big"), data), "wrong bytes served"
-        assert store.stats().corrupt == {}, "a SIGKILL must never leave a corrupt record"
-        assert entries(store.namespace_dir) == []
-        assert_store_sound(store, CAPACITY)
-        locks = [n for n in os.listdir(store.namespace_dir / "sessions") if n.endswith(".lock")]
-        assert len(locks) == 1, "dead sessions are reaped"  # (".new" ones after a minute)
-    return len(keys)
 
 
 def crash_fuzz(root: Path, iterations: int, max_writers: int, seed: int) -> Counter[str]:

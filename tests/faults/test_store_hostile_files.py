@@ -18,7 +18,7 @@ import pytest
 
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.quarantine import entries
-from tests.faults.fault_helpers import (
+from tests.support.faults import (
     DAMAGES,
     FUZZ_RECORD,
     Sources,
@@ -29,7 +29,7 @@ from tests.faults.fault_helpers import (
     key_of_record,
     payload_ok,
 )
-from tests.store.store_helpers import aligned_buffer, make_namespace
+from tests.support.store import aligned_buffer, make_namespace
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 

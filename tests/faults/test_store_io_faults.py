@@ -20,7 +20,8 @@ import pytest
 from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.quarantine import entries
-from tests.faults.fault_helpers import (
+from tests.support.faults import (
+    bind_readonly,
     FUZZ_CAPACITY_RECORDS,
     FUZZ_KEYS,
     FUZZ_PAYLOAD,
@@ -36,7 +37,7 @@ from tests.faults.fault_helpers import (
     payload_ok,
     tmpfs,
 )
-from tests.store.store_helpers import aligned_buffer
+from tests.support.store import aligned_buffer
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -250,19 +251,10 @@ def test_free_space_floor_refuses_a_put_before_the_disk_is_full(tmp_path: Path, 
 # -- read-only folder --------------------------------------------------------------------------
 
 
-def bind_readonly(folder: Path) -> None:
-    """Make ``folder`` read-only for new opens (a ro bind mount over itself); files already
-    open for writing (the index) stay writable, as when an admin remounts a volume ro."""
-    import subprocess
-
-    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
-    subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
-
-
 def test_a_folder_turned_read_only_under_the_store_degrades_to_misses(
     tmp_path: Path, reliability
 ) -> None:
-    from tests.faults.fault_helpers import need_root, unmount
+    from tests.support.faults import need_root, unmount
 
     need_root()
     guard = Outside(tmp_path / "parent")
@@ -308,7 +300,7 @@ def test_a_folder_turned_read_only_under_the_store_degrades_to_misses(
 
 
 def test_a_read_only_folder_at_open_is_refused_without_touching_it(tmp_path: Path, reliability):
-    from tests.faults.fault_helpers import need_root, unmount
+    from tests.support.faults import need_root, unmount
 
     need_root()
     guard = Outside(tmp_path / "parent")
@@ -337,14 +329,14 @@ def test_a_read_only_folder_at_open_is_refused_without_touching_it(tmp_path: Pat
 
 
 def run_without_dac_override(function: str, *args: str) -> str:
-    """Run ``tests.faults.workers.<function>(*args)`` as uid 0 minus CAP_DAC_OVERRIDE,
+    """Run ``tests.support.workers.<function>(*args)`` as uid 0 minus CAP_DAC_OVERRIDE,
     CAP_DAC_READ_SEARCH and CAP_FOWNER, so file modes apply; returns its stdout."""
     import subprocess
     import sys
 
     if os.geteuid() != 0:
         pytest.skip("drops root's capabilities; run as root")
-    code = f"import sys; from tests.faults.workers import {function}; {function}(*sys.argv[1:])"
+    code = f"import sys; from tests.support.workers import {function}; {function}(*sys.argv[1:])"
     done = subprocess.run(
         [
             "setpriv",
@@ -370,7 +362,7 @@ def test_permission_denials_under_a_running_store_are_misses_and_refusals(
 ) -> None:
     import json
 
-    from tests.faults.workers import (
+    from tests.support.workers import (
         BLOCKED,
         FOREIGN,
         LOCKED,

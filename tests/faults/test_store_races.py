@@ -18,16 +18,16 @@ from collections import Counter
 import pytest
 
 from kvtier.store.quarantine import entries
-from tests.faults.fault_helpers import (
+from tests.support.faults import (
     FUZZ_KEYS,
     FUZZ_PAYLOAD,
     fuzz_key,
     open_fuzz_store,
     payload_ok,
 )
-from tests.faults.test_store_crash_fuzz import check_after_crashes, forkserver
-from tests.faults.workers import write_forever
-from tests.store.store_helpers import aligned_buffer
+from tests.support.faults import check_after_crashes, forkserver
+from tests.support.workers import write_forever
+from tests.support.store import aligned_buffer
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 

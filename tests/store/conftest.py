@@ -9,7 +9,7 @@ import pytest
 
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore
-from tests.store.store_helpers import PAYLOAD_BYTES, make_namespace
+from tests.support.store import PAYLOAD_BYTES, make_namespace
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.format import Namespace
-from tests.store.store_helpers import make_namespace
+from tests.support.store import make_namespace
 
 
 def test_digest_is_stable_across_versions_of_the_code() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from kvtier.format import HEADER_BYTES
 from kvtier.store import BlockStore, DiskStore, MemoryStore
-from tests.store.conformance import StoreContract
-from tests.store.store_helpers import PAYLOAD_BYTES
+from tests.support.conformance import StoreContract
+from tests.support.store import PAYLOAD_BYTES
 
 
 class TestMemoryStore(StoreContract):

@@ -12,7 +12,7 @@ import pytest
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore
 from kvtier.store.quarantine import entries
-from tests.store.store_helpers import (
+from tests.support.store import (
     PAYLOAD_BYTES,
     aligned_buffer,
     key_of,

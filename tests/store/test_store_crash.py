@@ -18,13 +18,13 @@ import pytest
 from kvtier.format import HEADER_BYTES
 from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO
-from tests.store.crash_helpers import (
+from tests.support.crash import (
     CAPACITY_RECORDS,
     CRASH_EXIT_CODE,
     fill_then_crash,
     open_store,
 )
-from tests.store.store_helpers import PAYLOAD_BYTES, files_under, key_of, payload_of
+from tests.support.store import PAYLOAD_BYTES, files_under, key_of, payload_of
 
 RECORD = HEADER_BYTES + PAYLOAD_BYTES
 

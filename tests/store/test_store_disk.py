@@ -17,14 +17,14 @@ from kvtier.errors import ConfigError, KvtierError
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO, list_namespaces, remove_namespace
 from kvtier.store.io import set_background_io_priority
-from tests.store.store_helpers import (
+from tests.support.store import (
     PAYLOAD_BYTES,
     aligned_buffer,
     files_under,
     key_of,
     make_namespace,
 )
-from tests.store.store_helpers import payload_of as payload
+from tests.support.store import payload_of as payload
 
 OpenDisk = Callable[..., DiskStore]
 RECORD = HEADER_BYTES + PAYLOAD_BYTES

@@ -7,8 +7,8 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 from kvtier.format import HEADER_BYTES
-from tests.store.crash_helpers import CAPACITY_RECORDS, open_store
-from tests.store.store_helpers import PAYLOAD_BYTES, files_under, key_of, payload_of
+from tests.support.crash import CAPACITY_RECORDS, open_store
+from tests.support.store import PAYLOAD_BYTES, files_under, key_of, payload_of
 
 RECORD = HEADER_BYTES + PAYLOAD_BYTES
 PUTS_PER_PROCESS = 150

@@ -11,7 +11,7 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.store import DiskStore
-from tests.store.store_helpers import key_of, make_namespace, payload_of
+from tests.support.store import key_of, make_namespace, payload_of
 
 
 def mode(path: Path) -> int:

@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvtier.format import HEADER_BYTES
 from kvtier.store import BlockStore, DiskStore, MemoryStore
-from tests.store.store_helpers import key_of, make_namespace
+from tests.support.store import key_of, make_namespace
 
 KEYS = st.integers(min_value=0, max_value=7).map(key_of)
 SIZES = st.sampled_from([512, 1024, 4096])

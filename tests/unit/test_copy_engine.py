@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from kvtier.native import page_copier
-from kvtier.vllm import copy_engine
-from kvtier.vllm.copy_engine import SPLIT_MIN_BYTES, CopyEngine, run_plan
-from kvtier.vllm.host_layout import CopyPlan
+from kvtier.dataplane import copy_engine
+from kvtier.dataplane.copy_engine import SPLIT_MIN_BYTES, CopyEngine, run_plan
+from kvtier.dataplane.host_layout import CopyPlan
 
 PAGE = 1 << 16
 

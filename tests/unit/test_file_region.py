@@ -14,7 +14,7 @@ from kvtier.vllm.file_region import (
     clean_stale_pool_files,
     pool_path,
 )
-from tests.unit.mapping_helpers import mapped_by_another_process
+from tests.support.mapping import mapped_by_another_process
 
 ROW = 64 * 1024
 ROWS = 4096  # a 256 MiB pool

@@ -11,7 +11,7 @@ import pytest
 import torch
 from vllm.v1.kv_offload.cpu.gpu_worker import compute_sub_block_ptrs
 
-from kvtier.vllm.host_layout import CopyRef, TensorPlacement, plan_copies
+from kvtier.dataplane.host_layout import CopyRef, TensorPlacement, plan_copies
 
 PAGE = mmap.PAGESIZE
 

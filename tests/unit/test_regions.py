@@ -4,7 +4,7 @@ import os
 import time
 
 from kvtier.vllm.regions import clean_stale_regions
-from tests.unit.mapping_helpers import mapped_by_another_process
+from tests.support.mapping import mapped_by_another_process
 
 
 def test_region_nobody_holds_is_removed(tmp_path):

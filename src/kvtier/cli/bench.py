@@ -45,7 +45,7 @@ def _progress(title: str) -> Iterator[Callable[[str], None]]:
 
 
 def _model(model: str | None) -> str:
-    from kvtier.bench.common import default_model
+    from kvtier.devtools.bench.common import default_model
 
     return model or default_model()
 
@@ -68,7 +68,7 @@ def bench_ttft(
 
     Example: kvtier bench ttft --lengths 2048,4096,8000 --reps 3
     """
-    from kvtier.bench import ttft
+    from kvtier.devtools.bench import ttft
 
     with _progress("ttft") as report:
         ttft.run(_model(model), [int(x) for x in lengths.split(",")], reps, out, progress=report)
@@ -86,7 +86,7 @@ def bench_concurrent(
 
     Example: kvtier bench concurrent --prompt-len 2048 --counts 1,2,4,8
     """
-    from kvtier.bench import concurrent
+    from kvtier.devtools.bench import concurrent
 
     with _progress("concurrent") as report:
         concurrent.run(
@@ -109,7 +109,7 @@ def bench_overhead(
 
     Example: kvtier bench overhead --passes 5
     """
-    from kvtier.bench import overhead
+    from kvtier.devtools.bench import overhead
 
     with _progress("overhead") as report:
         overhead.run(
@@ -132,7 +132,7 @@ def bench_bandwidth(
 
     Example: kvtier bench bandwidth --reps 3
     """
-    from kvtier.bench import bandwidth
+    from kvtier.devtools.bench import bandwidth
 
     with _progress("bandwidth") as report:
         bandwidth.run(out, reps=reps, progress=report)
@@ -154,7 +154,7 @@ def probe_needles(
 
     Example: kvtier probe needles --sessions 6 --wave 3
     """
-    from kvtier.probe import needles
+    from kvtier.devtools.probe import needles
 
     with _progress("needles") as report:
         result = needles.run(

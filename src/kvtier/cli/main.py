@@ -101,7 +101,7 @@ def demo(
 
     Example: kvtier demo --tokens 4000
     """
-    from kvtier.demo import run_demo
+    from kvtier.devtools.demo import run_demo
 
     raise typer.Exit(run_demo(tokens=tokens, port=port, work_dir=work_dir))
 

@@ -2,8 +2,8 @@
 
 Upstream's ``CPUOffloadingWorker`` drives CUDA/XPU DMA streams and refuses any other platform.
 This worker implements the same ``OffloadingWorker`` contract for the CPU backend: the byte
-placement comes from :mod:`kvtier.vllm.host_layout` (upstream's layout, pinned by tests), the
-copies run on :class:`kvtier.vllm.copy_engine.CopyEngine` threads.
+placement comes from :mod:`kvtier.dataplane.host_layout` (upstream's layout, pinned by tests), the
+copies run on :class:`kvtier.dataplane.copy_engine.CopyEngine` threads.
 """
 
 import logging
@@ -19,8 +19,8 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
-from kvtier.vllm.copy_engine import CopyEngine
-from kvtier.vllm.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
+from kvtier.dataplane.copy_engine import CopyEngine
+from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import kvtier
 from kvtier.format import Namespace
-from kvtier.harness import EngineConfig, EngineProcess, GenerateResult
-from kvtier.harness.oracle import ResumeReference, check_restore
+from kvtier.devtools.harness import EngineConfig, EngineProcess, GenerateResult
+from kvtier.devtools.harness.oracle import ResumeReference, check_restore
 from kvtier.store import DiskStore
 from kvtier.units import parse_size
 

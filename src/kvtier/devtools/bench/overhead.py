@@ -30,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.bench.common import BenchRun, random_prompt
-from kvtier.bench.report import markdown_table
-from kvtier.bench.stats import median
-from kvtier.harness import EngineProcess, GenerateResult
-from kvtier.harness.cpu import session_cpu
+from kvtier.devtools.bench.common import BenchRun, random_prompt
+from kvtier.devtools.bench.report import markdown_table
+from kvtier.devtools.bench.stats import median
+from kvtier.devtools.harness import EngineProcess, GenerateResult
+from kvtier.devtools.harness.cpu import session_cpu
 
 
 def _tpot(result: GenerateResult) -> float | None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import kvtier
-from kvtier.bench.report import environment_line
-from kvtier.harness import EngineConfig, EngineProcess
+from kvtier.devtools.bench.report import environment_line
+from kvtier.devtools.harness import EngineConfig, EngineProcess
 
 
 def random_prompt(length: int, seed: int, vocab: int = 49000) -> list[int]:
@@ -28,7 +28,7 @@ def model_vocab(model: str, default: int = 49000) -> int:
 
 
 def default_model() -> str:
-    from kvtier.models import smollm2
+    from kvtier.devtools.models import smollm2
 
     return str(smollm2())
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.bench.common import BenchRun, bar_plot, random_prompt
-from kvtier.bench.report import markdown_table
-from kvtier.bench.stats import median
+from kvtier.devtools.bench.common import BenchRun, bar_plot, random_prompt
+from kvtier.devtools.bench.report import markdown_table
+from kvtier.devtools.bench.stats import median
 
 
 def run(

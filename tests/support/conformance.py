@@ -12,7 +12,7 @@ import threading
 from array import array
 
 from kvtier.store import BlockStore
-from tests.store.store_helpers import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
+from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
 
 
 class StoreContract:

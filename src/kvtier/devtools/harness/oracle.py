@@ -10,7 +10,7 @@ must match it token for token (see shared/research/reference-systems.md).
 from dataclasses import dataclass
 
 from kvtier.errors import KvtierError
-from kvtier.harness.client import EngineProcess, GenerateResult
+from kvtier.devtools.harness.client import EngineProcess, GenerateResult
 
 
 class OracleMismatch(KvtierError):

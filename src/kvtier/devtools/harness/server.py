@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvtier.cli.serve import serve_env
-from kvtier.openai_client import ServerClient
+from kvtier.devtools.openai_client import ServerClient
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """DiskStore throughput and latency next to plain file I/O on the same disk.
 
-Run: ``python -m kvtier.bench.store_bench [--dir DIR] [--total-mib 192] [--repeats 3]``.
+Run: ``python -m kvtier.devtools.bench.store_bench [--dir DIR] [--total-mib 192] [--repeats 3]``.
 
 Four tables:
 
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, quantile
+from kvtier.devtools.bench.report import drop_page_cache, environment_line, markdown_table, quantile
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
 from kvtier.threads import usable_cpus

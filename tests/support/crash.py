@@ -1,6 +1,6 @@
 """Processes that die at a chosen step of a put (run under multiprocessing "spawn").
 
-They live in their own module so a spawned child can import them (tests.store.crash_helpers).
+They live in their own module so a spawned child can import them (tests.support.crash).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from kvtier.format import HEADER_BYTES
 from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO
-from tests.store.store_helpers import PAYLOAD_BYTES, key_of, make_namespace, payload_of
+from tests.support.store import PAYLOAD_BYTES, key_of, make_namespace, payload_of
 
 CRASH_EXIT_CODE = 17
 CAPACITY_RECORDS = 4

@@ -12,7 +12,7 @@ import os
 import random
 import sys
 
-from tests.faults.fault_helpers import (
+from tests.support.faults import (
     FUZZ_KEYS,
     FUZZ_PAYLOAD,
     fuzz_key,
@@ -63,7 +63,7 @@ def open_and_crash_in_reclaim(root: str) -> None:
 
     Opening reclaims what dead writers left; the first record file it unlinks is the crash.
     """
-    from tests.store.crash_helpers import CrashingIO, open_store
+    from tests.support.crash import CrashingIO, open_store
 
     open_store(root, CrashingIO("before_evict_unlink"))
     raise SystemExit("opened without unlinking any record file")

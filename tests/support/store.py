@@ -1,4 +1,4 @@
-"""Helpers shared by the store tests (tests is a package: import as tests.store.store_helpers)."""
+"""Helpers shared by the store tests (tests is a package: import as tests.support.store)."""
 
 from __future__ import annotations
 

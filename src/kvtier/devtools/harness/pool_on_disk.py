@@ -6,7 +6,7 @@ per kind: MemAvailable before the engine, after start-up and after the fill; the
 size and allocated bytes; the restore's wall time. Prints JSON.
 
 Run (docs/host-pool-on-disk.md):
-``VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m kvtier.harness.pool_on_disk --dir /var/tmp/pool
+``VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m kvtier.devtools.harness.pool_on_disk --dir /var/tmp/pool
 --out pool.json`` (vLLM logs to stdout; the report is the last JSON printed).
 """
 
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtier.harness.matrix import _Engine, _mem_available, _pool_files
-from kvtier.models import tiny_model
+from kvtier.devtools.harness.matrix import _Engine, _mem_available, _pool_files
+from kvtier.devtools.models import tiny_model
 from kvtier.units import parse_size
 
 PROMPT_TOKENS = 1024

@@ -1,6 +1,6 @@
 """The engine child: hosts one ``vllm.LLM`` and answers ``EngineProcess`` requests.
 
-Run as ``python -m kvtier.harness.child <reply_fd>`` with the engine arguments as the first JSON
+Run as ``python -m kvtier.devtools.harness.child <reply_fd>`` with the engine arguments as the first JSON
 line on stdin.
 """
 
@@ -10,7 +10,7 @@ import time
 import traceback
 from typing import Any
 
-from kvtier.harness.protocol import decode, encode
+from kvtier.devtools.harness.protocol import decode, encode
 
 
 def _metrics(llm: Any) -> dict[str, float]:

@@ -7,7 +7,7 @@ this process and a tiny model's engine starts in ~5 s, so one process can run a 
 Restarts still need a fresh process: phase ``serve`` stores blocks to a disk tier per case,
 phase ``restart`` (another process) restores them.
 
-Usage: ``python -m kvtier.harness.matrix PHASE CASES_JSON RESULTS_JSON``. Each case is a dict:
+Usage: ``python -m kvtier.devtools.harness.matrix PHASE CASES_JSON RESULTS_JSON``. Each case is a dict:
 ``name``, ``model`` (folder), ``dtype``, ``kv_cache_dtype``, ``disk_dir``, ``prompts`` (name ->
 token ids), ``max_tokens``, optional ``kvtier`` (extra ``kv_transfer_config`` arguments),
 ``engine`` (extra engine arguments), ``env`` / ``unset_env`` (environment during the case),
@@ -102,7 +102,7 @@ class _Engine:
         }
 
     def metrics(self) -> dict[str, float]:
-        from kvtier.harness.child import _metrics
+        from kvtier.devtools.harness.child import _metrics
 
         return _metrics(self.llm)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import kvtier
 from kvtier.errors import KvtierError
-from kvtier.harness.protocol import decode, encode
+from kvtier.devtools.harness.protocol import decode, encode
 
 SRC_DIR = Path(kvtier.__file__).resolve().parent.parent
 
@@ -105,7 +105,7 @@ class EngineProcess:
         read_fd, write_fd = os.pipe()
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtier.harness.child", str(write_fd)],
+            [sys.executable, "-m", "kvtier.devtools.harness.child", str(write_fd)],
             stdin=subprocess.PIPE,
             stdout=self._log,
             stderr=subprocess.STDOUT,

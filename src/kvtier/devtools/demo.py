@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvtier.harness.server import ServerProcess
-from kvtier.openai_client import StreamResult
+from kvtier.devtools.harness.server import ServerProcess
+from kvtier.devtools.openai_client import StreamResult
 
 MAX_TOKENS = 24
 SOURCES = {
@@ -95,7 +95,7 @@ def render(console: Console, phases: list[Phase], num_tokens: int) -> None:
 
 
 def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
-    from kvtier.models import smollm2
+    from kvtier.devtools.models import smollm2
 
     console = Console(width=None if sys.stdout.isatty() else 100)
     err = Console(stderr=True)

@@ -31,7 +31,7 @@ import numpy as np
 
 from kvtier.native import page_copier
 from kvtier.threads import name_os_thread, usable_cpus
-from kvtier.vllm.host_layout import CopyPlan
+from kvtier.dataplane.host_layout import CopyPlan
 
 logger = logging.getLogger(__name__)
 

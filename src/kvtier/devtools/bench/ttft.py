@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.bench.common import BenchRun, bar_plot, random_prompt
-from kvtier.bench.report import drop_page_cache, markdown_table
-from kvtier.bench.stats import median, median_range
+from kvtier.devtools.bench.common import BenchRun, bar_plot, random_prompt
+from kvtier.devtools.bench.report import drop_page_cache, markdown_table
+from kvtier.devtools.bench.stats import median, median_range
 
 KINDS = {
     "cold": "cold prefill",

@@ -9,7 +9,7 @@
    through it, so a revisit can only come from kvtier's tiers.
 4. Restores in concurrent waves of ``wave`` sessions (all five questions of a session at once);
    each request's ``num_cached_tokens`` shows it was restored.
-5. Scoring (kvtier.probe.scoring): truncated restore, cross-session mix-up and model miss told
+5. Scoring (kvtier.devtools.probe.scoring): truncated restore, cross-session mix-up and model miss told
    apart; the probe passes when every needle the baseline found is found after restore.
 """
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kvtier
-from kvtier.bench.report import markdown_table
-from kvtier.harness import EngineConfig, EngineProcess
-from kvtier.probe.scoring import DEPTHS, Needle, classify, session_verdict
+from kvtier.devtools.bench.report import markdown_table
+from kvtier.devtools.harness import EngineConfig, EngineProcess
+from kvtier.devtools.probe.scoring import DEPTHS, Needle, classify, session_verdict
 
 NAMES = [
     "amber",

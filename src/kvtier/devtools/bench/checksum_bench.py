@@ -1,6 +1,6 @@
 """Throughput of candidate payload checksums over realistic block sizes.
 
-Run: ``python -m kvtier.bench.checksum_bench [--repeats N]``. Prints a markdown table of
+Run: ``python -m kvtier.devtools.bench.checksum_bench [--repeats N]``. Prints a markdown table of
 GB/s (10^9 bytes per second), the median of ``repeats`` timed runs, each run hashing about
 256 MiB. Candidates that are not installed (``crc32c``, ``google-crc32c``) are listed as
 such. Every candidate reads a writable ``memoryview``, as the store does with host-pool
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import xxhash
 
-from kvtier.bench.report import environment_line, markdown_table, repeat_s
+from kvtier.devtools.bench.report import environment_line, markdown_table, repeat_s
 
 BLOCK_SIZES = (64 << 10, 512 << 10, 6 << 20)
 BYTES_PER_RUN = 256 << 20

@@ -6,6 +6,7 @@ Kept free of pytest fixtures so spawned or forked helper processes can import it
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import stat
@@ -17,8 +18,9 @@ import pytest
 
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
+from kvtier.store.quarantine import entries
 from kvtier.vllm.regions import SHM_DIR
-from tests.store.store_helpers import files_under, make_namespace
+from tests.support.store import files_under, make_namespace
 
 #: Payload of the store-level fuzzers: 16 pages, so O_DIRECT applies to aligned buffers.
 FUZZ_PAYLOAD = 64 << 10
@@ -380,3 +382,35 @@ DAMAGES = {
 def key_of_record(path: Path) -> bytes:
     """The key a record file is named for (``<key hex>.<id>.kvb``)."""
     return bytes.fromhex(path.name.split(".")[0])
+
+
+def bind_readonly(folder: Path) -> None:
+    """Make ``folder`` read-only for new opens (a ro bind mount over itself); files already
+    open for writing (the index) stay writable, as when an admin remounts a volume ro."""
+    import subprocess
+
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+
+
+def forkserver() -> multiprocessing.context.BaseContext:
+    """Children forked from a clean, single-threaded server that has imported the store."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.support.workers"])
+    return ctx
+
+
+def check_after_crashes(root: Path) -> int:
+    """Open the folder as a fresh process would and check it; returns the records offered."""
+    with open_fuzz_store(root) as store:
+        keys = list(store.keys())
+        for key in keys:
+            data = store.get(key)
+            assert data is not None, f"record {key.hex()[:8]} offered but not served"
+            assert payload_ok(int.from_bytes(key[:32], "big"), data), "wrong bytes served"
+        assert store.stats().corrupt == {}, "a SIGKILL must never leave a corrupt record"
+        assert entries(store.namespace_dir) == []
+        assert_store_sound(store, FUZZ_CAPACITY_RECORDS * FUZZ_RECORD)
+        locks = [n for n in os.listdir(store.namespace_dir / "sessions") if n.endswith(".lock")]
+        assert len(locks) == 1, "dead sessions are reaped"  # (".new" ones after a minute)
+    return len(keys)
