@@ -20,6 +20,7 @@ from kvtier.store import DiskStore, RecordIO
 from kvtier.store.quarantine import entries
 from tests.support.faults import (
     DAMAGES,
+    FUZZ_PAYLOAD,
     FUZZ_RECORD,
     Sources,
     assert_store_sound,
@@ -29,18 +30,28 @@ from tests.support.faults import (
     key_of_record,
     payload_ok,
 )
-from tests.support.store import aligned_buffer, make_namespace
+from tests.support.store import aligned_buffer, disk_capacity, make_namespace
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
 HEALTHY = 6
-CAPACITY = (HEALTHY + 4) * FUZZ_RECORD
+#: Quarantine entries kept: each is charged against the root's cap, as are the other
+#: namespace's records, so the cap leaves room for both besides the healthy records.
+QUARANTINE_KEPT = 6
+CAPACITY = disk_capacity(HEALTHY + 4 + QUARANTINE_KEPT + 2, FUZZ_PAYLOAD)
+QUARANTINE_BYTES = QUARANTINE_KEPT * (FUZZ_RECORD + 4096)
 
 
 def hostile_run(guard, rounds: int, seed: int) -> Counter[str]:  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
     reasons: Counter[str] = Counter()
-    store = DiskStore(guard.cache, fuzz_namespace(), CAPACITY, free_space_floor_bytes=0)
+    store = DiskStore(
+        guard.cache,
+        fuzz_namespace(),
+        CAPACITY,
+        free_space_floor_bytes=0,
+        quarantine_max_bytes=QUARANTINE_BYTES,
+    )
     foreign = DiskStore(
         guard.cache,
         make_namespace(model="faults/another-model", block_bytes=len(fuzz_payload(0, 0))),

@@ -19,15 +19,17 @@ import pytest
 
 from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO
+from kvtier.store.index import charge
 from kvtier.store.quarantine import entries
 from tests.support.faults import (
-    bind_readonly,
+    FUZZ_CAPACITY,
     FUZZ_CAPACITY_RECORDS,
     FUZZ_KEYS,
     FUZZ_PAYLOAD,
     FUZZ_RECORD,
     Outside,
     assert_store_sound,
+    bind_readonly,
     ext4_image,
     fill,
     fuzz_key,
@@ -37,11 +39,12 @@ from tests.support.faults import (
     payload_ok,
     tmpfs,
 )
-from tests.support.store import aligned_buffer
+from tests.support.store import aligned_buffer, disk_capacity
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
-CAPACITY = FUZZ_CAPACITY_RECORDS * FUZZ_RECORD
+CAPACITY = FUZZ_CAPACITY
+SMALL_CAPACITY = disk_capacity(4, FUZZ_PAYLOAD)
 WRITE_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EACCES, errno.EROFS, errno.EDQUOT)
 READ_ERRNOS = (errno.EIO, errno.EACCES, errno.EMFILE, errno.ENOMEM)
 
@@ -128,7 +131,7 @@ def io_fault_run(root: Path, seed: int, ops: int, rate: float) -> tuple[Counter[
             else:
                 store.delete(fuzz_key(i))
                 model.pop(i, None)
-            assert store.used_bytes() <= CAPACITY
+            assert store.footprint_bytes() <= CAPACITY
         outcomes["quarantined"] = store.stats().quarantined
     return io.injected, outcomes
 
@@ -258,7 +261,7 @@ def test_a_folder_turned_read_only_under_the_store_degrades_to_misses(
 
     need_root()
     guard = Outside(tmp_path / "parent")
-    store = DiskStore(guard.cache, fuzz_namespace(), 4 * FUZZ_RECORD, free_space_floor_bytes=0)
+    store = DiskStore(guard.cache, fuzz_namespace(), SMALL_CAPACITY, free_space_floor_bytes=0)
     with store:
         for i in range(4):
             assert store.put(fuzz_key(i), fuzz_payload(i, 1))
@@ -283,7 +286,7 @@ def test_a_folder_turned_read_only_under_the_store_degrades_to_misses(
         # writable again: what could not be unlinked while read-only is not left orphaned
         assert store.put(fuzz_key(9), fuzz_payload(9, 1))
         assert store.get(fuzz_key(9)) == fuzz_payload(9, 1)
-        assert_store_sound(store, 4 * FUZZ_RECORD)
+        assert_store_sound(store, SMALL_CAPACITY)
     with open_fuzz_store(guard.cache) as again:
         assert_store_sound(again, CAPACITY)
         assert again.get(fuzz_key(9)) == fuzz_payload(9, 1)
@@ -451,7 +454,9 @@ def test_an_evicted_file_that_cannot_be_unlinked_stays_named_and_goes_later(
         for i in range(FUZZ_CAPACITY_RECORDS):
             assert store.put(fuzz_key(i), fuzz_payload(i, 1))
         io.stuck = True
-        assert store.put(fuzz_key(50), fuzz_payload(50, 1))  # evicts; the unlinks fail
+        # Evicts, but the unlinks fail: the files stay charged, so the record does not fit.
+        assert not store.put(fuzz_key(50), fuzz_payload(50, 1))
+        assert store.footprint_bytes() <= CAPACITY
         assert store.verify() == [], "the evicted files are still named (trash), not orphans"
         io.stuck = False
         assert store.put(fuzz_key(51), fuzz_payload(51, 1))  # retried with the next put
@@ -460,8 +465,9 @@ def test_an_evicted_file_that_cannot_be_unlinked_stays_named_and_goes_later(
         "unlink of evicted record files fails (EIO/EROFS-like)",
         "store",
         1,
-        "the files stay named in trash (verify() clean, no orphan) and are unlinked with the "
-        "next put (was: trash entry dropped, file orphaned outside the cap; fixed)",
+        "the files stay named and charged in trash (verify() clean, no orphan, the put that "
+        "needed the room refused) and are unlinked with the next put (was: trash entry "
+        "dropped, file orphaned outside the cap; fixed)",
     )
 
 
@@ -470,7 +476,8 @@ def test_a_failed_put_whose_file_cannot_be_unlinked_leaves_no_orphan(outside, re
     with open_fuzz_store(outside.cache, io) as store:
         io.stuck = io.fail_publish = True
         assert not store.put(fuzz_key(1), fuzz_payload(1, 1))  # published, then undone
-        assert store.used_bytes() == 0, "the reservation is dropped"
+        # The reservation is dropped; the published file stays charged until it is unlinked.
+        assert store.used_bytes() == charge(FUZZ_RECORD)
         assert store.verify() == [], "the published file stays named (trash), not an orphan"
         io.stuck = io.fail_publish = False
         assert store.put(fuzz_key(2), fuzz_payload(2, 1))
@@ -481,6 +488,6 @@ def test_a_failed_put_whose_file_cannot_be_unlinked_leaves_no_orphan(outside, re
         "put fails after its file was published (folder fsync EIO) and the file cannot be unlinked",
         "store",
         1,
-        "put False, reservation dropped, file stays named in trash until unlinked (was: "
-        "orphan file outside the cap; fixed)",
+        "put False, reservation dropped, file stays named and charged in trash until "
+        "unlinked (was: orphan file outside the cap; fixed)",
     )

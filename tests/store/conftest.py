@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.format import Namespace
 from kvtier.store import DiskStore
-from tests.support.store import PAYLOAD_BYTES, make_namespace
+from tests.support.store import disk_capacity, make_namespace
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def open_disk(root: Path, namespace: Namespace) -> Iterator[Callable[..., DiskSt
     opened: list[DiskStore] = []
 
     def factory(records: int = 8, **kwargs: object) -> DiskStore:
-        kwargs.setdefault("capacity_bytes", records * (HEADER_BYTES + PAYLOAD_BYTES))
+        kwargs.setdefault("capacity_bytes", disk_capacity(records))
         kwargs.setdefault("free_space_floor_bytes", 0)
         store = DiskStore(kwargs.pop("root", root), kwargs.pop("namespace", namespace), **kwargs)
         opened.append(store)

@@ -15,6 +15,7 @@ from kvtier.store.quarantine import entries
 from tests.support.store import (
     PAYLOAD_BYTES,
     aligned_buffer,
+    charged_bytes,
     key_of,
     make_namespace,
     payload_of,
@@ -48,7 +49,11 @@ def assert_quarantined(store: DiskStore, reason: str) -> None:
     assert store.stats().corrupt == {reason: 1}
     assert store.stats().quarantined == 1
     assert not store.contains(key_of(1))
-    assert store.used_bytes() == before - (HEADER_BYTES + PAYLOAD_BYTES)
+    # The record's charge left with its row; the quarantine entry (and its reason file) is
+    # charged instead, for as long as it is kept.
+    assert store.used_bytes() == before - (HEADER_BYTES + PAYLOAD_BYTES) + charged_bytes(
+        store.namespace_dir / "quarantine"
+    )
     assert store.put(key_of(1), payload_of(1))
     assert store.get(key_of(1)) == payload_of(1)
     assert [p for p in store.verify() if not p.fixed] == []

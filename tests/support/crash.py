@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvtier.format import HEADER_BYTES
 from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO
-from tests.support.store import PAYLOAD_BYTES, key_of, make_namespace, payload_of
+from tests.support.store import disk_capacity, key_of, make_namespace, payload_of
 
 CRASH_EXIT_CODE = 17
 CAPACITY_RECORDS = 4
@@ -48,7 +47,7 @@ def open_store(root: str, io: RecordIO | None = None) -> DiskStore:
     return DiskStore(
         root,
         make_namespace(),
-        CAPACITY_RECORDS * (HEADER_BYTES + PAYLOAD_BYTES),
+        disk_capacity(CAPACITY_RECORDS),
         free_space_floor_bytes=0,
         io=io,
     )

@@ -20,13 +20,15 @@ from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.quarantine import entries
 from kvtier.vllm.regions import SHM_DIR
-from tests.support.store import files_under, make_namespace
+from tests.support.store import charged_bytes, disk_capacity, files_under, make_namespace
 
 #: Payload of the store-level fuzzers: 16 pages, so O_DIRECT applies to aligned buffers.
 FUZZ_PAYLOAD = 64 << 10
 FUZZ_RECORD = HEADER_BYTES + FUZZ_PAYLOAD
 FUZZ_KEYS = 24
 FUZZ_CAPACITY_RECORDS = 8
+#: The fuzz stores' cap: FUZZ_CAPACITY_RECORDS records besides the index files' allowance.
+FUZZ_CAPACITY = disk_capacity(FUZZ_CAPACITY_RECORDS, FUZZ_PAYLOAD)
 
 
 # -- folders -----------------------------------------------------------------------------------
@@ -172,7 +174,7 @@ def open_fuzz_store(root: Path | str, io: RecordIO | None = None) -> DiskStore:
     return DiskStore(
         root,
         fuzz_namespace(),
-        FUZZ_CAPACITY_RECORDS * FUZZ_RECORD,
+        FUZZ_CAPACITY,
         free_space_floor_bytes=0,
         io=io,
     )
@@ -183,15 +185,35 @@ def block_bytes_on_disk(namespace_dir: Path) -> int:
 
 
 def assert_store_sound(store: DiskStore, capacity_bytes: int) -> None:
-    """Index, files and cap agree; nothing is left to repair; no temp file is left."""
+    """Index, files and cap agree; nothing is left to repair; no temp file is left.
+
+    ``capacity_bytes``: the store's cap (index files included). The root's usage is what
+    its namespace folders' records and quarantine entries are charged (no trash is left).
+    """
     problems = store.verify()
     assert problems == [], problems
-    on_disk = block_bytes_on_disk(store.namespace_dir)
-    assert on_disk == store.used_bytes() <= capacity_bytes
+    on_disk = sum(
+        charged_bytes(folder / "blocks")
+        - charged_bytes_of_dirs(folder / "blocks")
+        + charged_bytes(folder / "quarantine")
+        for folder in store.root.iterdir()
+        if folder.is_dir()
+    )
+    assert on_disk == store.used_bytes()
+    assert store.footprint_bytes() <= capacity_bytes
     assert files_under(store.namespace_dir / "tmp") == []
 
 
 # -- engine processes ----------------------------------------------------------------------------
+
+
+def charged_bytes_of_dirs(folder: Path) -> int:
+    """The part of ``charged_bytes(folder)`` that its sub-folders themselves account for."""
+    return sum(
+        -(-os.lstat(os.path.join(d, n)).st_size // 4096) * 4096
+        for d, dirnames, _ in os.walk(folder)
+        for n in dirnames
+    )
 
 
 def session_pids(leader: int) -> list[int]:
@@ -410,7 +432,7 @@ def check_after_crashes(root: Path) -> int:
             assert payload_ok(int.from_bytes(key[:32], "big"), data), "wrong bytes served"
         assert store.stats().corrupt == {}, "a SIGKILL must never leave a corrupt record"
         assert entries(store.namespace_dir) == []
-        assert_store_sound(store, FUZZ_CAPACITY_RECORDS * FUZZ_RECORD)
+        assert_store_sound(store, FUZZ_CAPACITY)
         locks = [n for n in os.listdir(store.namespace_dir / "sessions") if n.endswith(".lock")]
         assert len(locks) == 1, "dead sessions are reaped"  # (".new" ones after a minute)
     return len(keys)

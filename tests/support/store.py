@@ -6,9 +6,16 @@ import mmap
 import os
 from pathlib import Path
 
-from kvtier.format import Namespace
+from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.store.root import INDEX_ALLOWANCE_BYTES
 
 PAYLOAD_BYTES = 8192
+
+
+def disk_capacity(records: int, payload_bytes: int = PAYLOAD_BYTES) -> int:
+    """A disk cap that holds exactly ``records`` records of ``payload_bytes`` (a multiple of
+    4 KiB) besides the index files' allowance."""
+    return INDEX_ALLOWANCE_BYTES + records * (HEADER_BYTES + payload_bytes)
 
 
 def make_namespace(model: str = "test/model", block_bytes: int = PAYLOAD_BYTES) -> Namespace:
@@ -45,3 +52,14 @@ def aligned_buffer(size: int) -> memoryview:
 def files_under(folder: Path) -> list[Path]:
     """Every non-directory entry below ``folder``."""
     return [Path(d) / f for d, _, names in os.walk(folder) for f in names]
+
+
+def charged_bytes(folder: Path) -> int:
+    """What the disk store charges for everything below ``folder`` (each entry's size,
+    folders included, rounded up to 4 KiB), as kvtier.store.quarantine counts an entry."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            size = os.lstat(os.path.join(dirpath, name)).st_size
+            total += -(-size // 4096) * 4096
+    return total

@@ -8,6 +8,7 @@ from kvtier.store.disk import DiskStore
 from kvtier.store.io import RecordIO, set_background_io_priority
 from kvtier.store.memory import MemoryStore
 from kvtier.store.namespaces import NamespaceUsage, list_namespaces, remove_namespace
+from kvtier.store.root import auto_disk_capacity, check_root
 
 __all__ = [
     "BlockStore",
@@ -17,6 +18,8 @@ __all__ = [
     "Problem",
     "RecordIO",
     "StoreStats",
+    "auto_disk_capacity",
+    "check_root",
     "list_namespaces",
     "remove_namespace",
     "set_background_io_priority",

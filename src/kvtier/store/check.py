@@ -13,7 +13,7 @@ stale_trash     an evicted file a dead process did not unlink   unlink it
 stale_temp      a temp file of a dead process                   unlink it
 orphan_file     a record file no row names                      unlink it
 unknown_file    a file or folder the store did not make         quarantine it
-counter         the usage total differs from the rows' sum      set the total
+counter         the usage total differs from the charges' sum   set the total
 namespace_file  namespace.json missing or not this namespace    rewrite it
 ==============  ==============================================  ==============================
 
@@ -39,32 +39,41 @@ from kvtier.format.namespace import Namespace
 from kvtier.format.record import decode_header, verify_payload
 from kvtier.store import layout
 from kvtier.store.base import Problem
-from kvtier.store.index import PENDING, Index, Row
+from kvtier.store.index import PENDING, Index, Row, Trashed
 from kvtier.store.io import RecordIO
-from kvtier.store.quarantine import quarantine
-from kvtier.store.session import is_alive
+from kvtier.store.quarantine import Limits, quarantine
+from kvtier.store.session import is_alive_under
 
 
 @dataclass
 class StoreCheck:
     """One run of the checks over a namespace folder; ``run()`` returns the problems."""
 
-    #: The namespace folder.
-    dir: Path
+    #: The root.
+    root: Path
     #: The namespace the folder is for.
     namespace: Namespace
-    #: Its open index.
+    #: The root's open index, bound to the namespace.
     index: Index
     #: File I/O used to read records (the store's own).
     io: RecordIO
     #: The checking store's own session (alive by definition).
     session_id: str
-    #: Quarantine size limit, as the store's.
-    quarantine_max: int
+    #: Quarantine size limits, as the store's.
+    quarantine_limits: Limits
     #: Repair what can be repaired.
     fix: bool
     problems: list[Problem] = field(default_factory=list)
     _alive: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        """The namespace folder."""
+        return self.root / self.namespace.digest_hex()
+
+    @property
+    def ns(self) -> str:
+        return self.namespace.digest_hex()
 
     def report(
         self,
@@ -82,27 +91,28 @@ class StoreCheck:
 
     def alive(self, session: str) -> bool:
         if session not in self._alive:
-            self._alive[session] = session == self.session_id or is_alive(self.dir, session)
+            self._alive[session] = session == self.session_id or is_alive_under(self.root, session)
         return self._alive[session]
 
     def run(self) -> list[Problem]:
         files = self.scan_blocks()
         temps = sorted(os.listdir(self.dir / layout.TMP))
         rows = self.index.all_rows()
-        trash = self.index.trash()
-        named = {row.path for row in rows} | {path for path, _ in trash}
+        prefix = f"{self.ns}/"
+        trash = [(e, s) for e, s in self.index.trash() if e.path.startswith(prefix)]
+        named = {row.name for row in rows} | {e.path[len(prefix) :] for e, _ in trash}
         for row in rows:
             if row.state == PENDING:
                 self.check_pending(row)
             else:
-                self.check_ready(row, files.get(row.path))
-        for path, session in trash:
+                self.check_ready(row, files.get(row.name))
+        for entry, session in trash:
             if not self.alive(session):
                 self.report(
                     "stale_trash",
                     f"evicted file left by dead session {session}",
-                    lambda p=path: self.remove_trash(p),
-                    path=path,
+                    lambda e=entry: self.remove_trash(e),
+                    path=entry.path[len(prefix) :],
                 )
         for relative, mode in sorted(files.items()):
             if relative not in named:
@@ -133,34 +143,34 @@ class StoreCheck:
         return self.index.is_ready(row.record_id)
 
     def check_ready(self, row: Row, mode: int | None) -> None:
-        if mode is None and not os.path.lexists(self.dir / row.path) and self.still_ready(row):
+        if mode is None and not os.path.lexists(self.dir / row.name) and self.still_ready(row):
             self.report(
                 "missing_file",
                 f"record {row.record_id} has no file",
                 lambda: self.index.remove_records([row.record_id]),
                 row.key,
-                row.path,
+                row.name,
             )
             return
         reason, detail = self.read_record(row)
         if reason == "gone":
             if not self.still_ready(row):
                 return  # evicted while we read it
-            reason, detail = "io_error", f"{row.path} vanished while its row stayed ready"
+            reason, detail = "io_error", f"{row.name} vanished while its row stayed ready"
         if reason is not None:
             self.report(
                 "corrupt",
                 f"{reason}: {detail}",
                 lambda: self.quarantine_row(row, reason, detail),
                 row.key,
-                row.path,
+                row.name,
             )
 
     def read_record(self, row: Row) -> tuple[str | None, str]:
         out = memoryview(bytearray(row.payload_len))
         try:
             header = decode_header(
-                self.io.read_into(self.dir / row.path, out),
+                self.io.read_into(self.dir / row.name, out),
                 self.namespace.digest(),
                 row.key,
                 row.payload_len,
@@ -176,32 +186,42 @@ class StoreCheck:
 
     def quarantine_row(self, row: Row, reason: str, detail: str) -> None:
         label = f"{row.key.hex()}.{row.record_id}"
-        moved = quarantine(self.dir, row.path, label, reason, detail, self.quarantine_max)
-        stuck = moved is None and os.path.lexists(self.dir / row.path)  # kept named, in trash
-        self.index.remove_records([row.record_id], trash=stuck)
+        moved = quarantine(
+            self.root,
+            self.index,
+            row.path,
+            label,
+            reason,
+            detail,
+            self.quarantine_limits,
+            row.record_id,
+        )
+        if moved is None:
+            stuck = os.path.lexists(self.root / row.path)  # kept named, in trash
+            self.index.remove_records([row.record_id], trash=stuck)
 
     def check_pending(self, row: Row) -> None:
         if self.alive(row.session):
             return
 
         def repair() -> None:
-            _, paths = self.index.reclaim([row.session])
-            _remove(self.dir / layout.temp_name(row.key, row.record_id, row.session))
-            for path in paths:
-                _remove(self.dir / path)
-            self.index.trash_done(paths)
+            _, entries = self.index.reclaim([row.session])
+            for entry in entries:
+                self.remove_trash(entry)
 
         self.report(
             "stale_pending",
             f"unfinished write of dead session {row.session}",
             repair,
             row.key,
-            row.path,
+            row.name,
         )
 
-    def remove_trash(self, path: str) -> None:
-        _remove(self.dir / path)
-        self.index.trash_done([path])
+    def remove_trash(self, entry: Trashed) -> None:
+        if entry.temp:
+            _remove(self.root / entry.temp)
+        _remove(self.root / entry.path)
+        self.index.trash_done([entry.path])
 
     def check_unnamed(self, relative: str, mode: int) -> None:
         if not os.path.lexists(self.dir / relative):
@@ -212,12 +232,13 @@ class StoreCheck:
                 "unknown_file",
                 f"not made by the store (mode {mode:#o})",
                 lambda: quarantine(
-                    self.dir,
-                    relative,
+                    self.root,
+                    self.index,
+                    f"{self.ns}/{relative}",
                     "unknown",
                     "unknown_file",
                     "found by verify",
-                    self.quarantine_max,
+                    self.quarantine_limits,
                 ),
                 path=relative,
             )
@@ -247,7 +268,7 @@ class StoreCheck:
         if used != actual:
             self.report(
                 "counter",
-                f"used_bytes says {used}, rows add up to {actual}",
+                f"used_bytes says {used}, charges add up to {actual}",
                 lambda: self.index.set_used_bytes(actual),
             )
 

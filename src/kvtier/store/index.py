@@ -1,22 +1,36 @@
-"""The disk store's shared index: one SQLite database per namespace folder.
+"""The disk store's shared index: one SQLite database per disk root, for all its namespaces.
 
-Every process that opens the folder uses the same index, so the byte cap, the LRU order and
-the set of records hold across processes and restarts. WAL mode with ``synchronous=NORMAL``:
-readers never wait for the writer, and a commit costs no fsync (a power cut may lose the last
-commits; see the crash story in kvtier.store.disk for why that is safe).
+Every process that opens any namespace under a root uses the same index, so the byte cap
+(a promise about the whole folder), the LRU order and the set of records hold across
+namespaces, processes and restarts. WAL mode with ``synchronous=NORMAL``: readers never wait
+for the writer, and a commit costs no fsync (a power cut may lose the last commits; see the
+crash story in kvtier.store.disk for why that is safe). The WAL is bounded
+(``wal_autocheckpoint`` and ``journal_size_limit``) and the index files are charged against
+the cap by the store (``kvtier.store.footprint``).
 
 Tables::
 
-    records(id, key, state, record_bytes, access_ns, session)
+    records(id, ns, key, state, record_bytes, access_ns, session)
         id       unique record id, never reused (AUTOINCREMENT), part of the file name
+        ns       namespace folder name (digest hex)
         state    0 pending (bytes reserved, file being written), 1 ready (servable)
         session  writer session; a pending row of a dead session is reclaimed
-    totals(used_bytes)       sum of records.record_bytes, kept by triggers
-    changes(seq, key, record_id, op, record_bytes)
+    trash(path, session, charge, temp)
+                             files whose rows are gone but which are not unlinked yet (path
+                             and temp relative to the root); still charged
+    quarantine(path, ns, charge, added_ns)
+                             quarantined entries (relative to the root); charged until pruned
+    totals(used_bytes)       charge of records + trash + quarantine, kept by triggers
+    changes(seq, ns, key, record_id, op, record_bytes)
                              log of records becoming ready (op 1) or leaving (op 0), kept
                              by triggers; other processes follow it in refresh()
-    trash(path, session)     files whose rows are gone but which are not unlinked yet
-    meta(name, value)        schema version, changes_floor (log trimmed below this seq)
+    meta(name, value)        schema_version, changes_floor (log trimmed below this seq),
+                             capacity_bytes and low_watermark_ppm (the root's settings)
+
+A record is charged its size rounded up to ``ALLOC_UNIT`` (what a 4 KiB-block file system
+allocates), so the cap holds for ``du`` as well as for the sum of file sizes. Bytes leave
+``totals`` only when their file is gone: an evicted or superseded record's charge moves to its
+trash entry in the same transaction and is released by ``trash_done`` after the unlink.
 
 Every write transaction is ``BEGIN IMMEDIATE`` (takes the write lock up front, so a check
 and the write that depends on it cannot interleave with another process's).
@@ -33,50 +47,96 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store.layout import record_name
+from kvtier.store.layout import record_name, temp_name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PENDING, READY = 0, 1
 #: Change-log rows kept for processes that have not refreshed lately.
 CHANGES_KEPT = 200_000
+#: Charges are rounded up to this (the allocation unit of ext4/xfs with 4 KiB blocks).
+ALLOC_UNIT = 4096
+#: WAL pages after which a commit checkpoints; the WAL file is truncated to this after one.
+WAL_AUTOCHECKPOINT_PAGES = 32
+WAL_SIZE_LIMIT_BYTES = WAL_AUTOCHECKPOINT_PAGES * 4096
 _EVICT_SCAN_BATCH = 256
+_CHARGE = "((({x}) + 4095) / 4096) * 4096"
 
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ns TEXT NOT NULL,
     key BLOB NOT NULL,
     state INTEGER NOT NULL,
     record_bytes INTEGER NOT NULL,
     access_ns INTEGER NOT NULL,
     session TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS records_key ON records(key);
+CREATE INDEX IF NOT EXISTS records_key ON records(ns, key);
 CREATE INDEX IF NOT EXISTS records_lru ON records(state, access_ns);
 CREATE TABLE IF NOT EXISTS totals (
     id INTEGER PRIMARY KEY CHECK (id = 0), used_bytes INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO totals VALUES (0, 0);
 CREATE TABLE IF NOT EXISTS changes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, key BLOB NOT NULL,
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL, key BLOB NOT NULL,
     record_id INTEGER NOT NULL, op INTEGER NOT NULL, record_bytes INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS trash (path TEXT PRIMARY KEY, session TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trash (
+    path TEXT PRIMARY KEY, session TEXT NOT NULL, charge INTEGER NOT NULL, temp TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    path TEXT PRIMARY KEY, ns TEXT NOT NULL, charge INTEGER NOT NULL, added_ns INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta VALUES ('schema_version', 1), ('changes_floor', 0);
+INSERT OR IGNORE INTO meta VALUES ('schema_version', {SCHEMA_VERSION}), ('changes_floor', 0);
 CREATE TRIGGER IF NOT EXISTS records_added AFTER INSERT ON records BEGIN
-    UPDATE totals SET used_bytes = used_bytes + NEW.record_bytes WHERE id = 0;
+    UPDATE totals SET used_bytes = used_bytes + {_CHARGE.format(x="NEW.record_bytes")} WHERE id = 0;
 END;
 CREATE TRIGGER IF NOT EXISTS records_removed AFTER DELETE ON records BEGIN
-    UPDATE totals SET used_bytes = used_bytes - OLD.record_bytes WHERE id = 0;
-    INSERT INTO changes(key, record_id, op, record_bytes)
-        SELECT OLD.key, OLD.id, 0, OLD.record_bytes WHERE OLD.state = 1;
+    UPDATE totals SET used_bytes = used_bytes - {_CHARGE.format(x="OLD.record_bytes")} WHERE id = 0;
+    INSERT INTO changes(ns, key, record_id, op, record_bytes)
+        SELECT OLD.ns, OLD.key, OLD.id, 0, OLD.record_bytes WHERE OLD.state = 1;
 END;
 CREATE TRIGGER IF NOT EXISTS records_ready AFTER UPDATE OF state ON records
 WHEN NEW.state = 1 AND OLD.state = 0 BEGIN
-    INSERT INTO changes(key, record_id, op, record_bytes)
-        VALUES (NEW.key, NEW.id, 1, NEW.record_bytes);
+    INSERT INTO changes(ns, key, record_id, op, record_bytes)
+        VALUES (NEW.ns, NEW.key, NEW.id, 1, NEW.record_bytes);
+END;
+CREATE TRIGGER IF NOT EXISTS trash_added AFTER INSERT ON trash BEGIN
+    UPDATE totals SET used_bytes = used_bytes + NEW.charge WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS trash_removed AFTER DELETE ON trash BEGIN
+    UPDATE totals SET used_bytes = used_bytes - OLD.charge WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS quarantine_added AFTER INSERT ON quarantine BEGIN
+    UPDATE totals SET used_bytes = used_bytes + NEW.charge WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS quarantine_removed AFTER DELETE ON quarantine BEGIN
+    UPDATE totals SET used_bytes = used_bytes - OLD.charge WHERE id = 0;
 END;
 """
+
+
+def charge(size: int) -> int:
+    """What a file of ``size`` bytes costs against the cap (rounded up to ALLOC_UNIT)."""
+    return -(-size // ALLOC_UNIT) * ALLOC_UNIT
+
+
+class SchemaError(Exception):
+    """The index was written by another schema version (``version`` says which)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"index schema {version}, this kvtier reads {SCHEMA_VERSION}")
+        self.version = version
+
+
+def read_schema_version(conn: sqlite3.Connection) -> int | None:
+    """The schema version stored in an index, or None for an empty database."""
+    tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "meta" not in tables:
+        return None
+    row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+    return None if row is None else int(row[0])
 
 
 class _NoRoom(Exception):
@@ -89,19 +149,31 @@ class Row:
 
     #: Unique record id (part of the file name).
     record_id: int
+    #: Namespace folder name (digest hex).
+    ns: str
     #: The block key.
     key: bytes
     #: PENDING or READY.
     state: int
-    #: Header + payload bytes charged against the cap.
+    #: Header + payload bytes (charged rounded up, see ``charge``).
     record_bytes: int
     #: Writer session id.
     session: str
 
     @property
-    def path(self) -> str:
-        """The record file, relative to the namespace folder."""
+    def name(self) -> str:
+        """The record file, relative to its namespace folder."""
         return record_name(self.key, self.record_id)
+
+    @property
+    def path(self) -> str:
+        """The record file, relative to the root."""
+        return f"{self.ns}/{self.name}"
+
+    @property
+    def temp(self) -> str:
+        """The file the writer writes before publishing, relative to the root."""
+        return f"{self.ns}/{temp_name(self.key, self.record_id, self.session)}"
 
     @property
     def payload_len(self) -> int:
@@ -109,12 +181,23 @@ class Row:
 
 
 @dataclass(frozen=True, slots=True)
+class Trashed:
+    """A trash entry: files to unlink (relative to the root) before its charge is released."""
+
+    #: The record file.
+    path: str
+    #: The writer's temp file for a write that never finished, or "".
+    temp: str
+
+
+@dataclass(frozen=True, slots=True)
 class Reservation:
     """The outcome of a successful ``Index.reserve``."""
 
-    #: Id of the new pending record.
-    record_id: int
-    #: Records evicted to make room: they left the index; their files are in ``trash``.
+    #: Id of the new pending record; None: not reserved yet, empty the trash and ask again.
+    record_id: int | None
+    #: Records evicted to make room (any namespace): they left the index; their files are in
+    #: ``trash``, still charged.
     evicted: list[Row]
 
 
@@ -135,15 +218,21 @@ class Change:
 
 
 class Index:
-    """Thread-safe access to one namespace's index (one connection behind a lock).
+    """Thread-safe access to a root's index (one connection behind a lock), seen from one
+    namespace ``ns`` (None: root-wide tools, which use no namespace-bound method).
 
     Rejected: a connection per thread. SQLite admits one writer at a time anyway, and the
     store's slow work (checksums, file I/O) happens outside the index; the lock is held only
     for short transactions (see the lock-hold figures in docs/store.md).
     """
 
-    def __init__(self, path: Path, session: str, busy_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, path: Path, session: str, ns: str | None, busy_timeout_s: float = 30.0
+    ) -> None:
+        """Open (creating the tables if needed). Raises ``SchemaError`` for an index of
+        another schema version, ``sqlite3.DatabaseError`` for a damaged one."""
         self.session = session
+        self.ns = ns
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -151,7 +240,16 @@ class Index:
         try:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             with self._lock:  # executescript commits first, so it brings its own BEGIN
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    version = read_schema_version(self._conn)
+                finally:
+                    self._conn.execute("COMMIT")
+                if version is not None and version != SCHEMA_VERSION:
+                    raise SchemaError(version)
                 self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
             verdict = self._conn.execute("PRAGMA quick_check").fetchall()
             if verdict != [("ok",)]:
@@ -186,36 +284,63 @@ class Index:
             finally:
                 self._conn.execute("COMMIT")
 
+    # -- settings ----------------------------------------------------------------------------
+
+    def settings(self) -> tuple[int | None, int | None]:
+        """(capacity_bytes, low_watermark_ppm) stored for the root; None where unset."""
+        with self._read() as conn:
+            found = dict(conn.execute("SELECT name, value FROM meta"))
+        return found.get("capacity_bytes"), found.get("low_watermark_ppm")
+
+    def set_settings(
+        self, capacity_bytes: int | None, low_watermark_ppm: int | None
+    ) -> tuple[int | None, int | None]:
+        """Store the values that are not None; return the previous (capacity, low ppm)."""
+        with self._write() as conn:
+            found = dict(conn.execute("SELECT name, value FROM meta"))
+            for name, value in (
+                ("capacity_bytes", capacity_bytes),
+                ("low_watermark_ppm", low_watermark_ppm),
+            ):
+                if value is not None:
+                    conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
+        return found.get("capacity_bytes"), found.get("low_watermark_ppm")
+
     # -- queries ---------------------------------------------------------------------------
 
     def used_bytes(self) -> int:
+        """Charge of records, trash and quarantine (the index files are not included)."""
         with self._lock:
             return self._conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
 
     def load_ready(self) -> tuple[list[tuple[bytes, int, int]], int]:
-        """(key, record id, payload length) of every ready record, and the change-log
+        """(key, record id, payload length) of every ready record of ``ns``, and the change-log
         position they reflect. Plain tuples: this runs over every record at start-up."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT key, id, record_bytes - ? FROM records WHERE state = 1", (HEADER_BYTES,)
+                "SELECT key, id, record_bytes - ? FROM records WHERE ns = ? AND state = 1",
+                (HEADER_BYTES, self.ns),
             ).fetchall()
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
         return rows, seq
 
-    def changes_since(self, seq: int) -> list[Change] | None:
-        """Changes after ``seq`` in order; None if the log was trimmed past it (reload)."""
+    def changes_since(self, seq: int) -> tuple[list[Change], int] | None:
+        """Changes of ``ns`` after ``seq`` in order, and the log position they reflect; None
+        if the log was trimmed past ``seq`` (reload)."""
         with self._read() as conn:
             floor = conn.execute("SELECT value FROM meta WHERE name='changes_floor'").fetchone()[0]
             if seq < floor:
                 return None
-            return [
+            top = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            changes = [
                 Change(s, k, r, bool(op), size - HEADER_BYTES)
                 for s, k, r, op, size in conn.execute(
                     "SELECT seq, key, record_id, op, record_bytes FROM changes "
-                    "WHERE seq > ? ORDER BY seq",
-                    (seq,),
+                    "WHERE seq > ? AND ns = ? ORDER BY seq",
+                    (seq, self.ns),
                 )
             ]
+        return changes, max(seq, top)
 
     def is_ready(self, record_id: int) -> bool:
         """True if record ``record_id`` is still in the index and ready (one indexed query)."""
@@ -228,19 +353,38 @@ class Index:
             )
 
     def all_rows(self) -> list[Row]:
+        """Every row of ``ns`` (of every namespace if ``ns`` is None)."""
         with self._lock:
-            return _rows(self._conn, "1")
+            if self.ns is None:
+                return _rows(self._conn, "1")
+            return _rows(self._conn, "ns = ?", (self.ns,))
 
-    def trash(self) -> list[tuple[str, str]]:
-        """(path, session) of every trash entry."""
+    def trash(self) -> list[tuple[Trashed, str]]:
+        """(entry, session) of every trash entry of the root."""
         with self._lock:
-            return list(self._conn.execute("SELECT path, session FROM trash"))
+            return [
+                (Trashed(p, t), s)
+                for p, t, s in self._conn.execute("SELECT path, temp, session FROM trash")
+            ]
+
+    def quarantined(self) -> list[tuple[str, int, int]]:
+        """(path, charge, added ns) of every quarantine entry of the root, oldest first."""
+        with self._lock:
+            return list(
+                self._conn.execute(
+                    "SELECT path, charge, added_ns FROM quarantine ORDER BY added_ns"
+                )
+            )
 
     def counter_drift(self) -> tuple[int, int]:
-        """(totals.used_bytes, actual sum of record_bytes)."""
+        """(totals.used_bytes, actual charge of records + trash + quarantine)."""
         with self._read() as conn:
             used = conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
-            actual = conn.execute("SELECT COALESCE(SUM(record_bytes), 0) FROM records")
+            actual = conn.execute(
+                f"SELECT (SELECT COALESCE(SUM({_CHARGE.format(x='record_bytes')}), 0) "
+                "FROM records) + (SELECT COALESCE(SUM(charge), 0) FROM trash) "
+                "+ (SELECT COALESCE(SUM(charge), 0) FROM quarantine)"
+            )
             return used, actual.fetchone()[0]
 
     # -- writes ----------------------------------------------------------------------------
@@ -249,37 +393,53 @@ class Index:
         self,
         key: bytes,
         record_bytes: int,
-        capacity_bytes: int,
-        low_watermark_bytes: int,
+        overhead_bytes: int,
         extra_free_bytes: int,
         pinned: Collection[bytes],
         touches: Mapping[bytes, int],
     ) -> Reservation | None:
         """Reserve ``record_bytes`` for a new pending record of ``key``, evicting if needed.
 
-        If the reservation would cross ``capacity_bytes``, ready records are evicted in LRU
-        order (skipping ``pinned`` keys) until usage is at most ``low_watermark_bytes`` after
-        the reservation; ``extra_free_bytes`` more are evicted to restore the free-space
-        floor. Returns None, changing nothing, if not enough can be evicted. ``touches``
-        (key -> access time) are applied first so the LRU order is current.
+        The cap and low watermark are the root's stored settings, read in the transaction.
+        The record fits if usage (records, trash, quarantine) plus ``overhead_bytes`` (what
+        the index files cost) plus the record stays within the cap. If it would not once
+        the trash is emptied, ready records of any namespace are evicted in LRU order
+        (skipping ``pinned`` keys) until that usage is at most the low watermark (a share of
+        what the overhead leaves of the cap); ``extra_free_bytes`` more are evicted to
+        restore the free-space floor. Evicted records move to trash, still charged, so a
+        record that needed them is not reserved yet: ``record_id`` is None and the caller
+        empties the trash and asks again. Returns None, changing nothing, if not enough can
+        be evicted. ``touches`` (key -> access time of a record of ``ns``) are applied first
+        so the LRU order is current.
         """
         now = time.time_ns()
+        cost = charge(record_bytes)
         try:
             with self._write() as conn:
                 self._apply_touches(conn, touches)
+                meta = dict(conn.execute("SELECT name, value FROM meta"))
+                capacity = meta["capacity_bytes"]
+                # The watermark is a share of the room the index files leave for the rest.
+                ppm = meta.get("low_watermark_ppm", 900_000)
+                low = overhead_bytes + max(0, capacity - overhead_bytes) * ppm // 1_000_000
                 used = conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
-                must_free = max(used + record_bytes - capacity_bytes, extra_free_bytes)
+                trash = conn.execute("SELECT COALESCE(SUM(charge), 0) FROM trash").fetchone()[0]
+                fits = used + overhead_bytes + cost <= capacity
+                settled = used - trash + overhead_bytes + cost  # once the trash is emptied
+                must_free = max(settled - capacity, extra_free_bytes)
                 evicted: list[Row] = []
                 if must_free > 0:
-                    want = max(used + record_bytes - low_watermark_bytes, extra_free_bytes)
+                    want = max(settled - low, extra_free_bytes)
                     evicted = self._pick_lru(conn, want, pinned)
-                    if sum(r.record_bytes for r in evicted) < must_free:
+                    if sum(charge(r.record_bytes) for r in evicted) < must_free:
                         raise _NoRoom
                     self._remove(conn, evicted)
+                if not fits:
+                    return Reservation(None, evicted)
                 cursor = conn.execute(
-                    "INSERT INTO records(key, state, record_bytes, access_ns, session) "
-                    "VALUES (?, 0, ?, ?, ?)",
-                    (key, record_bytes, now, self.session),
+                    "INSERT INTO records(ns, key, state, record_bytes, access_ns, session) "
+                    "VALUES (?, ?, 0, ?, ?, ?)",
+                    (self.ns, key, record_bytes, now, self.session),
                 )
                 return Reservation(cursor.lastrowid, evicted)
         except _NoRoom:
@@ -299,7 +459,7 @@ class Index:
                 is None
             ):
                 return None
-            superseded = _rows(conn, "key = ? AND state = 1", (key,))
+            superseded = _rows(conn, "ns = ? AND key = ? AND state = 1", (self.ns, key))
             self._remove(conn, superseded)
             conn.execute(
                 "UPDATE records SET state = 1, access_ns = ? WHERE id = ?",
@@ -310,29 +470,28 @@ class Index:
                 self._trim_changes(conn)
             return superseded, seq
 
-    def abort(self, record_id: int) -> list[str]:
-        """Drop a pending record whose write failed; its file name goes to trash.
+    def abort(self, record_id: int) -> list[Trashed]:
+        """Drop a pending record whose write failed; its files go to trash.
 
-        Returns the trashed path ([] if the row is gone); the caller unlinks the file (it may
-        have been published already) and then calls ``trash_done``.
+        Returns the trash entry ([] if the row is gone); the caller unlinks the files (the
+        record may have been published already) and then calls ``trash_done``.
         """
         with self._write() as conn:
             rows = _rows(conn, "id = ? AND state = 0", (record_id,))
-            self._remove(conn, rows)
-            return [r.path for r in rows]
+            return self._remove(conn, rows)
 
     def remove_key(self, key: bytes) -> list[Row]:
         """Remove the ready records of ``key``; their files go to trash. Returns them."""
         with self._write() as conn:
-            rows = _rows(conn, "key = ? AND state = 1", (key,))
+            rows = _rows(conn, "ns = ? AND key = ? AND state = 1", (self.ns, key))
             self._remove(conn, rows)
             return rows
 
     def remove_records(self, record_ids: Collection[int], trash: bool = False) -> int:
         """Drop rows by id; rows removed.
 
-        Their files are not trashed (they were quarantined or are missing) unless ``trash``:
-        then they enter trash, for files that should be gone but could not be moved.
+        Their files are not trashed (they are missing) unless ``trash``: then they enter
+        trash, for files that should be gone but could not be moved.
         """
         with self._write() as conn:
             if trash:
@@ -343,27 +502,44 @@ class Index:
                 conn.execute("DELETE FROM records WHERE id = ?", (i,)).rowcount for i in record_ids
             )
 
+    def quarantine_record(self, record_id: int | None, path: str, cost: int) -> None:
+        """Charge a quarantine entry (``path`` relative to the root) of ``cost`` bytes and, in
+        the same transaction, drop the row of the record it was (if any)."""
+        with self._write() as conn:
+            if record_id is not None:
+                conn.execute("DELETE FROM records WHERE id = ?", (record_id,))
+            conn.execute(
+                "INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?)",
+                (path, path.split("/", 1)[0], cost, time.time_ns()),
+            )
+
+    def quarantine_done(self, paths: Collection[str]) -> None:
+        """Forget quarantine entries whose files are removed."""
+        if paths:
+            with self._write() as conn:
+                conn.executemany("DELETE FROM quarantine WHERE path = ?", [(p,) for p in paths])
+
     def trash_done(self, paths: Collection[str]) -> None:
-        """Forget trash entries whose files are unlinked."""
+        """Forget trash entries whose files are unlinked, releasing their charge."""
         if paths:
             with self._write() as conn:
                 conn.executemany("DELETE FROM trash WHERE path = ?", [(p,) for p in paths])
 
     def touch(self, touches: Mapping[bytes, int]) -> None:
-        """Record access times (key -> ns) for LRU."""
+        """Record access times (key of ``ns`` -> ns) for LRU."""
         if touches:
             with self._write() as conn:
                 self._apply_touches(conn, touches)
 
-    def reclaim(self, dead_sessions: Collection[str]) -> tuple[list[Row], list[str]]:
+    def reclaim(self, dead_sessions: Collection[str]) -> tuple[list[Row], list[Trashed]]:
         """Take over what dead sessions left: drop their pending rows, adopt their trash.
 
         The files the dropped rows name (published before the writer died, or not) enter
-        trash in the same transaction, so a crash before they are unlinked leaves them to
-        the next reclaimer rather than as orphans outside the cap.
+        trash in the same transaction, still charged, so a crash before they are unlinked
+        leaves them to the next reclaimer rather than as orphans outside the cap.
 
-        Returns (dropped pending rows, trash paths now owned by this session, the dropped
-        rows' files included); the caller removes the files and then calls ``trash_done``.
+        Returns (dropped pending rows, trash entries now owned by this session, the dropped
+        rows' included); the caller removes the files and then calls ``trash_done``.
         """
         if not dead_sessions:
             return [], []
@@ -371,18 +547,18 @@ class Index:
         sessions = list(dead_sessions)
         with self._write() as conn:
             pending = _rows(conn, f"state = 0 AND session IN ({marks})", sessions)
-            paths = [
-                p
-                for (p,) in conn.execute(
-                    f"SELECT path FROM trash WHERE session IN ({marks})", sessions
+            entries = [
+                Trashed(p, t)
+                for p, t in conn.execute(
+                    f"SELECT path, temp FROM trash WHERE session IN ({marks})", sessions
                 )
             ]
             conn.execute(
                 f"UPDATE trash SET session = ? WHERE session IN ({marks})",
                 [self.session, *sessions],
             )
-            self._remove(conn, pending)  # rows out, their files into this session's trash
-            return pending, paths + [r.path for r in pending]
+            entries += self._remove(conn, pending)
+            return pending, entries
 
     def writer_sessions(self) -> set[str]:
         """Sessions that own pending rows or trash entries (candidates for ``reclaim``)."""
@@ -393,6 +569,16 @@ class Index:
                     "SELECT session FROM records WHERE state = 0 UNION SELECT session FROM trash"
                 )
             }
+
+    def forget_namespace(self, ns: str) -> int:
+        """Drop every row, trash and quarantine entry of namespace ``ns`` (its folder was
+        removed); return the charge released."""
+        with self._write() as conn:
+            before = conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
+            conn.execute("DELETE FROM records WHERE ns = ?", (ns,))
+            conn.execute("DELETE FROM trash WHERE path LIKE ? || '/%'", (ns,))
+            conn.execute("DELETE FROM quarantine WHERE ns = ?", (ns,))
+            return before - conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
 
     def set_used_bytes(self, used: int) -> None:
         """Repair the usage counter (``verify(fix=True)``)."""
@@ -413,7 +599,7 @@ class Index:
         last_access, last_id = -1, -1
         while freed < want:
             batch = conn.execute(
-                "SELECT id, key, state, record_bytes, session, access_ns FROM records "
+                "SELECT id, ns, key, state, record_bytes, session, access_ns FROM records "
                 "WHERE state = 1 AND (access_ns, id) > (?, ?) ORDER BY access_ns, id LIMIT ?",
                 (last_access, last_id, _EVICT_SCAN_BATCH),
             ).fetchall()
@@ -422,26 +608,33 @@ class Index:
             for *fields, access_ns in batch:
                 last_access, last_id = access_ns, fields[0]
                 row = Row(*fields)
-                if row.key in pinned:
+                if row.ns == self.ns and row.key in pinned:
                     continue
                 picked.append(row)
-                freed += row.record_bytes
+                freed += charge(row.record_bytes)
                 if freed >= want:
                     break
         return picked
 
-    def _remove(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
+    def _remove(self, conn: sqlite3.Connection, rows: list[Row]) -> list[Trashed]:
+        """Rows out of ``records``, their files into trash with their charge (so the charge
+        never leaves the cap before the files leave the disk)."""
         conn.executemany("DELETE FROM records WHERE id = ?", [(r.record_id,) for r in rows])
+        entries = [Trashed(r.path, r.temp if r.state == PENDING else "") for r in rows]
         conn.executemany(
-            "INSERT OR REPLACE INTO trash(path, session) VALUES (?, ?)",
-            [(r.path, self.session) for r in rows],
+            "INSERT OR IGNORE INTO trash(path, session, charge, temp) VALUES (?, ?, ?, ?)",
+            [
+                (e.path, self.session, charge(r.record_bytes), e.temp)
+                for e, r in zip(entries, rows, strict=True)
+            ],
         )
+        return entries
 
-    @staticmethod
-    def _apply_touches(conn: sqlite3.Connection, touches: Mapping[bytes, int]) -> None:
+    def _apply_touches(self, conn: sqlite3.Connection, touches: Mapping[bytes, int]) -> None:
         conn.executemany(
-            "UPDATE records SET access_ns = MAX(access_ns, ?) WHERE key = ? AND state = 1",
-            [(t, k) for k, t in touches.items()],
+            "UPDATE records SET access_ns = MAX(access_ns, ?) "
+            "WHERE ns = ? AND key = ? AND state = 1",
+            [(t, self.ns, k) for k, t in touches.items()],
         )
 
     @staticmethod
@@ -458,6 +651,6 @@ def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -
     return [
         Row(*r)
         for r in conn.execute(
-            f"SELECT id, key, state, record_bytes, session FROM records WHERE {where}", params
+            f"SELECT id, ns, key, state, record_bytes, session FROM records WHERE {where}", params
         )
     ]

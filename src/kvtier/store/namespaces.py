@@ -17,6 +17,7 @@ from typing import NamedTuple
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.format.namespace import Namespace
 from kvtier.store import layout
+from kvtier.store.root import open_index
 from kvtier.store.session import reap_dead_sessions
 
 _DIGEST_HEX = re.compile(r"^[0-9a-f]{32}$")
@@ -75,6 +76,13 @@ def remove_namespace(root: Path | str, digest_hex: str) -> int:
             )
     freed = _bytes_under(folder / layout.BLOCKS)
     shutil.rmtree(folder)
+    # Files first, then their charge: the root's usage never undercounts what is on disk.
+    if (root / layout.INDEX_FILE).exists():
+        index = open_index(root.absolute(), "remove-" + os.urandom(4).hex(), None, 30.0)
+        try:
+            index.forget_namespace(digest_hex)
+        finally:
+            index.close()
     return freed
 
 

@@ -53,6 +53,20 @@ def is_alive(namespace_dir: Path, session_id: str) -> bool:
     return not _remove_if_unlocked(namespace_dir / SESSIONS / f"{session_id}{_SUFFIX}")
 
 
+def is_alive_under(root: Path, session_id: str) -> bool:
+    """``is_alive`` for a session of any namespace folder under ``root`` (whose folder is
+    not known): alive if some namespace folder holds its lock locked."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return False
+    for name in names:
+        lock = root / name / SESSIONS / f"{session_id}{_SUFFIX}"
+        if os.path.lexists(lock) and is_alive(root / name, session_id):
+            return True
+    return False
+
+
 def reap_dead_sessions(namespace_dir: Path) -> int:
     """Remove lock files no live store holds; return how many.
 

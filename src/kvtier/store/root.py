@@ -1,0 +1,275 @@
+"""The disk root (the user's ``disk_dir``): its settings, its index and its preflight check.
+
+The cap and low watermark are properties of the root, stored in the root's index (``meta``)
+and shared by every namespace and process using the folder:
+
+* ``capacity_bytes=None`` adopts the stored cap, or for a new folder ``auto_disk_capacity``.
+* An explicit cap that differs from the stored one replaces it for every user of the folder
+  (logged once at INFO, old -> new); other open stores read it in their next ``refresh()``
+  and the next put of any process evicts down to it (reservations read it in the index
+  transaction).
+
+Schema versions: an index of a newer schema is refused (``ConfigError``: upgrade kvtier or
+use another folder). Schema 1 kept one index per namespace folder; such folders are migrated
+when the root is opened by dropping their cached records and their index (it is a cache: the
+blocks are computed again), so no byte under the root escapes the cap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import stat
+from pathlib import Path
+
+from kvtier.errors import ConfigError
+from kvtier.store import layout
+from kvtier.store.index import (
+    ALLOC_UNIT,
+    SCHEMA_VERSION,
+    WAL_SIZE_LIMIT_BYTES,
+    Index,
+    SchemaError,
+    charge,
+    read_schema_version,
+)
+
+log = logging.getLogger(__name__)
+
+#: Default cap: this share of the file system holding the folder, at most AUTO_CAPACITY_MAX.
+AUTO_CAPACITY_FRACTION = 0.25
+AUTO_CAPACITY_MAX = 256 * 2**30
+#: The least the index files are charged against the cap (database, WAL, shared memory and
+#: the namespace.json files); a constant while they are small, so a cap of N records holds N.
+INDEX_ALLOWANCE_BYTES = 768 << 10
+#: Growth of the database between two measurements (rows written by a few transactions).
+INDEX_GROWTH_MARGIN_BYTES = 128 << 10
+#: WAL pages one transaction may add beyond the checkpoint threshold (a large eviction).
+_WAL_TXN_PAGES = 64
+_DIGEST_HEX = re.compile(r"^[0-9a-f]{32}$")
+_PPM = 1_000_000
+
+
+def auto_disk_capacity(disk_dir: Path | str) -> int:
+    """Default cap for a new folder: a quarter of the file system holding ``disk_dir`` (or
+    its nearest existing parent), at most 256 GiB."""
+    probe = Path(disk_dir).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    return min(int(st.f_blocks * st.f_frsize * AUTO_CAPACITY_FRACTION), AUTO_CAPACITY_MAX)
+
+
+def index_charge(root: Path, namespaces: int) -> int:
+    """What the index files cost against the cap now, with room for their growth until the
+    next measurement: the database and shared memory as allocated, the WAL at its bound,
+    one allocation unit per namespace.json; at least INDEX_ALLOWANCE_BYTES."""
+    sizes = {}
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            sizes[suffix] = charge(os.lstat(root / f"{layout.INDEX_FILE}{suffix}").st_size)
+        except FileNotFoundError:
+            sizes[suffix] = 0
+    wal_bound = charge(WAL_SIZE_LIMIT_BYTES) + _WAL_TXN_PAGES * ALLOC_UNIT
+    measured = (
+        sizes[""]
+        + sizes["-shm"]
+        + max(sizes["-wal"], wal_bound)
+        + INDEX_GROWTH_MARGIN_BYTES
+        + namespaces * ALLOC_UNIT
+    )
+    return max(measured, INDEX_ALLOWANCE_BYTES)
+
+
+def namespace_folders(root: Path) -> list[str]:
+    """Names of the namespace folders under ``root`` (digest hex), sorted."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if _DIGEST_HEX.match(n) and (root / n).is_dir())
+
+
+def open_index(root: Path, session: str, ns: str | None, busy_timeout_s: float) -> Index:
+    """Open (creating if needed) the root's index; migrate schema-1 namespace folders.
+
+    A newer schema raises ``ConfigError``; a damaged index is replaced by an empty one and
+    every record under the root is removed (its bytes would otherwise escape the cap).
+    """
+    path = root / layout.INDEX_FILE
+    try:
+        os.close(layout.open_private_file(path, os.O_RDWR | os.O_CREAT))
+    except OSError as exc:
+        raise ConfigError(
+            f"disk tier: cannot open the index {path} ({exc}); it must be a regular file "
+            f"owned by this user: remove it and the store rebuilds an empty one"
+        ) from None
+    try:
+        index = Index(path, session, ns, busy_timeout_s)
+    except SchemaError as exc:
+        raise _schema_error(path, exc.version) from None
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            raise
+        log.error("disk tier: index %s is damaged (%s); starting an empty one", path, exc)
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        # Its records are now unaccounted for: remove them rather than exceed the cap.
+        for name in namespace_folders(root):
+            _drop_records(root / name)
+        os.close(layout.open_private_file(path, os.O_RDWR | os.O_CREAT))
+        index = Index(path, session, ns, busy_timeout_s)
+    try:
+        for name in namespace_folders(root):
+            legacy = root / name / layout.INDEX_FILE
+            if legacy.exists():
+                log.info("disk tier: %s has a schema-1 index; dropping its records", root / name)
+                _drop_records(root / name)
+                index.forget_namespace(name)
+                for suffix in ("", "-wal", "-shm"):
+                    legacy.with_name(legacy.name + suffix).unlink(missing_ok=True)
+    except BaseException:
+        index.close()
+        raise
+    return index
+
+
+def apply_settings(
+    index: Index, root: Path, capacity_bytes: int | None, low_watermark: float | None
+) -> tuple[int, float]:
+    """Make the root's stored settings agree with the explicit ones; return the effective
+    (capacity_bytes, low_watermark). None adopts the stored value (or the default)."""
+    stored_cap, stored_ppm = index.settings()
+    new_cap = capacity_bytes
+    if new_cap is None and stored_cap is None:
+        new_cap = auto_disk_capacity(root)
+    new_ppm = None if low_watermark is None else round(low_watermark * _PPM)
+    if new_ppm is None and stored_ppm is None:
+        new_ppm = round(0.9 * _PPM)
+    if new_cap == stored_cap:
+        new_cap = None
+    if new_ppm == stored_ppm:
+        new_ppm = None
+    if new_cap is not None or new_ppm is not None:
+        old_cap, old_ppm = index.set_settings(new_cap, new_ppm)
+        if new_cap is not None:
+            log.info("disk tier: %s capacity %s -> %d bytes", root, old_cap, new_cap)
+        if new_ppm is not None and old_ppm is not None:
+            log.info("disk tier: %s low watermark %s -> %s", root, old_ppm / _PPM, new_ppm / _PPM)
+    cap, ppm = index.settings()
+    assert cap is not None and ppm is not None  # set above
+    return cap, ppm / _PPM
+
+
+def check_root(root: Path | str) -> None:
+    """Fail-closed preflight of a disk folder, before any namespace is known.
+
+    Raises ``ConfigError`` naming ``disk_dir`` and the fix if the path is a file or a
+    symlink, is not writable (probed by creating and removing an entry, so it holds for root,
+    who ignores permission bits), belongs to another user, has group/other write permission
+    that cannot be removed, or holds an index of a newer schema. Creates nothing that stays:
+    a missing folder is left for the store to create, after checking its nearest existing
+    parent is a writable folder. Group/other write permission on a folder this user owns is
+    removed (chmod 700), as the store would.
+    """
+    path = Path(root).absolute()
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError(
+            f"disk_dir={path}: cannot be read ({exc}); give a folder you own"
+        ) from None
+    if st is None:
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ConfigError(f"disk_dir={path}: {parent} is not a folder; give a folder path")
+        _probe_writable(parent, path)
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(
+            f"disk_dir={path} is a symlink (to {os.path.realpath(path)}); give the real "
+            f"folder so files cannot be redirected"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"disk_dir={path} is not a folder; give a folder path")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(
+            f"disk_dir={path} belongs to uid {st.st_uid}, not this user ({os.geteuid()}); "
+            f"use a folder you own, or `chown` it to this user"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        try:
+            os.chmod(path, layout.DIR_MODE, follow_symlinks=False)
+        except OSError as exc:
+            raise ConfigError(
+                f"disk_dir={path} is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):#o}) and cannot be fixed ({exc}); run "
+                f"`chmod 700 {path}` or use a private folder"
+            ) from None
+    _probe_writable(path, path)
+    _check_schema(path / layout.INDEX_FILE)
+
+
+def _probe_writable(folder: Path, disk_dir: Path) -> None:
+    probe = folder / f".kvtier-probe.{os.getpid()}.{os.urandom(4).hex()}"
+    try:
+        os.mkdir(probe, layout.DIR_MODE)
+    except OSError as exc:
+        raise ConfigError(
+            f"disk_dir={disk_dir}: cannot write in {folder} ({exc.strerror}); give a folder "
+            f"this user can write, e.g. one under $HOME"
+        ) from None
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+
+
+def _check_schema(path: Path) -> None:
+    if not path.exists():
+        return
+    version = None
+    # mode=ro needs the -shm of a WAL database; immutable reads the file as it stands.
+    for query in ("mode=ro", "immutable=1"):
+        try:
+            conn = sqlite3.connect(f"file:{path}?{query}", uri=True)
+        except sqlite3.Error:
+            continue
+        try:
+            version = read_schema_version(conn)
+            break
+        except sqlite3.Error:
+            continue
+        finally:
+            conn.close()
+    if version is not None and version > SCHEMA_VERSION:
+        raise _schema_error(path, version)
+
+
+def _schema_error(path: Path, version: int) -> ConfigError:
+    if version > SCHEMA_VERSION:
+        return ConfigError(
+            f"disk_dir: {path} has index schema {version}, newer than this kvtier's "
+            f"{SCHEMA_VERSION}: a newer kvtier wrote this folder; upgrade kvtier or point "
+            f"disk_dir at another folder"
+        )
+    return ConfigError(
+        f"disk_dir: {path} has index schema {version}, which this kvtier cannot migrate; "
+        f"remove the folder or point disk_dir at another folder"
+    )
+
+
+def _drop_records(folder: Path) -> None:
+    """Remove a namespace folder's records, temp files and quarantine (not the folder)."""
+    for sub in (layout.BLOCKS, layout.TMP, layout.QUARANTINE):
+        target = folder / sub
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                layout.make_private_dir(target, "store folder")
