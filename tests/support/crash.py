@@ -37,10 +37,10 @@ class CrashingIO(RecordIO):
         super().publish(temp, final)
         self._maybe_crash("after_rename")
 
-    def remove(self, path: Path) -> None:
+    def remove(self, path: Path) -> bool:
         if path.suffix == ".kvb":
             self._maybe_crash("before_evict_unlink")
-        super().remove(path)
+        return super().remove(path)
 
 
 def open_store(root: str, io: RecordIO | None = None) -> DiskStore:

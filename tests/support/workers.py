@@ -128,3 +128,46 @@ def open_close_loop(root: str, rounds: int) -> None:
         except Exception:
             traceback.print_exc()
             os._exit(OPEN_FAILED_EXIT)
+
+
+def put_forever(root: str, seed: int, threads: int, capacity: int, crash_at: str) -> None:
+    """``threads`` threads put fresh records into their own namespace under ``root`` (one per
+    ``seed``) with cap ``capacity`` until killed, so every put evicts. ``crash_at`` (a
+    ``CrashingIO`` step, or "") makes the process die at that step after a while instead."""
+    import threading
+
+    from kvtier.store import DiskStore
+    from tests.support.crash import CrashingIO
+    from tests.support.store import make_namespace
+
+    io = CrashingIO(crash_at or "never")
+    io.armed = False
+    try:
+        store = DiskStore(
+            root,
+            make_namespace(model=f"footprint/{seed}", block_bytes=FUZZ_PAYLOAD),
+            capacity,
+            free_space_floor_bytes=0,
+            io=io,
+        )
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        os._exit(OPEN_FAILED_EXIT)
+
+    def loop(thread: int) -> None:
+        rng = random.Random(seed * 1000 + thread)
+        payload = memoryview(mmap.mmap(-1, FUZZ_PAYLOAD))
+        for n in range(1 << 62):
+            i = rng.randrange(1 << 30)
+            payload[:8] = i.to_bytes(8, "big")
+            store.put(fuzz_key(i), payload)
+            if n % 16 == 0:
+                store.refresh()
+            if crash_at and n == 8:
+                io.armed = True
+
+    for thread in range(threads):
+        threading.Thread(target=loop, args=(thread,), daemon=True).start()
+    threading.Event().wait()
