@@ -171,3 +171,17 @@ def put_forever(root: str, seed: int, threads: int, capacity: int, crash_at: str
     for thread in range(threads):
         threading.Thread(target=loop, args=(thread,), daemon=True).start()
     threading.Event().wait()
+
+
+def open_with_cap(root: str, model: str, capacity: int, puts: int) -> None:
+    """Open a store of namespace ``model`` on ``root`` with ``capacity`` (a cap to set for the
+    folder), put ``puts`` records of FUZZ_PAYLOAD and print the store's cap."""
+    from kvtier.store import DiskStore
+    from tests.support.store import make_namespace
+
+    with DiskStore(
+        root, make_namespace(model=model, block_bytes=FUZZ_PAYLOAD), capacity, 0
+    ) as store:
+        for i in range(puts):
+            store.put(fuzz_key(1000 + i), fuzz_payload(1000 + i, 1))
+        print(store.capacity_bytes)

@@ -179,7 +179,7 @@ def check_root(root: Path | str) -> None:
     path = Path(root).absolute()
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         st = None
     except OSError as exc:
         raise ConfigError(
@@ -235,8 +235,10 @@ def _check_schema(path: Path) -> None:
     if not path.exists():
         return
     version = None
-    # mode=ro needs the -shm of a WAL database; immutable reads the file as it stands.
-    for query in ("mode=ro", "immutable=1"):
+    # A read-only connection to a WAL database creates -wal and -shm if absent; without
+    # them the main file is the whole database, which an immutable connection reads as is.
+    wal = all(os.path.exists(f"{path}{suffix}") for suffix in ("-wal", "-shm"))
+    for query in ("mode=ro",) if wal else ("immutable=1",):
         try:
             conn = sqlite3.connect(f"file:{path}?{query}", uri=True)
         except sqlite3.Error:
