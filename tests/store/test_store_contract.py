@@ -8,8 +8,9 @@ import pytest
 
 from kvtier.format import HEADER_BYTES
 from kvtier.store import BlockStore, DiskStore, MemoryStore
+from kvtier.store.index import charge
 from tests.support.conformance import StoreContract
-from tests.support.store import PAYLOAD_BYTES
+from tests.support.store import PAYLOAD_BYTES, disk_ground_truth
 
 
 class TestMemoryStore(StoreContract):
@@ -18,6 +19,10 @@ class TestMemoryStore(StoreContract):
 
     def record_bytes(self, payload_len: int) -> int:
         return payload_len
+
+    def ground_truth(self, store: BlockStore) -> dict[bytes, bytes]:
+        assert isinstance(store, MemoryStore)
+        return dict(store._records)
 
 
 class TestDiskStore(StoreContract):
@@ -29,4 +34,8 @@ class TestDiskStore(StoreContract):
         return self._open(records=records)
 
     def record_bytes(self, payload_len: int) -> int:
-        return HEADER_BYTES + payload_len
+        return charge(HEADER_BYTES + payload_len)
+
+    def ground_truth(self, store: BlockStore) -> dict[bytes, bytes]:
+        assert isinstance(store, DiskStore)
+        return disk_ground_truth(store.namespace_dir, store.namespace)

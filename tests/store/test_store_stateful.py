@@ -1,6 +1,8 @@
 """Random put/get/delete/reopen sequences against a dict model, for every store.
 
-Invariants after every step: usage within the cap; every key the store holds reads back
+Invariants after every step: usage within the cap; ``verify()`` finds nothing; the backend's
+ground truth (record files decoded with kvtier.format, or the memory store's dict) holds
+exactly the store's keys, with the model's bytes; every key the store holds reads back
 byte-identical to the model; the store holds no key the model lacks (it may hold fewer:
 eviction).
 """
@@ -18,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvtier.format import HEADER_BYTES
 from kvtier.store import BlockStore, DiskStore, MemoryStore
 from kvtier.store.root import INDEX_ALLOWANCE_BYTES
-from tests.support.store import key_of, make_namespace
+from tests.support.store import disk_ground_truth, key_of, make_namespace
 
 KEYS = st.integers(min_value=0, max_value=7).map(key_of)
 SIZES = st.sampled_from([512, 1024, 4096])
@@ -39,6 +41,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.store = self.open()
 
     def open(self) -> BlockStore:
+        raise NotImplementedError
+
+    def ground_truth(self) -> dict[bytes, bytes]:
+        """What the backend holds, read around the store's API."""
         raise NotImplementedError
 
     @rule(key=KEYS, size=SIZES, fill=st.integers(0, 255))
@@ -74,6 +80,17 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.used_bytes() <= self.capacity
 
     @invariant()
+    def verify_finds_nothing(self) -> None:
+        assert self.store.verify() == []
+
+    @invariant()
+    def ground_truth_agrees_with_store_and_model(self) -> None:
+        truth = self.ground_truth()
+        assert sorted(truth) == sorted(self.store.keys())
+        for key, payload in truth.items():
+            assert payload == self.model[key]
+
+    @invariant()
     def store_agrees_with_model(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 (a store, not a dict)
             assert key in self.model
@@ -87,6 +104,10 @@ class MemoryMachine(StoreMachine):
     def open(self) -> BlockStore:
         return MemoryStore(self.capacity)
 
+    def ground_truth(self) -> dict[bytes, bytes]:
+        assert isinstance(self.store, MemoryStore)
+        return dict(self.store._records)
+
 
 class DiskMachine(StoreMachine):
     overhead = HEADER_BYTES
@@ -96,6 +117,10 @@ class DiskMachine(StoreMachine):
         if not hasattr(self, "root"):
             self.root = Path(tempfile.mkdtemp(prefix="kvtier-sm-")) / "root"
         return DiskStore(self.root, make_namespace(), self.capacity, free_space_floor_bytes=0)
+
+    def ground_truth(self) -> dict[bytes, bytes]:
+        assert isinstance(self.store, DiskStore)
+        return disk_ground_truth(self.store.namespace_dir, self.store.namespace)
 
     @rule()
     def reopen(self) -> None:

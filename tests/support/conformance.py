@@ -1,8 +1,11 @@
 """The contract every ``BlockStore`` passes (zarr's StoreTests shape).
 
 A backend's test class inherits ``StoreContract`` and supplies ``make_store`` (a store whose
-cap holds ``records`` records of PAYLOAD_BYTES) and ``record_bytes`` (what one record of a
-given payload size costs against the cap).
+cap holds ``records`` records of PAYLOAD_BYTES), ``record_bytes`` (what one record of a given
+payload size costs against the cap) and ``ground_truth`` (what the backend really holds, read
+around the store's API: the record files decoded with kvtier.format, a server's values, the
+internal dict). The tests check results against that ground truth, not only through the
+store's own methods.
 """
 
 from __future__ import annotations
@@ -24,6 +27,20 @@ class StoreContract:
     def record_bytes(self, payload_len: int) -> int:
         raise NotImplementedError
 
+    def ground_truth(self, store: BlockStore) -> dict[bytes, bytes]:
+        """key -> payload of every record ``store`` holds, read without its API."""
+        raise NotImplementedError
+
+    def assert_truth(self, store: BlockStore, expected: dict[bytes, bytes | None]) -> None:
+        """The backend holds exactly the keys the store lists, each key of ``expected`` with
+        that payload (None: absent), and the store serves what the backend holds."""
+        truth = self.ground_truth(store)
+        assert sorted(truth) == sorted(store.keys())
+        for key, payload in expected.items():
+            assert truth.get(key) == payload, key.hex()[:16]
+        for key, payload in truth.items():
+            assert store.get(key) == payload, key.hex()[:16]
+
     def read(self, store: BlockStore, key: bytes, size: int = PAYLOAD_BYTES) -> bytes | None:
         out = aligned_buffer(size)
         return bytes(out) if store.get_into(key, out) else None
@@ -33,6 +50,7 @@ class StoreContract:
         assert store.put(key_of(1), payload_of(1))
         assert store.contains(key_of(1))
         assert self.read(store, key_of(1)) == payload_of(1)
+        self.assert_truth(store, {key_of(1): payload_of(1)})
 
     def test_get_into_unaligned_buffer_round_trips(self) -> None:
         store = self.make_store()
@@ -48,12 +66,14 @@ class StoreContract:
         out = array("f", bytes(PAYLOAD_BYTES))
         assert store.get_into(key_of(1), memoryview(out))
         assert out == floats
+        self.assert_truth(store, {key_of(1): floats.tobytes()})
 
     def test_put_replaces_existing_record(self) -> None:
         store = self.make_store()
         store.put(key_of(1), payload_of(1))
         assert store.put(key_of(1), payload_of(2))
         assert self.read(store, key_of(1)) == payload_of(2)
+        self.assert_truth(store, {key_of(1): payload_of(2)})
 
     def test_duplicate_put_is_charged_once(self) -> None:
         store = self.make_store()
@@ -61,6 +81,7 @@ class StoreContract:
         store.put(key_of(1), payload_of(1))
         assert store.used_bytes() == self.record_bytes(PAYLOAD_BYTES)
         assert list(store.keys()) == [key_of(1)]
+        self.assert_truth(store, {key_of(1): payload_of(1)})
 
     def test_get_of_unknown_key_is_miss(self) -> None:
         store = self.make_store()
@@ -87,6 +108,7 @@ class StoreContract:
         assert not store.contains(key_of(1))
         assert self.read(store, key_of(1)) is None
         assert store.used_bytes() == 0
+        self.assert_truth(store, {key_of(1): None})
 
     def test_delete_of_unknown_key_returns_false(self) -> None:
         assert not self.make_store().delete(key_of(1))
@@ -97,6 +119,9 @@ class StoreContract:
             store.put(key_of(i), payload_of(i))
         store.delete(key_of(1))
         assert sorted(store.keys()) == [key_of(0), key_of(2)]
+        self.assert_truth(
+            store, {key_of(0): payload_of(0), key_of(1): None, key_of(2): payload_of(2)}
+        )
 
     def test_used_bytes_counts_every_record(self) -> None:
         store = self.make_store()
@@ -118,6 +143,9 @@ class StoreContract:
             assert store.put(key_of(i), payload_of(i, rng.choice([1024, 4096, PAYLOAD_BYTES])))
             assert store.used_bytes() <= cap
         assert store.stats().evictions > 0
+        truth = self.ground_truth(store)
+        assert 0 < sum(self.record_bytes(len(p)) for p in truth.values()) <= cap
+        self.assert_truth(store, {})
 
     def test_least_recently_used_is_evicted_first(self) -> None:
         store = self.make_store(records=4)
@@ -128,6 +156,9 @@ class StoreContract:
         assert store.contains(key_of(0))
         assert not store.contains(key_of(1))
         assert store.contains(key_of(4))
+        self.assert_truth(
+            store, {key_of(0): payload_of(0), key_of(1): None, key_of(4): payload_of(4)}
+        )
 
     def test_concurrent_puts_and_gets_stay_consistent(self) -> None:
         store = self.make_store(records=16)
@@ -148,6 +179,9 @@ class StoreContract:
         assert errors == []
         assert store.used_bytes() <= 16 * self.record_bytes(PAYLOAD_BYTES)
         assert [p for p in store.verify() if not p.fixed] == []
+        truth = self.ground_truth(store)
+        assert all(v == payload_of(int.from_bytes(k[:32], "big")) for k, v in truth.items())
+        self.assert_truth(store, {})
 
     def test_closed_store_misses_and_refuses_puts(self) -> None:
         store = self.make_store()

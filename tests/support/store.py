@@ -63,3 +63,24 @@ def charged_bytes(folder: Path) -> int:
             size = os.lstat(os.path.join(dirpath, name)).st_size
             total += -(-size // 4096) * 4096
     return total
+
+
+def disk_ground_truth(namespace_dir: Path, namespace: Namespace) -> dict[bytes, bytes]:
+    """The records under a disk store's namespace folder, decoded from the files with
+    kvtier.format alone (no store, no index): key -> payload. Where several files hold one
+    key (an older version not unlinked yet), the newest record id wins. A file that does not
+    decode is an AssertionError: a store must never leave one in ``blocks/``."""
+    from kvtier.format.record import decode_header, verify_payload
+
+    found: dict[bytes, tuple[int, bytes]] = {}
+    for path in sorted((namespace_dir / "blocks").glob("*/*.kvb")):
+        key_hex, record_id, _ = path.name.split(".")
+        key = bytes.fromhex(key_hex)
+        data = path.read_bytes()
+        header = decode_header(data[:HEADER_BYTES], namespace.digest(), key)
+        payload = data[HEADER_BYTES:]
+        assert header.payload_len == len(payload), f"{path.name}: torn record"
+        verify_payload(header, payload)
+        if key not in found or found[key][0] < int(record_id):
+            found[key] = (int(record_id), payload)
+    return {key: payload for key, (_, payload) in found.items()}
