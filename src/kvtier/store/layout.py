@@ -3,9 +3,10 @@
 ::
 
     <root>/                         0700 (refused if a symlink or group/other-writable)
+      index.sqlite3 (+ -wal -shm)   0600, the root's index, shared by its namespaces
+                                    (kvtier.store.index; schema 1 had one per namespace)
       <namespace digest hex>/       0700, one per Namespace
         namespace.json              0600, Namespace.to_json()
-        index.sqlite3 (+ -wal -shm) 0600, the shared index (kvtier.store.index)
         blocks/<kk>/<key hex>.<record id>.kvb   record files; <kk> = first key byte in hex
         tmp/<key hex>.<record id>.<session>.tmp files being written
         sessions/<session>.lock     flock held by each open store (liveness of writers)
