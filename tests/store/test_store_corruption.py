@@ -193,3 +193,21 @@ def test_verify_finds_and_fixes_a_corrupt_record(open_disk: OpenDisk) -> None:
     assert store.verify() == []
     assert not store.contains(key_of(1))
     assert len(entries(store.namespace_dir)) == 1
+
+
+def test_verify_reconciles_quarantine_files_with_their_charges(open_disk: OpenDisk) -> None:
+    store, path = stored(open_disk)
+    flip_bit(path, HEADER_BYTES + 1)
+    assert store.get(key_of(1)) is None
+    (name,) = entries(store.namespace_dir)
+    quarantine = store.namespace_dir / "quarantine"
+    (quarantine / name).unlink()  # removed by hand: its charge must not stay forever
+    (quarantine / "planted.kvb").write_bytes(b"x" * 5000)  # not charged: must not stay
+    problems = store.verify(fix=True)
+    assert sorted((p.kind, p.path, p.fixed) for p in problems) == [
+        ("quarantine", f"quarantine/{name}", True),
+        ("quarantine", "quarantine/planted.kvb", True),
+    ]
+    assert not (quarantine / "planted.kvb").exists()
+    assert store.used_bytes() == charged_bytes(quarantine) == 0
+    assert store.verify() == []

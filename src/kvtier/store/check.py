@@ -15,6 +15,8 @@ orphan_file     a record file no row names                      unlink it
 unknown_file    a file or folder the store did not make         quarantine it
 counter         the usage total differs from the charges' sum   set the total
 namespace_file  namespace.json missing or not this namespace    rewrite it
+quarantine      a quarantine entry charged but gone, or kept    drop the charge / remove the
+                but not charged                                 file
 ==============  ==============================================  ==============================
 
 Files are listed before rows are read: a record is renamed into place only after its
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +44,7 @@ from kvtier.store import layout
 from kvtier.store.base import Problem
 from kvtier.store.index import PENDING, Index, Row, Trashed
 from kvtier.store.io import RecordIO
-from kvtier.store.quarantine import Limits, quarantine
+from kvtier.store.quarantine import REASON_SUFFIX, Limits, quarantine
 from kvtier.store.session import is_alive_under
 
 
@@ -119,6 +122,7 @@ class StoreCheck:
                 self.check_unnamed(relative, mode)
         for name in temps:
             self.check_temp(name)
+        self.check_quarantine()
         self.check_counter()
         self.check_namespace_file()
         return self.problems
@@ -263,6 +267,46 @@ class StoreCheck:
             path=relative,
         )
 
+    def check_quarantine(self) -> None:
+        """Quarantine entries and the index's charges for them agree (a missing ``.reason``
+        file is fine: it may not be written yet)."""
+        folder = self.dir / layout.QUARANTINE
+        prefix = f"{self.ns}/{layout.QUARANTINE}/"
+        charged = {p[len(prefix) :] for p, _, _ in self.index.quarantined() if p.startswith(prefix)}
+        kept = set(os.listdir(folder))
+        for name in sorted(charged - kept):
+            still = any(p == prefix + name for p, _, _ in self.index.quarantined())
+            if still and not os.path.lexists(folder / name):  # not pruned meanwhile
+                self.report(
+                    "quarantine",
+                    "charged quarantine entry is gone",
+                    lambda n=name: self.drop_quarantine_charge(prefix + n),
+                    path=f"{layout.QUARANTINE}/{name}",
+                )
+        for name in sorted(kept - charged):
+            stem = name.removesuffix(REASON_SUFFIX)
+            if stem in charged or (stem != name and stem in kept):
+                continue  # a reason file, or one whose entry is being quarantined now
+            if not self.still_uncharged(prefix + name):
+                continue
+            self.report(
+                "quarantine",
+                "quarantined file the index does not charge",
+                lambda n=name: _remove_any(folder / n),
+                path=f"{layout.QUARANTINE}/{name}",
+            )
+
+    def drop_quarantine_charge(self, path: str) -> None:
+        _remove(self.root / f"{path}{REASON_SUFFIX}")  # files first, then their charge
+        self.index.quarantine_done([path])
+
+    def still_uncharged(self, path: str) -> bool:
+        """True if ``path`` (relative to the root) exists and no quarantine entry charges it
+        (looked at again: a concurrent quarantine renames first and charges right after)."""
+        if not os.path.lexists(self.root / path):
+            return False
+        return all(p != path for p, _, _ in self.index.quarantined())
+
     def check_counter(self) -> None:
         used, actual = self.index.counter_drift()
         if used != actual:
@@ -285,6 +329,13 @@ class StoreCheck:
                 lambda: layout.write_small_file(path, self.namespace.to_json().encode()),
                 path=layout.NAMESPACE_FILE,
             )
+
+
+def _remove_any(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _remove(path: Path) -> None:
