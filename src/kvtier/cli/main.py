@@ -167,9 +167,11 @@ def size(
 
 def _register_subcommands() -> None:
     from kvtier.cli.bench import bench_app, probe_app
+    from kvtier.cli.ops import register as register_ops
 
     app.add_typer(bench_app, name="bench")
     app.add_typer(probe_app, name="probe")
+    register_ops(app)
 
 
 _register_subcommands()

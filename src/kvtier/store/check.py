@@ -66,6 +66,8 @@ class StoreCheck:
     quarantine_limits: Limits
     #: Repair what can be repaired.
     fix: bool
+    #: Called with the bytes of each record read (a progress bar).
+    progress: Callable[[int], None] | None = None
     problems: list[Problem] = field(default_factory=list)
     _alive: dict[str, bool] = field(default_factory=dict)
 
@@ -171,6 +173,8 @@ class StoreCheck:
             )
 
     def read_record(self, row: Row) -> tuple[str | None, str]:
+        if self.progress is not None:
+            self.progress(row.record_bytes)
         out = memoryview(bytearray(row.payload_len))
         try:
             header = decode_header(

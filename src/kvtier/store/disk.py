@@ -51,7 +51,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -377,7 +377,11 @@ class DiskStore(BlockStore):
             self._seq = max(self._seq, top)
         return len(changes)
 
-    def verify(self, fix: bool = False) -> list[Problem]:
+    def verify(
+        self, fix: bool = False, *, progress: Callable[[int], None] | None = None
+    ) -> list[Problem]:
+        """See ``BlockStore.verify``; ``progress`` is called with the bytes of each record
+        read."""
         if self._closed:
             raise ValueError("verify() on a closed store; open it again")
         self._flush_touches()
@@ -389,6 +393,7 @@ class DiskStore(BlockStore):
             self._session.session_id,
             self._quarantine_limits(),
             fix,
+            progress,
         ).run()
         if fix:
             self._reload()

@@ -570,6 +570,47 @@ class Index:
                 )
             }
 
+    def evict(
+        self,
+        ns: str | None = None,
+        accessed_before_ns: int | None = None,
+        target_bytes: int | None = None,
+        overhead_bytes: int = 0,
+    ) -> list[Row]:
+        """Evict ready records (of namespace ``ns``, last used before ``accessed_before_ns``,
+        where given) in LRU order; with ``target_bytes``, only until usage plus
+        ``overhead_bytes`` would be at most that once the trash is emptied. Their files go to
+        trash, still charged; returns the rows (the caller unlinks, then ``trash_done``)."""
+        where, params = ["state = 1"], []
+        if ns is not None:
+            where.append("ns = ?")
+            params.append(ns)
+        if accessed_before_ns is not None:
+            where.append("access_ns < ?")
+            params.append(accessed_before_ns)
+        with self._write() as conn:
+            candidates = [
+                Row(*fields)
+                for *fields, _ in conn.execute(
+                    "SELECT id, ns, key, state, record_bytes, session, access_ns FROM records "
+                    f"WHERE {' AND '.join(where)} ORDER BY access_ns, id",
+                    params,
+                )
+            ]
+            if target_bytes is not None:
+                used = conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
+                trash = conn.execute("SELECT COALESCE(SUM(charge), 0) FROM trash").fetchone()[0]
+                excess = used - trash + overhead_bytes - target_bytes
+                picked: list[Row] = []
+                for row in candidates:
+                    if excess <= 0:
+                        break
+                    picked.append(row)
+                    excess -= charge(row.record_bytes)
+                candidates = picked
+            self._remove(conn, candidates)
+            return candidates
+
     def forget_namespace(self, ns: str) -> int:
         """Drop every row, trash and quarantine entry of namespace ``ns`` (its folder was
         removed); return the charge released."""
