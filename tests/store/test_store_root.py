@@ -54,6 +54,7 @@ def test_a_different_explicit_cap_is_logged_once_old_to_new(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fuzz_store(root, "a", disk_capacity(8, FUZZ_PAYLOAD)).close()
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="kvtier.store.root"):
         fuzz_store(root, "a", disk_capacity(6, FUZZ_PAYLOAD)).close()
         fuzz_store(root, "a", disk_capacity(6, FUZZ_PAYLOAD)).close()  # same: no line
