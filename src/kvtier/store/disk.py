@@ -69,7 +69,7 @@ from kvtier.format.record import (
 from kvtier.store import check, layout, recovery
 from kvtier.store import root as root_settings
 from kvtier.store.base import BlockStore, Problem, StoreStats
-from kvtier.store.index import Row, Trashed, charge
+from kvtier.store.index import TXN_ROWS_MAX, Row, Trashed, charge
 from kvtier.store.io import RecordIO
 from kvtier.store.quarantine import Limits, quarantine
 from kvtier.store.session import Session, reap_dead_sessions
@@ -216,10 +216,10 @@ class DiskStore(BlockStore):
                 reservation = self._index.reserve(
                     key,
                     record_bytes,
-                    self._index_charge(),
+                    self._index_charge,
                     self._floor_deficit(record_bytes),
                     self._pinned(),
-                    self._take_touches(),
+                    self._take_touches(TXN_ROWS_MAX),
                 )
             except (sqlite3.Error, OSError) as exc:
                 return self._put_failed(key, f"index: {exc}")
@@ -488,9 +488,13 @@ class DiskStore(BlockStore):
         with self._lock:
             return set(self._pins)
 
-    def _take_touches(self) -> dict[bytes, int]:
+    def _take_touches(self, limit: int | None = None) -> dict[bytes, int]:
         with self._lock:
-            touches, self._touches = self._touches, {}
+            if limit is None or len(self._touches) <= limit:
+                touches, self._touches = self._touches, {}
+            else:
+                keys = list(self._touches)[:limit]
+                touches = {k: self._touches.pop(k) for k in keys}
         return touches
 
     def _flush_touches(self) -> None:

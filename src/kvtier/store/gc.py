@@ -53,13 +53,15 @@ def collect(
     try:
         rows = []
         if to_bytes is not None or namespace is not None or older_than_s is not None:
-            rows = index.evict(
-                namespace,
-                None if older_than_s is None else time.time_ns() - int(older_than_s * 1e9),
-                to_bytes,
-                index_charge(root, len(namespace_folders(root))) if to_bytes is not None else 0,
-            )
-            Trash(root, index, RecordIO()).empty(Trashed(r.path, "") for r in rows)
+            before = None if older_than_s is None else time.time_ns() - int(older_than_s * 1e9)
+            trash = Trash(root, index, RecordIO())
+            while True:  # a few rows per transaction keep the index's WAL small
+                overhead = index_charge(root, len(namespace_folders(root)))
+                batch = index.evict(namespace, before, to_bytes, overhead)
+                trash.empty(Trashed(r.path, "") for r in batch)
+                if not batch:
+                    break
+                rows += batch
         dropped = 0
         if quarantine:
             dropped = prune(root, index, Limits(0, 0))

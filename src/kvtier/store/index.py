@@ -38,10 +38,11 @@ and the write that depends on it cannot interleave with another process's).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,13 +52,20 @@ from kvtier.store.layout import record_name, temp_name
 
 SCHEMA_VERSION = 2
 PENDING, READY = 0, 1
-#: Change-log rows kept for processes that have not refreshed lately.
-CHANGES_KEPT = 200_000
+#: Change-log rows kept for processes that have not refreshed lately (a store that missed
+#: more reloads its view). About 100 bytes of index each, charged against the cap.
+CHANGES_KEPT = 10_000
 #: Charges are rounded up to this (the allocation unit of ext4/xfs with 4 KiB blocks).
 ALLOC_UNIT = 4096
 #: WAL pages after which a commit checkpoints; the WAL file is truncated to this after one.
-WAL_AUTOCHECKPOINT_PAGES = 32
+WAL_AUTOCHECKPOINT_PAGES = 24
 WAL_SIZE_LIMIT_BYTES = WAL_AUTOCHECKPOINT_PAGES * 4096
+#: Most rows one write transaction evicts, touches, forgets or trims: a transaction adds at
+#: most about one WAL page per row it changes (random keys), so this bounds what one adds.
+TXN_ROWS_MAX = 24
+#: What one transaction of at most TXN_ROWS_MAX rows adds to the WAL, at most (measured:
+#: 64 evictions of random keys added 63 pages to the WAL of a 3,000-record index).
+WAL_TXN_BYTES = 96 * 4096
 _EVICT_SCAN_BATCH = 256
 _CHARGE = "((({x}) + 4095) / 4096) * 4096"
 
@@ -233,12 +241,14 @@ class Index:
         another schema version, ``sqlite3.DatabaseError`` for a damaged one."""
         self.session = session
         self.ns = ns
+        self._wal_path = f"{path}-wal"
+        self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._set_wal_mode()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
             self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
@@ -262,11 +272,52 @@ class Index:
         with self._lock:
             self._conn.close()
 
+    def _set_wal_mode(self) -> None:
+        """``journal_mode=WAL``, retried: it can answer "locked" without waiting on the busy
+        handler while another process recovers or truncates the WAL."""
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.stat(self._wal_path).st_size
+        except FileNotFoundError:
+            return 0
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction under the lock; rolled back on any exception."""
+        """A write transaction under the lock; rolled back on any exception.
+
+        The WAL is bounded here, holding the write lock: if it is past
+        WAL_SIZE_LIMIT_BYTES (checkpoints starved by readers), a truncating checkpoint runs
+        first (waiting for readers up to the busy timeout) and the transaction starts again;
+        if the WAL stays past its limit, the write is refused (``sqlite3.OperationalError``)
+        rather than let the WAL outgrow its charge.
+        """
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            deadline = time.monotonic() + self._busy_timeout_s
+            pause = 0.001
+            while True:
+                self._conn.execute("BEGIN IMMEDIATE")
+                if self._wal_bytes() <= WAL_SIZE_LIMIT_BYTES:
+                    break
+                # Busy (another checkpoint, readers), or another writer appended between this
+                # checkpoint and the next BEGIN: try again until the busy timeout.
+                self._conn.execute("ROLLBACK")
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                if self._wal_bytes() <= WAL_SIZE_LIMIT_BYTES:
+                    continue
+                if time.monotonic() > deadline:
+                    raise sqlite3.OperationalError("index WAL past its bound; readers hold it")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
             try:
                 yield self._conn
             except BaseException:
@@ -393,7 +444,7 @@ class Index:
         self,
         key: bytes,
         record_bytes: int,
-        overhead_bytes: int,
+        overhead: Callable[[], int],
         extra_free_bytes: int,
         pinned: Collection[bytes],
         touches: Mapping[bytes, int],
@@ -401,9 +452,10 @@ class Index:
         """Reserve ``record_bytes`` for a new pending record of ``key``, evicting if needed.
 
         The cap and low watermark are the root's stored settings, read in the transaction.
-        The record fits if usage (records, trash, quarantine) plus ``overhead_bytes`` (what
-        the index files cost) plus the record stays within the cap. If it would not once
-        the trash is emptied, ready records of any namespace are evicted in LRU order
+        The record fits if usage (records, trash, quarantine) plus ``overhead()`` (what the
+        index files cost, measured holding the write lock) plus the record stays within the
+        cap. At most TXN_ROWS_MAX records are evicted and touches applied per call. If it
+        would not once the trash is emptied, ready records of any namespace are evicted in LRU order
         (skipping ``pinned`` keys) until that usage is at most the low watermark (a share of
         what the overhead leaves of the cap); ``extra_free_bytes`` more are evicted to
         restore the free-space floor. Evicted records move to trash, still charged, so a
@@ -417,6 +469,7 @@ class Index:
         try:
             with self._write() as conn:
                 self._apply_touches(conn, touches)
+                overhead_bytes = overhead()
                 meta = dict(conn.execute("SELECT name, value FROM meta"))
                 capacity = meta["capacity_bytes"]
                 # The watermark is a share of the room the index files leave for the rest.
@@ -431,9 +484,11 @@ class Index:
                 if must_free > 0:
                     want = max(settled - low, extra_free_bytes)
                     evicted = self._pick_lru(conn, want, pinned)
-                    if sum(charge(r.record_bytes) for r in evicted) < must_free:
+                    freed = sum(charge(r.record_bytes) for r in evicted)
+                    if freed < must_free and len(evicted) < TXN_ROWS_MAX:
                         raise _NoRoom
                     self._remove(conn, evicted)
+                    fits = fits and freed >= must_free
                 if not fits:
                     return Reservation(None, evicted)
                 cursor = conn.execute(
@@ -466,7 +521,7 @@ class Index:
                 (time.time_ns(), record_id),
             )
             seq = conn.execute("SELECT MAX(seq) FROM changes").fetchone()[0]
-            if seq % 10_000 == 0:
+            if seq % 64 == 0:
                 self._trim_changes(conn)
             return superseded, seq
 
@@ -515,21 +570,30 @@ class Index:
 
     def quarantine_done(self, paths: Collection[str]) -> None:
         """Forget quarantine entries whose files are removed."""
-        if paths:
+        paths = list(paths)
+        for start in range(0, len(paths), TXN_ROWS_MAX):
             with self._write() as conn:
-                conn.executemany("DELETE FROM quarantine WHERE path = ?", [(p,) for p in paths])
+                conn.executemany(
+                    "DELETE FROM quarantine WHERE path = ?",
+                    [(p,) for p in paths[start : start + TXN_ROWS_MAX]],
+                )
 
     def trash_done(self, paths: Collection[str]) -> None:
         """Forget trash entries whose files are unlinked, releasing their charge."""
-        if paths:
+        paths = list(paths)
+        for start in range(0, len(paths), TXN_ROWS_MAX):
             with self._write() as conn:
-                conn.executemany("DELETE FROM trash WHERE path = ?", [(p,) for p in paths])
+                conn.executemany(
+                    "DELETE FROM trash WHERE path = ?",
+                    [(p,) for p in paths[start : start + TXN_ROWS_MAX]],
+                )
 
     def touch(self, touches: Mapping[bytes, int]) -> None:
         """Record access times (key of ``ns`` -> ns) for LRU."""
-        if touches:
+        items = list(touches.items())
+        for start in range(0, len(items), TXN_ROWS_MAX):
             with self._write() as conn:
-                self._apply_touches(conn, touches)
+                self._apply_touches(conn, dict(items[start : start + TXN_ROWS_MAX]))
 
     def reclaim(self, dead_sessions: Collection[str]) -> tuple[list[Row], list[Trashed]]:
         """Take over what dead sessions left: drop their pending rows, adopt their trash.
@@ -579,8 +643,9 @@ class Index:
     ) -> list[Row]:
         """Evict ready records (of namespace ``ns``, last used before ``accessed_before_ns``,
         where given) in LRU order; with ``target_bytes``, only until usage plus
-        ``overhead_bytes`` would be at most that once the trash is emptied. Their files go to
-        trash, still charged; returns the rows (the caller unlinks, then ``trash_done``)."""
+        ``overhead_bytes`` would be at most that once the trash is emptied. At most
+        TXN_ROWS_MAX rows per call: call again until it returns []. Their files go to trash,
+        still charged; returns the rows (the caller unlinks, then ``trash_done``)."""
         where, params = ["state = 1"], []
         if ns is not None:
             where.append("ns = ?")
@@ -608,6 +673,7 @@ class Index:
                     picked.append(row)
                     excess -= charge(row.record_bytes)
                 candidates = picked
+            candidates = candidates[:TXN_ROWS_MAX]
             self._remove(conn, candidates)
             return candidates
 
@@ -638,7 +704,7 @@ class Index:
         picked: list[Row] = []
         freed = 0
         last_access, last_id = -1, -1
-        while freed < want:
+        while freed < want and len(picked) < TXN_ROWS_MAX:
             batch = conn.execute(
                 "SELECT id, ns, key, state, record_bytes, session, access_ns FROM records "
                 "WHERE state = 1 AND (access_ns, id) > (?, ?) ORDER BY access_ns, id LIMIT ?",
@@ -653,7 +719,7 @@ class Index:
                     continue
                 picked.append(row)
                 freed += charge(row.record_bytes)
-                if freed >= want:
+                if freed >= want or len(picked) >= TXN_ROWS_MAX:
                     break
         return picked
 
@@ -680,9 +746,12 @@ class Index:
 
     @staticmethod
     def _trim_changes(conn: sqlite3.Connection) -> None:
-        top = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-        floor = top - CHANGES_KEPT
-        if floor > 0:
+        top, bottom = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0), COALESCE(MIN(seq), 0) FROM changes"
+        ).fetchone()
+        # A few hundred sequential rows at a time keep the transaction's WAL pages few.
+        floor = min(top - CHANGES_KEPT, bottom + 256)
+        if floor > 0 and top - CHANGES_KEPT > 0:
             conn.execute("DELETE FROM changes WHERE seq <= ?", (floor,))
             conn.execute("UPDATE meta SET value = ? WHERE name = 'changes_floor'", (floor,))
 

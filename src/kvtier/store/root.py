@@ -32,6 +32,7 @@ from kvtier.store.index import (
     ALLOC_UNIT,
     SCHEMA_VERSION,
     WAL_SIZE_LIMIT_BYTES,
+    WAL_TXN_BYTES,
     Index,
     SchemaError,
     charge,
@@ -45,11 +46,9 @@ AUTO_CAPACITY_FRACTION = 0.25
 AUTO_CAPACITY_MAX = 256 * 2**30
 #: The least the index files are charged against the cap (database, WAL, shared memory and
 #: the namespace.json files); a constant while they are small, so a cap of N records holds N.
-INDEX_ALLOWANCE_BYTES = 768 << 10
+INDEX_ALLOWANCE_BYTES = 832 << 10
 #: Growth of the database between two measurements (rows written by a few transactions).
-INDEX_GROWTH_MARGIN_BYTES = 128 << 10
-#: WAL pages one transaction may add beyond the checkpoint threshold (a large eviction).
-_WAL_TXN_PAGES = 64
+INDEX_GROWTH_MARGIN_BYTES = 192 << 10
 _DIGEST_HEX = re.compile(r"^[0-9a-f]{32}$")
 _PPM = 1_000_000
 
@@ -74,7 +73,9 @@ def index_charge(root: Path, namespaces: int) -> int:
             sizes[suffix] = charge(os.lstat(root / f"{layout.INDEX_FILE}{suffix}").st_size)
         except FileNotFoundError:
             sizes[suffix] = 0
-    wal_bound = charge(WAL_SIZE_LIMIT_BYTES) + _WAL_TXN_PAGES * ALLOC_UNIT
+    # Every write transaction starts with the WAL within its limit (Index._write) and adds
+    # at most WAL_TXN_BYTES; writers are serialized, so that is the WAL's bound.
+    wal_bound = charge(WAL_SIZE_LIMIT_BYTES) + WAL_TXN_BYTES
     measured = (
         sizes[""]
         + sizes["-shm"]
