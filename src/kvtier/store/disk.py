@@ -341,8 +341,10 @@ class DiskStore(BlockStore):
             return self.capacity_bytes
 
     def footprint_bytes(self) -> int:
-        """What the cap bounds: ``used_bytes`` plus the charge of the index files."""
-        return self.used_bytes() + self._index_charge()
+        """What the cap bounds, now: ``used_bytes`` plus what the index files and the
+        namespace.json files take (reservations charge those at a bound with room to grow,
+        ``kvtier.store.root.index_charge``)."""
+        return self.used_bytes() + root_settings.index_files_bytes(self.root, self._namespaces)
 
     def stats(self) -> StoreStats:
         with self._lock:

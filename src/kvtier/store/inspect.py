@@ -20,7 +20,7 @@ from kvtier.format.namespace import Namespace
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store import layout
 from kvtier.store.index import ALLOC_UNIT, SCHEMA_VERSION, read_schema_version
-from kvtier.store.root import index_charge, namespace_folders
+from kvtier.store.root import index_files_bytes, namespace_folders
 
 _CHARGE = f"((record_bytes + {ALLOC_UNIT - 1}) / {ALLOC_UNIT}) * {ALLOC_UNIT}"
 
@@ -61,7 +61,8 @@ class RootUsage:
     low_watermark: float | None
     #: Records, trash and quarantine (``DiskStore.used_bytes``).
     used_bytes: int
-    #: used_bytes plus the index files' charge (``DiskStore.footprint_bytes``).
+    #: used_bytes plus what the index and namespace.json files take
+    #: (``DiskStore.footprint_bytes``).
     footprint_bytes: int
     trash_bytes: int
     quarantine_bytes: int
@@ -155,7 +156,7 @@ def root_usage(root: Path) -> RootUsage:
         meta.get("capacity_bytes"),
         None if ppm is None else ppm / 1_000_000,
         used,
-        used + index_charge(root, len(namespace_folders(root))),
+        used + index_files_bytes(root, len(namespace_folders(root))),
         trash,
         q_bytes,
         q_entries,

@@ -63,16 +63,27 @@ def auto_disk_capacity(disk_dir: Path | str) -> int:
     return min(int(st.f_blocks * st.f_frsize * AUTO_CAPACITY_FRACTION), AUTO_CAPACITY_MAX)
 
 
-def index_charge(root: Path, namespaces: int) -> int:
-    """What the index files cost against the cap now, with room for their growth until the
-    next measurement: the database and shared memory as allocated, the WAL at its bound,
-    one allocation unit per namespace.json; at least INDEX_ALLOWANCE_BYTES."""
+def index_files_bytes(root: Path, namespaces: int) -> int:
+    """What the index files and the namespace.json files take now (sizes rounded up to
+    4 KiB, one unit per namespace.json)."""
+    return sum(_index_sizes(root).values()) + namespaces * ALLOC_UNIT
+
+
+def _index_sizes(root: Path) -> dict[str, int]:
     sizes = {}
     for suffix in ("", "-wal", "-shm"):
         try:
             sizes[suffix] = charge(os.lstat(root / f"{layout.INDEX_FILE}{suffix}").st_size)
         except FileNotFoundError:
             sizes[suffix] = 0
+    return sizes
+
+
+def index_charge(root: Path, namespaces: int) -> int:
+    """What the index files cost against the cap at a reservation, with room for their
+    growth until the next one: the database and shared memory as allocated, the WAL at its
+    bound, one allocation unit per namespace.json; at least INDEX_ALLOWANCE_BYTES."""
+    sizes = _index_sizes(root)
     # Every write transaction starts with the WAL within its limit (Index._write) and adds
     # at most WAL_TXN_BYTES; writers are serialized, so that is the WAL's bound.
     wal_bound = charge(WAL_SIZE_LIMIT_BYTES) + WAL_TXN_BYTES

@@ -58,7 +58,11 @@ class Trash:
         try:
             self._index.trash_done(gone)
         except sqlite3.Error as exc:
-            log.warning("disk tier: could not clear trash entries (retried at next open): %s", exc)
+            # The files are gone but still charged: retried (unlinking again is harmless).
+            log.warning("disk tier: could not clear trash entries (retried): %s", exc)
+            with self._lock:
+                for path in gone:
+                    self._retry_entries[path] = batch[path]
 
     def keep(self, path: str) -> None:
         """Retry unlinking ``path`` (already a trash entry) with the next batch."""
