@@ -19,7 +19,7 @@ from kvtier.store.index import Index, Trashed, charge
 from kvtier.store.inspect import UnreadableRoot
 from kvtier.store.io import RecordIO
 from kvtier.store.quarantine import Limits, prune
-from kvtier.store.root import index_charge, namespace_folders, open_index
+from kvtier.store.root import index_files_bytes, namespace_folders, open_index
 from kvtier.store.trash import Trash
 
 
@@ -56,7 +56,7 @@ def collect(
             before = None if older_than_s is None else time.time_ns() - int(older_than_s * 1e9)
             trash = Trash(root, index, RecordIO())
             while True:  # a few rows per transaction keep the index's WAL small
-                overhead = index_charge(root, len(namespace_folders(root)))
+                overhead = index_files_bytes(root, len(namespace_folders(root)))
                 batch = index.evict(namespace, before, to_bytes, overhead)
                 trash.empty(Trashed(r.path, "") for r in batch)
                 if not batch:
