@@ -49,6 +49,9 @@ def collect(
     root = Path(root).absolute()
     if not (root / layout.INDEX_FILE).is_file():
         raise UnreadableRoot(f"{root} holds no kvtier index ({layout.INDEX_FILE})")
+    # Measured before this process opens the index (which creates its -shm and -wal), so
+    # the target means what `kvtier du` showed.
+    overhead = index_files_bytes(root, len(namespace_folders(root)))
     index: Index = open_index(root, f"gc{os.urandom(6).hex()}", None, 30.0)
     try:
         rows = []
@@ -56,7 +59,6 @@ def collect(
             before = None if older_than_s is None else time.time_ns() - int(older_than_s * 1e9)
             trash = Trash(root, index, RecordIO())
             while True:  # a few rows per transaction keep the index's WAL small
-                overhead = index_files_bytes(root, len(namespace_folders(root)))
                 batch = index.evict(namespace, before, to_bytes, overhead)
                 trash.empty(Trashed(r.path, "") for r in batch)
                 if not batch:
