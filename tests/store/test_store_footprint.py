@@ -161,4 +161,4 @@ def test_cap_holds_for_every_file_under_the_folder_at_every_instant(
         after = footprint(root)
         assert after.size_bytes <= CAPACITY and after.allocated_bytes <= CAPACITY, after
         assert s.footprint_bytes() <= CAPACITY
-        print(f"index files charged {s.footprint_bytes() - s.used_bytes()} B at the end")
+        print(f"index files take {s.footprint_bytes() - s.used_bytes()} B at the end")
