@@ -83,9 +83,11 @@ FLOOR_MAX_BYTES = 10 << 30
 #: Access times are written to the index in batches of this many hits (or with the next put).
 TOUCH_BATCH = 256
 #: Reservations tried per put while evicted files of this or other writers are removed,
-#: sleeping RESERVE_BACKOFF_S * 2**attempt when only other writers' files are in the way.
-RESERVE_ATTEMPTS = 8
+#: sleeping RESERVE_BACKOFF_S * 2**attempt (at most RESERVE_BACKOFF_MAX_S) when only other
+#: writers' files are in the way: a put waits about a second at most before giving up.
+RESERVE_ATTEMPTS = 32
 RESERVE_BACKOFF_S = 0.001
+RESERVE_BACKOFF_MAX_S = 0.05
 #: Default quarantine byte limit: this share of the cap.
 QUARANTINE_CAP_FRACTION = 0.25
 #: Errors that say nothing about the record itself: a miss, but no quarantine.
@@ -233,7 +235,7 @@ class DiskStore(BlockStore):
             if record_id is not None:
                 break
             if not reservation.evicted:  # other writers' evicted files are still going
-                time.sleep(RESERVE_BACKOFF_S * 2**attempt)
+                time.sleep(min(RESERVE_BACKOFF_S * 2**attempt, RESERVE_BACKOFF_MAX_S))
         if record_id is None:
             return self._put_failed(key, "no room: evicted files are still being removed")
         final = self.namespace_dir / layout.record_name(key, record_id)
