@@ -58,10 +58,12 @@ CREATE TABLE IF NOT EXISTS quarantine (
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', {SCHEMA_VERSION}), ('changes_floor', 0);
 CREATE TRIGGER IF NOT EXISTS records_added AFTER INSERT ON records BEGIN
-    UPDATE totals SET used_bytes = used_bytes + {CHARGE_SQL.format(x="NEW.record_bytes")} WHERE id = 0;
+    UPDATE totals SET used_bytes = used_bytes + {CHARGE_SQL.format(x="NEW.record_bytes")}
+        WHERE id = 0;
 END;
 CREATE TRIGGER IF NOT EXISTS records_removed AFTER DELETE ON records BEGIN
-    UPDATE totals SET used_bytes = used_bytes - {CHARGE_SQL.format(x="OLD.record_bytes")} WHERE id = 0;
+    UPDATE totals SET used_bytes = used_bytes - {CHARGE_SQL.format(x="OLD.record_bytes")}
+        WHERE id = 0;
     INSERT INTO changes(ns, key, record_id, op, record_bytes)
         SELECT OLD.ns, OLD.key, OLD.id, 0, OLD.record_bytes WHERE OLD.state = 1;
 END;
