@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.store import DiskStore, auto_disk_capacity, list_namespaces, remove_namespace
+from kvtier.store import (
+    DiskStore,
+    auto_disk_capacity,
+    effective_capacity,
+    list_namespaces,
+    remove_namespace,
+)
 from kvtier.store.index import SCHEMA_VERSION, charge
 from tests.support.faults import FUZZ_PAYLOAD, FUZZ_RECORD, fuzz_key, fuzz_payload
 from tests.support.store import disk_capacity, make_namespace
@@ -148,3 +154,14 @@ def test_a_schema_1_namespace_folder_is_migrated_by_dropping_its_records(root: P
         assert records_of(store) == 0 and store.used_bytes() == 0
         assert store.put(fuzz_key(2), fuzz_payload(2, 1))
         assert store.verify() == []
+
+
+def test_effective_capacity_is_the_request_the_folders_cap_or_the_default(root: Path) -> None:
+    assert effective_capacity(root, 123) == 123
+    assert effective_capacity(root, None) == auto_disk_capacity(root)
+    assert not root.exists()  # nothing created
+    cap = disk_capacity(5, FUZZ_PAYLOAD)
+    fuzz_store(root, "a", cap).close()
+    before = sorted(p.name for p in root.iterdir())
+    assert effective_capacity(root, None) == cap
+    assert sorted(p.name for p in root.iterdir()) == before

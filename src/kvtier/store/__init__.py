@@ -8,7 +8,7 @@ from kvtier.store.disk import DiskStore
 from kvtier.store.io import RecordIO, set_background_io_priority
 from kvtier.store.memory import MemoryStore
 from kvtier.store.namespaces import NamespaceUsage, list_namespaces, remove_namespace
-from kvtier.store.root import auto_disk_capacity, check_root
+from kvtier.store.root import auto_disk_capacity, check_root, effective_capacity
 
 __all__ = [
     "BlockStore",
@@ -20,6 +20,7 @@ __all__ = [
     "StoreStats",
     "auto_disk_capacity",
     "check_root",
+    "effective_capacity",
     "list_namespaces",
     "remove_namespace",
     "set_background_io_priority",

@@ -63,6 +63,16 @@ def auto_disk_capacity(disk_dir: Path | str) -> int:
     return min(int(st.f_blocks * st.f_frsize * AUTO_CAPACITY_FRACTION), AUTO_CAPACITY_MAX)
 
 
+def effective_capacity(root: Path | str, requested: int | None) -> int:
+    """The cap a store opened on ``root`` with ``capacity_bytes=requested`` will use:
+    ``requested`` if given, else the folder's stored cap, else ``auto_disk_capacity``.
+    Reads the index without creating or changing anything (for sizing before start-up)."""
+    if requested is not None:
+        return requested
+    stored = _read_meta(Path(root).absolute() / layout.INDEX_FILE).get("capacity_bytes")
+    return stored if stored is not None else auto_disk_capacity(root)
+
+
 def index_files_bytes(root: Path, namespaces: int) -> int:
     """What the index files and the namespace.json files take now (sizes rounded up to
     4 KiB, one unit per namespace.json)."""
@@ -244,26 +254,31 @@ def _probe_writable(folder: Path, disk_dir: Path) -> None:
 
 
 def _check_schema(path: Path) -> None:
-    if not path.exists():
-        return
-    version = None
-    # A read-only connection to a WAL database creates -wal and -shm if absent; without
-    # them the main file is the whole database, which an immutable connection reads as is.
-    wal = all(os.path.exists(f"{path}{suffix}") for suffix in ("-wal", "-shm"))
-    for query in ("mode=ro",) if wal else ("immutable=1",):
-        try:
-            conn = sqlite3.connect(f"file:{path}?{query}", uri=True)
-        except sqlite3.Error:
-            continue
-        try:
-            version = read_schema_version(conn)
-            break
-        except sqlite3.Error:
-            continue
-        finally:
-            conn.close()
+    version = _read_meta(path).get("schema_version")
     if version is not None and version > SCHEMA_VERSION:
         raise _schema_error(path, version)
+
+
+def _read_meta(path: Path) -> dict[str, int]:
+    """The ``meta`` table of the index at ``path``; {} if absent or unreadable. Creates
+    nothing: a read-only connection to a WAL database creates -wal and -shm if they are
+    absent, but without them the main file is the whole database, which an immutable
+    connection reads as it stands."""
+    if not path.exists():
+        return {}
+    wal = all(os.path.exists(f"{path}{suffix}") for suffix in ("-wal", "-shm"))
+    try:
+        conn = sqlite3.connect(f"file:{path}?{'mode=ro' if wal else 'immutable=1'}", uri=True)
+    except sqlite3.Error:
+        return {}
+    try:
+        if read_schema_version(conn) is None:
+            return {}
+        return {name: int(value) for name, value in conn.execute("SELECT name, value FROM meta")}
+    except sqlite3.Error:
+        return {}
+    finally:
+        conn.close()
 
 
 def _schema_error(path: Path, version: int) -> ConfigError:
