@@ -12,7 +12,6 @@ cap. The writers themselves check every payload they load while they run.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import random
 import signal
 import time
@@ -21,19 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.store.quarantine import entries
+from tests.support.crash import CRASH_EXIT_CODE, fill_then_crash, open_store
 from tests.support.faults import (
     FUZZ_CAPACITY_RECORDS,
     FUZZ_RECORD,
-    assert_store_sound,
     check_after_crashes,
     forkserver,
     open_fuzz_store,
-    payload_ok,
 )
-from tests.support.workers import open_and_crash_in_reclaim, open_close_loop, write_forever
-from tests.support.crash import CRASH_EXIT_CODE, fill_then_crash, open_store
 from tests.support.store import files_under
+from tests.support.workers import open_and_crash_in_reclaim, open_close_loop, write_forever
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1200)]
 

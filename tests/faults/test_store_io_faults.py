@@ -21,13 +21,13 @@ from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.quarantine import entries
 from tests.support.faults import (
-    bind_readonly,
     FUZZ_CAPACITY_RECORDS,
     FUZZ_KEYS,
     FUZZ_PAYLOAD,
     FUZZ_RECORD,
     Outside,
     assert_store_sound,
+    bind_readonly,
     ext4_image,
     fill,
     fuzz_key,

@@ -21,13 +21,14 @@ from kvtier.store.quarantine import entries
 from tests.support.faults import (
     FUZZ_KEYS,
     FUZZ_PAYLOAD,
+    check_after_crashes,
+    forkserver,
     fuzz_key,
     open_fuzz_store,
     payload_ok,
 )
-from tests.support.faults import check_after_crashes, forkserver
-from tests.support.workers import write_forever
 from tests.support.store import aligned_buffer
+from tests.support.workers import write_forever
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 

@@ -46,4 +46,4 @@ def test_serve_refuses_a_second_transfer_config():
 def test_serve_reports_a_bad_size_as_a_usage_error():
     result = runner.invoke(app, ["serve", "m", "--dry-run", "--host-pool", "lots"])
     assert result.exit_code == 2
-    assert "host_pool='lots'" in result.output
+    assert "(host_pool / --host-pool)='lots': not a size" in result.output

@@ -17,6 +17,8 @@ from vllm.v1.kv_offload.config import (
 )
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from kvtier.errors import ConfigError
+from kvtier.store import MemoryStore
 from kvtier.vllm.disk_tier import REFRESH_INTERVAL_S, KvtierDiskTier
 
 ROWS, ROW_BYTES = 8, 8192
@@ -46,7 +48,8 @@ def tier(tmp_path, pool):
     init_none_hash(sha256)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     made = KvtierDiskTier(
-        spec, memoryview(pool), "KvtierDiskTier", str(tmp_path / "disk"), capacity_bytes="1MiB"
+        spec, memoryview(pool), "KvtierDiskTier", root_dir=str(tmp_path / "disk"),
+        capacity_bytes="1MiB",
     )
     yield made
     made.shutdown()
@@ -90,7 +93,9 @@ def test_stored_rows_load_back_into_other_rows(tier, pool):
 def test_lookup_retries_until_the_store_is_open_then_misses(tmp_path, pool):
     init_none_hash(sha256)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
-    tier = KvtierDiskTier(spec, memoryview(pool), "t", str(tmp_path / "d"), capacity_bytes="1MiB")
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), capacity_bytes="1MiB"
+    )
     try:
         seen = set()
         deadline = time.monotonic() + 30
@@ -146,19 +151,67 @@ def test_drain_waits_for_every_job_and_pending_work_is_reported(tier, pool):
     assert not tier.has_pending_work()
 
 
-def test_an_unusable_root_disables_the_tier_without_raising(tmp_path, pool):
-    init_none_hash(sha256)
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"fsync": "sometimes"}, r"fsync \(fsync / --fsync\)='sometimes'.*'never'"),
+        ({"io_threads": 0}, r"io_threads \(disk_threads / --disk-threads\)=0"),
+        ({"capacity_bytes": "lots"}, r"capacity_bytes \(disk_capacity / --disk-capacity\)"),
+        ({"colour": "blue"}, r"unknown disk tier option\(s\) \['colour'\]; known: \["),
+    ],
+)
+def test_bad_options_refuse_start_up_naming_the_option(tmp_path, pool, options, match):
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    with pytest.raises(ConfigError, match=match):
+        KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), **options)
+    assert not (tmp_path / "d").exists(), "a refused start-up leaves no folder behind"
+
+
+def test_an_unusable_root_refuses_start_up_naming_disk_dir(tmp_path, pool):
     root = tmp_path / "file"
     root.write_text("not a folder")
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
-    tier = KvtierDiskTier(spec, memoryview(pool), "t", str(root), capacity_bytes="1MiB")
+    with pytest.raises(ConfigError, match="disk_dir"):
+        KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(root), capacity_bytes="1MiB")
+    assert root.read_text() == "not a folder"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failed_key_is_a_miss_until_its_negative_entry_expires(tmp_path, pool):
+    """MemoryStore as the tier's store and a fake clock: the negative cache expires."""
+    init_none_hash(sha256)
+    clock = FakeClock()
+    stores: list[MemoryStore] = []
+
+    def memory_store(settings, namespace):
+        stores.append(MemoryStore(1 << 20))
+        return stores[-1]
+
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"),
+        store_factory=memory_store, clock=clock, negative_ttl_s=60.0,
+    )
     try:
-        deadline = time.monotonic() + 30
-        while tier.lookup(key(1), CTX) is LookupResult.RETRY:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert tier.lookup(key(1), CTX) is LookupResult.MISS
-        assert not run(tier, 1, [key(1)], [0], False).success
+        wait_open(tier)
+        pool[0] = 9
+        assert run(tier, 1, [key(4)], [0], False).success
+        (store,) = stores
+        store._records[key(4)] = b"short"  # a damaged record: wrong length, the load fails
+        assert not run(tier, 2, [key(4)], [3], True).success
+        assert tier.lookup(key(4), CTX) is LookupResult.MISS
+        clock.now += 59.0
+        assert tier.lookup(key(4), CTX) is LookupResult.MISS, "still inside its TTL"
+        clock.now += 2.0
+        assert tier.lookup(key(4), CTX) is LookupResult.HIT, "offered again once expired"
+        assert tier.counters.load_failures == 1
     finally:
         tier.shutdown()
 
@@ -178,7 +231,7 @@ def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_pat
     other_pool = np.zeros_like(pool)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     other = KvtierDiskTier(
-        spec, memoryview(other_pool), "t", str(tmp_path / "disk"), capacity_bytes="1MiB"
+        spec, memoryview(other_pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
     )
     try:
         wait_open(tier)

@@ -19,7 +19,7 @@ app = typer.Typer(
 
 
 def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"kvtier: {message}", err=True)
+    typer.echo(message if message.startswith("kvtier: ") else f"kvtier: {message}", err=True)
     raise typer.Exit(code)
 
 

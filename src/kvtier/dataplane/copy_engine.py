@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtier.dataplane.host_layout import CopyPlan
 from kvtier.native import page_copier
 from kvtier.threads import name_os_thread, usable_cpus
-from kvtier.dataplane.host_layout import CopyPlan
 
 logger = logging.getLogger(__name__)
 

@@ -3,6 +3,7 @@
 Imports neither vLLM nor torch (a test checks this in a fresh interpreter).
 """
 
+from kvtier.store._pending import check_root, effective_capacity  # noqa: F401  (merge)
 from kvtier.store.base import BlockStore, Problem, StoreStats
 from kvtier.store.disk import DiskStore
 from kvtier.store.io import RecordIO, set_background_io_priority

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtier.dataplane.copy_engine import MAX_SPLIT, memmove_all, run_plan
+from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
 from kvtier.devtools.bench.report import drop_page_cache, environment_line, markdown_table
 from kvtier.devtools.bench.stats import median
 from kvtier.format import Namespace
@@ -33,8 +35,6 @@ from kvtier.format.record import HEADER_BYTES
 from kvtier.native import page_copier
 from kvtier.store import DiskStore
 from kvtier.threads import usable_cpus
-from kvtier.dataplane.copy_engine import MAX_SPLIT, memmove_all, run_plan
-from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
 
 LAYERS, PAGE, BLOCKS = 30, 196_608, 62
 ROW = LAYERS * PAGE

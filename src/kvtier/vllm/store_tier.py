@@ -1,0 +1,326 @@
+"""``StoreTier``: a vLLM secondary tier over any kvtier ``BlockStore``.
+
+The tier runs in the scheduler process; vLLM calls every method on the scheduler thread
+(under the tiering manager's lock), so each returns at once:
+
+* ``lookup`` answers from the store's in-memory view (``BlockStore.contains``: no syscall);
+  while the store is still opening it answers RETRY, so a fresh engine's first request waits
+  for the index instead of missing.
+* ``submit_store`` / ``submit_load`` queue one task per block on the tier's own I/O threads,
+  which read and write host-pool rows in place. When more than ``max_queued_blocks`` stores
+  are waiting, new stores are dropped and counted (a slow tier never holds the host pool).
+* A load that fails (missing, failed check, I/O error) is a miss: the store drops a bad record
+  itself, and the tier keeps the key out of lookups for ``negative_ttl_s`` whatever the cause,
+  so no request re-promotes a bad block forever (the livelock of vLLM issue 49176). A good
+  store of the key lifts that at once.
+
+The store opens on a thread of its own: its namespace includes the block-hash seed, which vLLM
+initialises only after the scheduler (and this tier) exist. Until it is open, lookups answer
+RETRY and I/O tasks wait for it on the I/O threads, never on the scheduler thread. A store
+that fails to open after the start-up checks passed is a run-time fault: logged as an error,
+counted, and every lookup misses.
+
+Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+from kvtier.format import Namespace
+from kvtier.store import BlockStore, set_background_io_priority
+from kvtier.threads import name_os_thread
+from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
+
+logger = logging.getLogger(__name__)
+
+#: How long a key whose load failed stays a miss (unless a good copy is stored first).
+NEGATIVE_TTL_S = 300.0
+#: How long the opener waits for vLLM to seed its block hashes (done right after start-up).
+OPEN_TIMEOUT_S = 600.0
+
+StoreOpener = Callable[[Namespace], BlockStore]
+
+
+@dataclass
+class TierCounters:
+    """What this tier did since start-up (scheduler process); read by metrics and logs."""
+
+    stores_dropped: int = 0
+    load_failures: int = 0
+    loads: int = 0
+    stores: int = 0
+    open_failures: int = 0
+    #: Seconds spent in store I/O by the tier's threads, per direction.
+    read_seconds: float = 0.0
+    write_seconds: float = 0.0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Job:
+    job_id: int
+    is_load: bool
+    keys: list[OffloadKey]
+    futures: list[Future[bool]]
+    submitted: float
+
+
+class StoreTier(SecondaryTierManager):
+    """Secondary tier over a ``BlockStore`` opened once vLLM's block hashes are seeded."""
+
+    #: Log label, e.g. "disk tier".
+    label = "tier"
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        *,
+        open_store: StoreOpener,
+        io_threads: int,
+        max_queued_blocks: int | None = None,
+        refresh_interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        negative_ttl_s: float = NEGATIVE_TTL_S,
+        locality: str | None = None,
+        backpressure_detector: Any = None,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = Locality(locality) if locality is not None else None
+        self.counters = TierCounters()
+        self._open = open_store
+        self._clock = clock
+        self._negative_ttl_s = negative_ttl_s
+        self._max_queued = max_queued_blocks
+        self._refresh_interval_s = refresh_interval_s
+        self._spec_config = offloading_spec.config
+        self._row_bytes = self.block_size_bytes
+        # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
+        self._pool_bytes = primary_kv_view.cast("B")
+        self._store: BlockStore | None = None
+        self._open_error: BaseException | None = None
+        self._opened: Future[BlockStore] = Future()
+        prefix = f"kvtier-{tier_type.lower()[:6]}"
+        self._read_pool = ThreadPoolExecutor(
+            io_threads, f"{prefix}-read", initializer=_start_io_thread
+        )
+        self._write_pool = ThreadPoolExecutor(
+            io_threads, f"{prefix}-write", initializer=_start_io_thread
+        )
+        self._jobs: dict[int, _Job] = {}
+        self._queued_stores = 0
+        self._queued_lock = threading.Lock()
+        self._failed_until: dict[OffloadKey, float] = {}
+        self._failed_lock = threading.Lock()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._open_store, name=f"{prefix}-open", daemon=True).start()
+
+    # -- store lifecycle -----------------------------------------------------------------
+    @property
+    def store(self) -> BlockStore | None:
+        """The open store, or None while it opens (or if it could not be opened)."""
+        if self._store is None and self._open_error is None and self._opened.done():
+            try:
+                self._store = self._opened.result()
+            except BaseException as exc:
+                self._open_error = exc
+        return self._store
+
+    def _open_store(self) -> None:
+        """Open the store once vLLM has seeded its block hashes (they are in the namespace)."""
+        name_os_thread()
+        try:
+            deadline = time.monotonic() + OPEN_TIMEOUT_S
+            while True:
+                try:
+                    namespace = build_namespace(self._spec_config, self._row_bytes)
+                    break
+                except BlockHashNotReady:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            store = self._open(namespace)
+        except BaseException as exc:
+            self.counters.open_failures += 1
+            logger.error("kvtier %s: could not be opened, every lookup misses: %s", self.label, exc)
+            self._opened.set_exception(exc)
+            return
+        self._opened.set_result(store)
+        if self._refresh_interval_s is not None:
+            self._follow_others(store, self._refresh_interval_s)
+
+    def _follow_others(self, store: BlockStore, interval_s: float) -> None:
+        """Apply other processes' stores and evictions until shutdown (this opener thread)."""
+        while not self._stopping.wait(interval_s):
+            try:
+                store.refresh()
+            except Exception:  # never let a refresh problem end the thread silently
+                logger.exception("kvtier %s: refresh failed", self.label)
+
+    def _wait_store(self) -> BlockStore | None:
+        """For I/O threads: the store once open, None if it never will be."""
+        try:
+            return self._opened.result()
+        except BaseException:
+            return None
+
+    # -- SecondaryTierManager ------------------------------------------------------------
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        store = self.store
+        if store is None:
+            return LookupResult.MISS if self._open_error is not None else LookupResult.RETRY
+        if not store.contains(key):
+            return LookupResult.MISS
+        if self._failed_until and self._recently_failed(key):
+            return LookupResult.MISS
+        return LookupResult.HIT
+
+    def _recently_failed(self, key: OffloadKey) -> bool:
+        with self._failed_lock:
+            until = self._failed_until.get(key)
+            if until is None:
+                return False
+            if until > self._clock():
+                return True
+            del self._failed_until[key]
+            return False
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        keys = list(job_metadata.keys)
+        with self._queued_lock:
+            full = self._max_queued is not None and self._queued_stores + len(keys) > (
+                self._max_queued
+            )
+            if not full:
+                self._queued_stores += len(keys)
+        if full:
+            # The tier cannot keep up: drop the store (a later one may succeed), count it.
+            self.counters.stores_dropped += len(keys)
+            done: Future[bool] = Future()
+            done.set_result(False)
+            self._jobs[job_metadata.job_id] = _Job(
+                job_metadata.job_id, False, keys, [done] * len(keys), time.perf_counter()
+            )
+            return
+        self._submit(job_metadata, keys, is_load=False)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata, list(job_metadata.keys), is_load=True)
+
+    def _submit(self, job: TransferJob, keys: list[OffloadKey], is_load: bool) -> None:
+        """Queue one I/O task per block (tasks wait for the store if it is still opening)."""
+        rows = [int(c) for c in job.chunk_ids]
+        pool, task = (
+            (self._read_pool, self._load_one) if is_load else (self._write_pool, self._store_one)
+        )
+        futures = [pool.submit(task, k, r) for k, r in zip(keys, rows, strict=True)]
+        self._jobs[job.job_id] = _Job(job.job_id, is_load, keys, futures, time.perf_counter())
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        results: list[JobResult] = []
+        for job_id in [j for j, job in self._jobs.items() if all(f.done() for f in job.futures)]:
+            job = self._jobs.pop(job_id)
+            outcomes = [_succeeded(f, self.label) for f in job.futures]
+            ok_keys = [k for k, ok in zip(job.keys, outcomes, strict=True) if ok]
+            success = len(ok_keys) == len(job.keys)
+            results.append(
+                JobResult(
+                    job_id=job_id,
+                    success=success,
+                    successful_keys=None if success or not job.is_load else tuple(ok_keys),
+                    transfer_time=time.perf_counter() - job.submitted,
+                    transfer_bytes=len(ok_keys) * self._row_bytes,
+                )
+            )
+        return results
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
+
+    def drain_jobs(self) -> None:
+        for job in list(self._jobs.values()):
+            for future in job.futures:
+                future.exception()  # waits; never cancels a copy under way
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self.drain_jobs()
+        self._read_pool.shutdown(wait=True)
+        self._write_pool.shutdown(wait=True)
+        store = self._wait_store() if self._opened.done() else None
+        if store is not None:
+            logger.info("kvtier %s: %s", self.label, store.stats())
+            store.close()
+
+    # -- I/O threads ---------------------------------------------------------------------
+    def _row(self, row: int) -> memoryview:
+        start = row * self._row_bytes
+        return self._pool_bytes[start : start + self._row_bytes]
+
+    def _store_one(self, key: OffloadKey, row: int) -> bool:
+        try:
+            store = self._wait_store()
+            if store is None:
+                return False
+            started = time.perf_counter()
+            stored = store.contains(key) or store.put(key, self._row(row))
+            self.counters.write_seconds += time.perf_counter() - started
+            if stored:
+                self.counters.stores += 1
+                if self._failed_until:
+                    # A fresh good copy is authoritative: the key may be served again.
+                    with self._failed_lock:
+                        self._failed_until.pop(key, None)
+            return stored
+        finally:
+            with self._queued_lock:
+                self._queued_stores -= 1
+
+    def _load_one(self, key: OffloadKey, row: int) -> bool:
+        store = self._wait_store()
+        started = time.perf_counter()
+        if store is not None and store.get_into(key, self._row(row)):
+            self.counters.read_seconds += time.perf_counter() - started
+            self.counters.loads += 1
+            return True
+        self.counters.load_failures += 1
+        with self._failed_lock:
+            self._failed_until[key] = self._clock() + self._negative_ttl_s
+        logger.warning(
+            "kvtier %s: load of block %s failed; it will be recomputed", self.label, key.hex()[:16]
+        )
+        return False
+
+
+def _start_io_thread() -> None:
+    name_os_thread()
+    set_background_io_priority()
+
+
+def _succeeded(future: Future[bool], label: str) -> bool:
+    """A task's outcome; an unexpected exception is a failed block, never a crashed engine."""
+    try:
+        return future.result()
+    except Exception:
+        logger.exception("kvtier %s: I/O task failed", label)
+        return False
