@@ -247,3 +247,26 @@ def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_pat
         assert (other_pool[4] == 42).all()
     finally:
         other.shutdown()
+
+
+def test_tier_metrics_report_what_changed_since_the_last_call(tier, pool):
+    from kvtier.vllm import metrics
+
+    definitions = KvtierDiskTier.build_metric_definitions({})
+    assert metrics.STORED in definitions and metrics.QUARANTINED in definitions
+    wait_open(tier)
+    tier.get_stats()  # whatever start-up reported
+    pool[0], pool[1] = 1, 2
+    assert run(tier, 1, [key(1), key(2)], [0, 1], False).success
+    path = tier._wait_store().record_path(key(2))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    run(tier, 2, [key(1), key(2)], [4, 5], True)
+    counters = tier.get_stats().data["data"]
+    assert counters[metrics.STORED] == {("disk",): 2}
+    assert counters[metrics.LOADED] == {("disk",): 1}
+    assert counters[metrics.LOAD_FAILURES] == {("disk",): 1}
+    assert counters[metrics.QUARANTINED] == {("disk", "checksum"): 1}
+    again = tier.get_stats()
+    assert again is None or metrics.STORED not in again.data["data"], "counters are deltas"

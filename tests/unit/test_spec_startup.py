@@ -6,6 +6,7 @@ executor builds them, from a hand-made ``OffloadingConfig`` (no engine).
 
 import logging
 import os
+import time
 import uuid
 
 import pytest
@@ -230,4 +231,32 @@ def test_a_scheduler_that_fails_to_start_removes_the_pool_file(engine_id, monkey
             scheduler_spec.get_manager()
         assert not region_path(engine_id).exists()
     finally:
+        worker.shutdown()
+
+
+def test_one_start_up_line_names_every_tier_once_they_are_open(engine_id, tmp_path, kvtier_logs):
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    disk = {
+        "type": "KvtierDiskTier",
+        "module_path": "kvtier.vllm.disk_tier",
+        "root_dir": str(tmp_path / "disk"),
+        "capacity_bytes": "64MiB",
+    }
+    config = offloading_config(engine_id, 32 * MiB, secondary_tiers=[disk])
+    worker = KvtierCpuSpec(config).get_worker(engine_kv(256))
+    manager = KvtierCpuSpec(config).get_manager()
+    try:
+        deadline = time.monotonic() + 30
+        while not [r for r in kvtier_logs.records if r.message.startswith("kvtier: tiers:")]:
+            assert time.monotonic() < deadline, "no start-up line"
+            time.sleep(0.05)
+        (line,) = [r.message for r in kvtier_logs.records if r.message.startswith("kvtier: tiers")]
+        assert "host pool 32.00 MiB (33,554,432 B) = 512 rows = 65,536 tokens" in line
+        assert f"disk {tmp_path / 'disk'}: cap 64.00 MiB (67,108,864 B) = 963 records" in line
+        assert "namespace " in line and "fsync never" in line
+    finally:
+        manager.shutdown()
         worker.shutdown()

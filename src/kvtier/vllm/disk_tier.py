@@ -17,17 +17,18 @@ from typing import Any, ClassVar
 
 from vllm.v1.kv_offload.base import Medium
 
-from kvtier.format import Namespace
+from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.log import setup_logging
 from kvtier.settings import DiskTierSettings
 from kvtier.store import BlockStore, DiskStore, check_root
-from kvtier.vllm.store_tier import NEGATIVE_TTL_S, StoreTier
+from kvtier.units import format_size
+from kvtier.vllm.store_tier import HOUSEKEEPING_INTERVAL_S, NEGATIVE_TTL_S, StoreTier
 
 setup_logging()
 
 #: How often the tier picks up blocks that other engines sharing its folder stored (and
 #: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
-REFRESH_INTERVAL_S = 1.0
+REFRESH_INTERVAL_S = HOUSEKEEPING_INTERVAL_S
 
 StoreFactory = Callable[[DiskTierSettings, Namespace], BlockStore]
 
@@ -48,6 +49,7 @@ class KvtierDiskTier(StoreTier):
 
     medium: ClassVar[Medium] = Medium.STORAGE
     label = "disk tier"
+    metric_tier = "disk"
 
     def __init__(
         self,
@@ -64,15 +66,33 @@ class KvtierDiskTier(StoreTier):
     ) -> None:
         self.settings = DiskTierSettings.parse(options)
         check_root(self.settings.root_dir)
+        self._tokens_per_row = _tokens_per_row(offloading_spec)
         super().__init__(
             offloading_spec,
             primary_kv_view,
             tier_type,
             open_store=lambda namespace: store_factory(self.settings, namespace),
             io_threads=self.settings.io_threads,
-            refresh_interval_s=REFRESH_INTERVAL_S,
+            follow_other_processes=True,
             clock=clock,
             negative_ttl_s=negative_ttl_s,
             locality=locality,
             backpressure_detector=backpressure_detector,
         )
+
+    def describe(self, store: BlockStore, namespace: Namespace) -> str:
+        capacity = int(getattr(store, "capacity_bytes", 0) or 0)
+        record = HEADER_BYTES + self.block_size_bytes
+        records = capacity // record
+        return (
+            f"disk {self.settings.root_dir}: cap {format_size(capacity)} ({capacity:,} B) = "
+            f"{records:,} records = {records * self._tokens_per_row:,} tokens, namespace "
+            f"{namespace.digest_hex()[:12]}, fsync {self.settings.fsync}"
+        )
+
+
+def _tokens_per_row(offloading_spec: Any) -> int:
+    """Tokens of one host-pool row (one chunk of blocks of the first KV group)."""
+    config = offloading_spec.config
+    tokens = config.groups[0].tokens_per_block if config.groups else 0
+    return tokens * int(getattr(config.cache, "blocks_per_chunk", 1) or 1)

@@ -36,6 +36,7 @@ from kvtier.vllm.guards import (
     persistent_tiers,
     spec_kind,
 )
+from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)
 setup_logging()
@@ -62,6 +63,8 @@ class KvtierCpuSpec(TieringOffloadingSpec):
                 check_root(tier.root_dir)
         super().__init__(config)
         self._cpu_worker: CpuOffloadingWorker | None = None
+        #: The scheduler's one start-up line (kvtier's tiers add their part once open).
+        self.startup_line: StartupLine | None = None
         # KV kinds of each offloaded group, known on the worker side (None: not known).
         self._group_kinds: dict[int, list[str]] | None = None
         # Why the pool was shrunk to fit RAM, if it was (rank 0).
@@ -200,6 +203,7 @@ class KvtierCpuSpec(TieringOffloadingSpec):
                 self.num_chunks = host_pool.adopt_rows(
                     self.settings, self._engine_id, self.kv_bytes_per_chunk, self.num_chunks
                 )
+                self._start_line()
                 if self.settings.host_pool_dir is not None:
                     self._manager, self._scheduler_mmap = host_pool.build_file_backed_manager(
                         self, self.settings
@@ -214,4 +218,23 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         if first and region is not None:
             host_pool.release_name(region)
         return manager
+
+    def _start_line(self) -> None:
+        """Begin the engine's start-up line with the host pool (scheduler side)."""
+        geometry = self._geometry()
+        pool = geometry.host_pool_rows(self.num_chunks)
+        where = self.settings.host_pool_dir or "RAM (/dev/shm)"
+        head = (
+            f"host pool {format_size(pool.capacity_bytes)} ({pool.capacity_bytes:,} B) = "
+            f"{pool.units:,} rows = {pool.tokens:,} tokens in {where}"
+        )
+        kvtier_tiers = sum(1 for t in self.tier_settings if t is not None)
+        others = [
+            str(t.get("type"))
+            for t, parsed in zip(self.secondary_tier_configs, self.tier_settings, strict=True)
+            if parsed is None
+        ]
+        if others:
+            head += f"; other tiers: {', '.join(others)}"
+        self.startup_line = StartupLine(head, kvtier_tiers)
 

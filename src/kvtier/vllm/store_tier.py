@@ -45,7 +45,9 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvtier.format import Namespace
 from kvtier.store import BlockStore, set_background_io_priority
 from kvtier.threads import name_os_thread
+from kvtier.vllm import metrics
 from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
+from kvtier.vllm.startup_line import report_to
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ logger = logging.getLogger(__name__)
 NEGATIVE_TTL_S = 300.0
 #: How long the opener waits for vLLM to seed its block hashes (done right after start-up).
 OPEN_TIMEOUT_S = 600.0
+#: How often the opener thread refreshes the store's view and the usage gauges.
+HOUSEKEEPING_INTERVAL_S = 1.0
 
 StoreOpener = Callable[[Namespace], BlockStore]
 
@@ -86,6 +90,8 @@ class StoreTier(SecondaryTierManager):
 
     #: Log label, e.g. "disk tier".
     label = "tier"
+    #: Value of the ``tier`` label of kvtier's metrics, e.g. "disk".
+    metric_tier = "store"
 
     def __init__(
         self,
@@ -96,7 +102,7 @@ class StoreTier(SecondaryTierManager):
         open_store: StoreOpener,
         io_threads: int,
         max_queued_blocks: int | None = None,
-        refresh_interval_s: float | None = None,
+        follow_other_processes: bool = False,
         clock: Callable[[], float] = time.monotonic,
         negative_ttl_s: float = NEGATIVE_TTL_S,
         locality: str | None = None,
@@ -109,7 +115,11 @@ class StoreTier(SecondaryTierManager):
         self._clock = clock
         self._negative_ttl_s = negative_ttl_s
         self._max_queued = max_queued_blocks
-        self._refresh_interval_s = refresh_interval_s
+        self._follow = follow_other_processes
+        # Usage gauges, read on the opener thread (a store may need I/O to know them).
+        self._gauges: dict[str, float] = {}
+        self._reported = metrics.TierSnapshot()
+        self._spec = offloading_spec
         self._spec_config = offloading_spec.config
         self._row_bytes = self.block_size_bytes
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
@@ -158,21 +168,34 @@ class StoreTier(SecondaryTierManager):
                     time.sleep(0.05)
             store = self._open(namespace)
         except BaseException as exc:
+            report_to(self._spec, f"{self.label}: NOT OPEN ({exc})")
             self.counters.open_failures += 1
             logger.error("kvtier %s: could not be opened, every lookup misses: %s", self.label, exc)
             self._opened.set_exception(exc)
             return
         self._opened.set_result(store)
-        if self._refresh_interval_s is not None:
-            self._follow_others(store, self._refresh_interval_s)
+        report_to(self._spec, self.describe(store, namespace))
+        self._housekeeping(store)
 
-    def _follow_others(self, store: BlockStore, interval_s: float) -> None:
-        """Apply other processes' stores and evictions until shutdown (this opener thread)."""
-        while not self._stopping.wait(interval_s):
+    def describe(self, store: BlockStore, namespace: Namespace) -> str:
+        """This tier's part of the engine's start-up line (override to add settings)."""
+        return f"{self.label}: namespace {namespace.digest_hex()[:12]}"
+
+    def _housekeeping(self, store: BlockStore) -> None:
+        """Until shutdown (opener thread): pick up other processes' stores and evictions
+        (``follow_other_processes``) and refresh the usage gauges."""
+        while True:
             try:
-                store.refresh()
+                if self._follow:
+                    store.refresh()
+                self._gauges = {
+                    metrics.USED_BYTES: float(store.used_bytes()),
+                    metrics.CAPACITY_BYTES: float(getattr(store, "capacity_bytes", 0) or 0),
+                }
             except Exception:  # never let a refresh problem end the thread silently
                 logger.exception("kvtier %s: refresh failed", self.label)
+            if self._stopping.wait(HOUSEKEEPING_INTERVAL_S):
+                return
 
     def _wait_store(self) -> BlockStore | None:
         """For I/O threads: the store once open, None if it never will be."""
@@ -271,6 +294,26 @@ class StoreTier(SecondaryTierManager):
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
             store.close()
+
+    # -- metrics -------------------------------------------------------------------------
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, metrics.OffloadingMetricMetadata]:
+        return metrics.metric_definitions()
+
+    def get_stats(self) -> metrics.OffloadingConnectorStats | None:
+        """What changed since the last call (scheduler thread: in-memory figures only)."""
+        store = self.store
+        now = metrics.snapshot(
+            self.metric_tier,
+            store.stats() if store is not None else None,
+            self.counters,
+            self._gauges,
+        )
+        delta = metrics.delta_stats(self._reported, now)
+        self._reported = now
+        return delta
 
     # -- I/O threads ---------------------------------------------------------------------
     def _row(self, row: int) -> memoryview:
