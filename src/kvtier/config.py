@@ -17,6 +17,7 @@ from kvtier.settings import (
     SPEC_NAME,
     DiskTierSettings,
     HostPoolSettings,
+    SharedTierSettings,
 )
 
 __all__ = ["DEFAULT_HOST_POOL", "DISK_TIER_MODULE", "DISK_TIER_TYPE", "kv_transfer_config"]
@@ -44,6 +45,11 @@ def kv_transfer_config(
     fsync: str = "never",
     host_pool_dir: str | os.PathLike[str] | None = None,
     allow_small_tiers: bool = False,
+    shared: str | None = None,
+    shared_username: str | None = None,
+    shared_tls_ca_file: str | os.PathLike[str] | None = None,
+    shared_tls_cert_file: str | os.PathLike[str] | None = None,
+    shared_tls_key_file: str | os.PathLike[str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build vLLM's ``kv_transfer_config`` dict for kvtier.
@@ -66,6 +72,13 @@ def kv_transfer_config(
         cost disk space and page cache; the file is removed however the engine stops.
     allow_small_tiers: start even when a tier cannot hold more than the engine's own KV pool
         (such a tier never serves a restore); kvtier then warns instead of refusing.
+    shared: URL of the shared tier on Valkey / Redis: ``redis://HOST:PORT``,
+        ``rediss://HOST:PORT`` (TLS) or ``redis+cluster://HOST:PORT[,HOST:PORT...]``. With
+        ``disk_dir`` the disk is read first and shared hits are written back to it. Give the
+        password in the environment variable ``KVTIER_SHARED_PASSWORD`` (read by the engine's
+        processes), not in the URL, so it stays off command lines.
+    shared_username: ACL user of the shared tier (default: the server's default user).
+    shared_tls_ca_file, shared_tls_cert_file, shared_tls_key_file: TLS files (``rediss://``).
     extra: upstream ``OffloadingConnector`` options passed through unchanged
         (one of ``PASSTHROUGH_KEYS``).
 
@@ -94,6 +107,19 @@ def kv_transfer_config(
         "secondary_tiers": [],
         **extra,
     }
+    shared_settings = None
+    if shared is not None:
+        shared_settings = SharedTierSettings.parse(
+            {
+                "url": shared,
+                "username": shared_username,
+                "tls_ca_file": shared_tls_ca_file,
+                "tls_cert_file": shared_tls_cert_file,
+                "tls_key_file": shared_tls_key_file,
+            }
+        )
+    elif shared_username or shared_tls_ca_file or shared_tls_cert_file or shared_tls_key_file:
+        raise ConfigError("shared_* options are set but shared is not; give the shared URL too")
     if disk_dir is not None:
         disk = DiskTierSettings.parse(
             {
@@ -101,9 +127,15 @@ def kv_transfer_config(
                 "capacity_bytes": disk_capacity,
                 "io_threads": disk_threads,
                 "fsync": fsync,
+                "shared": shared_settings if disk_tier == "kvtier" else None,
             }
         )
         if disk_tier == "fs":
+            if shared_settings is not None:
+                raise ConfigError(
+                    "disk_tier='fs' (vLLM's stock tier, for comparisons) cannot sit in front "
+                    "of the shared tier; use disk_tier='kvtier' (default) with shared"
+                )
             if disk_capacity is not None or fsync != "never":
                 raise ConfigError(
                     "disk_tier='fs' (vLLM's stock tier) has no cap and no fsync policy; "
@@ -118,6 +150,8 @@ def kv_transfer_config(
         else:
             tier = disk.to_tier_config()
         connector_extra["secondary_tiers"].append(tier)
+    elif shared_settings is not None:
+        connector_extra["secondary_tiers"].append(shared_settings.to_tier_config())
     return {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",

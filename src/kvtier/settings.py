@@ -127,6 +127,8 @@ class _Settings(BaseModel):
         for name, value in self:
             if isinstance(value, SecretStr):
                 out[name] = value.get_secret_value()
+            elif isinstance(value, _Settings):
+                out[name] = value.to_dict()
         return out
 
 
@@ -216,6 +218,10 @@ class DiskTierSettings(_Settings):
         default="never",
         **_option("fsync / --fsync", "use 'never' (default), 'data' or 'always'"),
     )
+    shared: SharedTierSettings | None = Field(
+        default=None,
+        **_option("shared / --shared", "give the shared tier's settings, or leave it unset"),
+    )
 
     def to_tier_config(self) -> dict[str, Any]:
         """The tier's entry in ``secondary_tiers``."""
@@ -273,6 +279,9 @@ class SharedTierSettings(_Settings):
 
     def to_tier_config(self) -> dict[str, Any]:
         return {"type": SHARED_TIER_TYPE, "module_path": SHARED_TIER_MODULE, **self.to_dict()}
+
+
+DiskTierSettings.model_rebuild()
 
 
 def tier_options(tier_config: Mapping[str, Any]) -> dict[str, Any]:

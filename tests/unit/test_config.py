@@ -90,3 +90,31 @@ def test_parse_size(text, expected):
 def test_format_size_uses_binary_units():
     assert format_size(3 * 2**29) == "1.50 GiB"
     assert format_size(512) == "512 B"
+
+
+def test_shared_with_a_disk_folder_is_one_tier_local_first(tmp_path):
+    cfg = kvtier.kv_transfer_config(disk_dir=tmp_path, shared="redis://127.0.0.1:6390")
+    (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["type"] == "KvtierDiskTier"
+    assert tier["shared"]["url"] == "redis://127.0.0.1:6390"
+    json.dumps(cfg)
+
+
+def test_shared_alone_is_the_shared_tier():
+    cfg = kvtier.kv_transfer_config(shared="redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
+    (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["type"] == "KvtierSharedTier"
+    assert tier["module_path"] == "kvtier.vllm.shared_tier"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"shared": "http://cache:6379"}, r"url \(shared / --shared\)='http://cache:6379'"),
+        ({"shared_username": "kv"}, "give the shared URL too"),
+        ({"shared": "redis://h:1", "disk_tier": "fs", "disk_dir": "/tmp"}, "disk_tier='fs'"),
+    ],
+)
+def test_bad_shared_options_say_what_to_do(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        kvtier.kv_transfer_config(**kwargs)

@@ -19,9 +19,11 @@ from vllm.v1.kv_offload.base import Medium
 
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.log import setup_logging
-from kvtier.settings import DiskTierSettings
+from kvtier.settings import DiskTierSettings, SharedTierSettings
 from kvtier.store import BlockStore, DiskStore, check_root
+from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
+from kvtier.vllm.shared_tier import check_server, open_shared_store, redacted_url
 from kvtier.vllm.store_tier import HOUSEKEEPING_INTERVAL_S, NEGATIVE_TTL_S, StoreTier
 
 setup_logging()
@@ -34,14 +36,23 @@ StoreFactory = Callable[[DiskTierSettings, Namespace], BlockStore]
 
 
 def open_disk_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
-    """The production store: the folder's ``DiskStore`` for this engine's namespace."""
-    return DiskStore(
+    """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
+    of the shared store when one is configured (``LocalThenShared``)."""
+    local = DiskStore(
         settings.root_dir,
         namespace,
         settings.capacity_bytes,
         free_space_floor_bytes=settings.free_space_floor_bytes,
         fsync=settings.fsync,
     )
+    if settings.shared is None:
+        return local
+    try:
+        shared = open_shared_store(settings.shared, namespace)
+    except BaseException:
+        local.close()
+        raise
+    return LocalThenShared(local, shared)
 
 
 class KvtierDiskTier(StoreTier):
@@ -62,6 +73,7 @@ class KvtierDiskTier(StoreTier):
         store_factory: StoreFactory = open_disk_store,
         clock: Callable[[], float] = time.monotonic,
         negative_ttl_s: float = NEGATIVE_TTL_S,
+        check_shared: Callable[[SharedTierSettings, int], None] = check_server,
         **options: Any,
     ) -> None:
         self.settings = DiskTierSettings.parse(options)
@@ -78,17 +90,30 @@ class KvtierDiskTier(StoreTier):
             negative_ttl_s=negative_ttl_s,
             locality=locality,
             backpressure_detector=backpressure_detector,
+            max_queued_blocks=None if self.settings.shared is None else (
+                self.settings.shared.max_queued_blocks
+            ),
+            start=False,
         )
+        if self.settings.shared is not None:
+            check_shared(self.settings.shared, self.block_size_bytes)
+        self.start()
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         capacity = int(getattr(store, "capacity_bytes", 0) or 0)
         record = HEADER_BYTES + self.block_size_bytes
         records = capacity // record
-        return (
+        line = (
             f"disk {self.settings.root_dir}: cap {format_size(capacity)} ({capacity:,} B) = "
             f"{records:,} records = {records * self._tokens_per_row:,} tokens, namespace "
             f"{namespace.digest_hex()[:12]}, fsync {self.settings.fsync}"
         )
+        if self.settings.shared is not None:
+            line += (
+                f"; then shared {redacted_url(self.settings.shared.url)} (capacity is the "
+                "server's; shared hits written back to disk)"
+            )
+        return line
 
 
 def _tokens_per_row(offloading_spec: Any) -> int:

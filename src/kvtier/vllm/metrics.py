@@ -100,9 +100,13 @@ class TierSnapshot:
 
 
 def snapshot(
-    tier_word: str, store_stats: Any, tier_counters: Any, gauges: dict[str, float]
+    tier_word: str,
+    stores: list[tuple[str, Any]],
+    tier_counters: Any,
+    gauges: dict[str, float],
 ) -> TierSnapshot:
-    """Cumulative figures from a store's ``StoreStats`` and a tier's ``TierCounters``."""
+    """Cumulative figures from a tier's ``TierCounters`` (under ``tier_word``) and the
+    ``StoreStats`` of each of its stores (under the store's own word)."""
     label = (tier_word,)
     counters: dict[tuple[str, tuple[str, ...]], float] = {
         (STORED, label): tier_counters.stores,
@@ -112,14 +116,15 @@ def snapshot(
         (IO_SECONDS, (tier_word, "read")): tier_counters.read_seconds,
         (IO_SECONDS, (tier_word, "write")): tier_counters.write_seconds,
     }
-    if store_stats is not None:
-        counters[(EVICTED, label)] = store_stats.evictions
-        counters[(STORE_FAILURES, label)] = store_stats.put_failures
-        counters[(BYTES_READ, label)] = store_stats.bytes_read
-        counters[(BYTES_WRITTEN, label)] = store_stats.bytes_written
-        counters[(RECONNECTS, label)] = getattr(store_stats, "reconnects", 0)
+    for word, store_stats in stores:
+        store_label = (word,)
+        counters[(EVICTED, store_label)] = store_stats.evictions
+        counters[(STORE_FAILURES, store_label)] = store_stats.put_failures
+        counters[(BYTES_READ, store_label)] = store_stats.bytes_read
+        counters[(BYTES_WRITTEN, store_label)] = store_stats.bytes_written
+        counters[(RECONNECTS, store_label)] = getattr(store_stats, "reconnects", 0)
         for reason, count in Counter(store_stats.corrupt).items():
-            counters[(QUARANTINED, (tier_word, reason))] = count
+            counters[(QUARANTINED, (word, reason))] = count
     return TierSnapshot(
         counters=counters,
         gauges={(name, label): value for name, value in gauges.items()},

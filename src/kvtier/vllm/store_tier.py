@@ -9,6 +9,10 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
 * ``submit_store`` / ``submit_load`` queue one task per block on the tier's own I/O threads,
   which read and write host-pool rows in place. When more than ``max_queued_blocks`` stores
   are waiting, new stores are dropped and counted (a slow tier never holds the host pool).
+* A store that can ask a server about keys it has not seen (``exists_many``: the shared
+  tier) answers RETRY for such a key and asks the server on the tier's prober thread, all keys
+  of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY and asks
+  again next step, when the answer is HIT (the store learned the key) or MISS.
 * A load that fails (missing, failed check, I/O error) is a miss: the store drops a bad record
   itself, and the tier keeps the key out of lookups for ``negative_ttl_s`` whatever the cause,
   so no request re-promotes a bad block forever (the livelock of vLLM issue 49176). A good
@@ -57,6 +61,8 @@ NEGATIVE_TTL_S = 300.0
 OPEN_TIMEOUT_S = 600.0
 #: How often the opener thread refreshes the store's view and the usage gauges.
 HOUSEKEEPING_INTERVAL_S = 1.0
+#: How long a key the shared server said it does not hold stays a miss without asking again.
+ABSENT_TTL_S = 2.0
 
 StoreOpener = Callable[[Namespace], BlockStore]
 
@@ -107,7 +113,9 @@ class StoreTier(SecondaryTierManager):
         negative_ttl_s: float = NEGATIVE_TTL_S,
         locality: str | None = None,
         backpressure_detector: Any = None,
+        start: bool = True,
     ) -> None:
+        """``start=False`` leaves the opener thread to ``start()`` (after more checks)."""
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
         self.counters = TierCounters()
@@ -140,7 +148,19 @@ class StoreTier(SecondaryTierManager):
         self._failed_until: dict[OffloadKey, float] = {}
         self._failed_lock = threading.Lock()
         self._stopping = threading.Event()
-        threading.Thread(target=self._open_store, name=f"{prefix}-open", daemon=True).start()
+        # Keys to ask the server about, keys being asked about, and recent "absent" answers.
+        self._probe_lock = threading.Lock()
+        self._to_probe: list[OffloadKey] = []
+        self._probing: set[OffloadKey] = set()
+        self._absent_until: dict[OffloadKey, float] = {}
+        self._probe_wanted = threading.Event()
+        self._opener = threading.Thread(target=self._open_store, name=f"{prefix}-open", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start opening the store (on its own thread)."""
+        self._opener.start()
 
     # -- store lifecycle -----------------------------------------------------------------
     @property
@@ -175,6 +195,10 @@ class StoreTier(SecondaryTierManager):
             return
         self._opened.set_result(store)
         report_to(self._spec, self.describe(store, namespace))
+        if hasattr(store, "exists_many"):
+            threading.Thread(
+                target=self._prober, args=(store,), name="kvtier-probe", daemon=True
+            ).start()
         self._housekeeping(store)
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
@@ -213,10 +237,56 @@ class StoreTier(SecondaryTierManager):
         if store is None:
             return LookupResult.MISS if self._open_error is not None else LookupResult.RETRY
         if not store.contains(key):
-            return LookupResult.MISS
+            return self._probe(store, key)
         if self._failed_until and self._recently_failed(key):
             return LookupResult.MISS
         return LookupResult.HIT
+
+    def _probe(self, store: BlockStore, key: OffloadKey) -> LookupResult:
+        """MISS for a store without a server to ask; else RETRY while the server is asked."""
+        if not hasattr(store, "exists_many"):
+            return LookupResult.MISS
+        with self._probe_lock:
+            if key in self._probing:
+                return LookupResult.RETRY
+            until = self._absent_until.get(key)
+            if until is not None:
+                if until > self._clock():
+                    return LookupResult.MISS
+                del self._absent_until[key]
+            self._probing.add(key)
+            self._to_probe.append(key)
+        self._probe_wanted.set()
+        return LookupResult.RETRY
+
+    def _prober(self, store: BlockStore) -> None:
+        """Ask the server about the keys lookups could not answer (prober thread)."""
+        name_os_thread()
+        exists_many = store.exists_many  # type: ignore[attr-defined]
+        while not self._stopping.is_set():
+            if not self._probe_wanted.wait(HOUSEKEEPING_INTERVAL_S):
+                continue
+            self._probe_wanted.clear()
+            with self._probe_lock:
+                batch, self._to_probe = self._to_probe, []
+            if not batch:
+                continue
+            try:
+                found = exists_many(batch)
+            except Exception:  # a store maps faults to "absent"; this is a bug, keep serving
+                logger.exception("kvtier %s: existence check failed", self.label)
+                found = set()
+            until = self._clock() + ABSENT_TTL_S
+            with self._probe_lock:
+                for key in batch:
+                    self._probing.discard(key)
+                    if key not in found:
+                        self._absent_until[key] = until
+                if len(self._absent_until) > 100_000:  # forget stale answers now and then
+                    now = self._clock()
+                    self._absent_until = {
+                        k: t for k, t in self._absent_until.items() if t > now
+                    }
 
     def _recently_failed(self, key: OffloadKey) -> bool:
         with self._failed_lock:
@@ -287,6 +357,7 @@ class StoreTier(SecondaryTierManager):
 
     def shutdown(self) -> None:
         self._stopping.set()
+        self._probe_wanted.set()
         self.drain_jobs()
         self._read_pool.shutdown(wait=True)
         self._write_pool.shutdown(wait=True)
@@ -305,12 +376,15 @@ class StoreTier(SecondaryTierManager):
     def get_stats(self) -> metrics.OffloadingConnectorStats | None:
         """What changed since the last call (scheduler thread: in-memory figures only)."""
         store = self.store
-        now = metrics.snapshot(
-            self.metric_tier,
-            store.stats() if store is not None else None,
-            self.counters,
-            self._gauges,
+        parts = getattr(store, "parts", None)
+        stores = (
+            [(word, part.stats()) for word, part in parts()]
+            if parts is not None
+            else [(self.metric_tier, store.stats())]
+            if store is not None
+            else []
         )
+        now = metrics.snapshot(self.metric_tier, stores, self.counters, self._gauges)
         delta = metrics.delta_stats(self._reported, now)
         self._reported = now
         return delta
