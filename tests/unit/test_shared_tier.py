@@ -75,7 +75,7 @@ def tier(tmp_path):
 
 
 def test_a_key_another_replica_stored_is_found_by_asking_the_server(tier):
-    made, remote, pool = tier
+    made, remote, _ = tier
     wait_until(lambda: made.store is not None, "the store never opened")
     remote.put_from_another_replica(key(5), bytes(ROW_BYTES))
     assert made.lookup(key(5), CTX) is LookupResult.RETRY, "unknown: ask the server"
