@@ -1,5 +1,6 @@
 """KvtierDiskTier against a fake host pool: the SecondaryTierManager contract, no engine."""
 
+import threading
 import time
 from types import SimpleNamespace
 
@@ -270,3 +271,49 @@ def test_tier_metrics_report_what_changed_since_the_last_call(tier, pool):
     assert counters[metrics.QUARANTINED] == {("disk", "checksum"): 1}
     again = tier.get_stats()
     assert again is None or metrics.STORED not in again.data["data"], "counters are deltas"
+
+
+class StallingStore(MemoryStore):
+    """A MemoryStore whose loads hang until released (a stalled disk)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.release = threading.Event()
+        self.reading = threading.Event()
+
+    def get_into(self, key, out):
+        self.reading.set()
+        self.release.wait(30)
+        return super().get_into(key, out)
+
+
+def test_a_load_past_its_deadline_is_abandoned_and_never_writes_its_row(tmp_path, pool):
+    init_none_hash(sha256)
+    clock = FakeClock()
+    stalling = StallingStore()
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"),
+        store_factory=lambda settings, namespace: stalling, clock=clock,
+        load_deadline_s=lambda nbytes: 2.0,
+    )
+    try:
+        wait_open(tier)
+        pool[0] = 7
+        assert run(tier, 1, [key(3)], [0], False).success
+        job = TransferJob(2, [key(3)], np.array([5], dtype=np.int32), True, CTX)
+        tier.submit_load(job)
+        assert stalling.reading.wait(10)
+        assert list(tier.get_finished_jobs()) == [], "still inside its deadline"
+        clock.now += 2.5
+        (result,) = tier.get_finished_jobs()
+        assert not result.success and not result.successful_keys
+        assert tier.counters.loads_abandoned == 1
+        assert tier.lookup(key(3), CTX) is LookupResult.MISS, "a slow tier is skipped"
+        pool[5] = 11  # vLLM reuses the row for another block
+        stalling.release.set()
+        tier.shutdown()  # joins the I/O threads: the late read has returned
+        assert (pool[5] == 11).all(), "the late read overwrote a reused row"
+    finally:
+        stalling.release.set()
+        tier.shutdown()

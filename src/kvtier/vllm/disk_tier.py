@@ -73,6 +73,7 @@ class KvtierDiskTier(StoreTier):
         store_factory: StoreFactory = open_disk_store,
         clock: Callable[[], float] = time.monotonic,
         negative_ttl_s: float = NEGATIVE_TTL_S,
+        load_deadline_s: Callable[[int], float] | None = None,
         check_shared: Callable[[SharedTierSettings, int], None] = check_server,
         **options: Any,
     ) -> None:
@@ -88,6 +89,7 @@ class KvtierDiskTier(StoreTier):
             follow_other_processes=True,
             clock=clock,
             negative_ttl_s=negative_ttl_s,
+            load_deadline_s=load_deadline_s,
             locality=locality,
             backpressure_detector=backpressure_detector,
             max_queued_blocks=None if self.settings.shared is None else (

@@ -13,6 +13,10 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   tier) answers RETRY for such a key and asks the server on the tier's prober thread, all keys
   of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY and asks
   again next step, when the answer is HIT (the store learned the key) or MISS.
+* Every load has a deadline (``load_deadline_s``). A load still running at its deadline is
+  abandoned: its blocks become misses (recomputed), the tier is marked slow (lookups miss for
+  ``SLOW_BACKOFF_S``, doubling while it stays slow), and the late read can never write into
+  the row, which vLLM reuses at once (``kvtier.dataplane.abandonable``).
 * A load that fails (missing, failed check, I/O error) is a miss: the store drops a bad record
   itself, and the tier keeps the key out of lookups for ``negative_ttl_s`` whatever the cause,
   so no request re-promotes a bad block forever (the livelock of vLLM issue 49176). A good
@@ -46,6 +50,12 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from kvtier.dataplane.abandonable import (
+    AbandonableLoad,
+    BounceBuffers,
+    LoadState,
+    load_abandonably,
+)
 from kvtier.format import Namespace
 from kvtier.store import BlockStore, set_background_io_priority
 from kvtier.threads import name_os_thread
@@ -63,6 +73,10 @@ OPEN_TIMEOUT_S = 600.0
 HOUSEKEEPING_INTERVAL_S = 1.0
 #: How long a key the shared server said it does not hold stays a miss without asking again.
 ABSENT_TTL_S = 2.0
+#: Deadline of one load job when nothing better is known (the hard ceiling).
+LOAD_DEADLINE_S = 30.0
+#: How long a tier that overran a deadline is skipped by lookups (doubles, up to 16x).
+SLOW_BACKOFF_S = 5.0
 
 StoreOpener = Callable[[Namespace], BlockStore]
 
@@ -73,6 +87,8 @@ class TierCounters:
 
     stores_dropped: int = 0
     load_failures: int = 0
+    #: Blocks whose load was abandoned at its deadline.
+    loads_abandoned: int = 0
     loads: int = 0
     stores: int = 0
     open_failures: int = 0
@@ -89,6 +105,9 @@ class _Job:
     keys: list[OffloadKey]
     futures: list[Future[bool]]
     submitted: float
+    #: Loads only: each block's abandonable state, and the job's deadline (tier clock).
+    loads: list[AbandonableLoad] | None = None
+    deadline: float = float("inf")
 
 
 class StoreTier(SecondaryTierManager):
@@ -111,6 +130,7 @@ class StoreTier(SecondaryTierManager):
         follow_other_processes: bool = False,
         clock: Callable[[], float] = time.monotonic,
         negative_ttl_s: float = NEGATIVE_TTL_S,
+        load_deadline_s: Callable[[int], float] | None = None,
         locality: str | None = None,
         backpressure_detector: Any = None,
         start: bool = True,
@@ -122,6 +142,10 @@ class StoreTier(SecondaryTierManager):
         self._open = open_store
         self._clock = clock
         self._negative_ttl_s = negative_ttl_s
+        #: Seconds a load job of N bytes may take before it is abandoned.
+        self._load_deadline_s = load_deadline_s or (lambda nbytes: LOAD_DEADLINE_S)
+        self._slow_until = 0.0
+        self._slow_backoff_s = SLOW_BACKOFF_S
         self._max_queued = max_queued_blocks
         self._follow = follow_other_processes
         # Usage gauges, read on the opener thread (a store may need I/O to know them).
@@ -132,6 +156,7 @@ class StoreTier(SecondaryTierManager):
         self._row_bytes = self.block_size_bytes
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
         self._pool_bytes = primary_kv_view.cast("B")
+        self._bounce = BounceBuffers(self._row_bytes)
         self._store: BlockStore | None = None
         self._open_error: BaseException | None = None
         self._opened: Future[BlockStore] = Future()
@@ -236,6 +261,8 @@ class StoreTier(SecondaryTierManager):
         store = self.store
         if store is None:
             return LookupResult.MISS if self._open_error is not None else LookupResult.RETRY
+        if self._slow_until and self._slow_until > self._clock():
+            return LookupResult.MISS  # overran a deadline recently: recompute instead
         if not store.contains(key):
             return self._probe(store, key)
         if self._failed_until and self._recently_failed(key):
@@ -318,22 +345,65 @@ class StoreTier(SecondaryTierManager):
         self._submit(job_metadata, keys, is_load=False)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        self._submit(job_metadata, list(job_metadata.keys), is_load=True)
+        """Queue one abandonable read per block, with a deadline for the whole job."""
+        keys = list(job_metadata.keys)
+        rows = [int(c) for c in job_metadata.chunk_ids]
+        loads = [AbandonableLoad() for _ in keys]
+        futures = [
+            self._read_pool.submit(self._load_one, k, r, load)
+            for k, r, load in zip(keys, rows, loads, strict=True)
+        ]
+        deadline = self._clock() + self._load_deadline_s(len(keys) * self._row_bytes)
+        self._jobs[job_metadata.job_id] = _Job(
+            job_metadata.job_id, True, keys, futures, time.perf_counter(), loads, deadline
+        )
 
     def _submit(self, job: TransferJob, keys: list[OffloadKey], is_load: bool) -> None:
-        """Queue one I/O task per block (tasks wait for the store if it is still opening)."""
+        """Queue one store task per block (tasks wait for the store if it is still opening)."""
         rows = [int(c) for c in job.chunk_ids]
-        pool, task = (
-            (self._read_pool, self._load_one) if is_load else (self._write_pool, self._store_one)
-        )
-        futures = [pool.submit(task, k, r) for k, r in zip(keys, rows, strict=True)]
+        futures = [
+            self._write_pool.submit(self._store_one, k, r) for k, r in zip(keys, rows, strict=True)
+        ]
         self._jobs[job.job_id] = _Job(job.job_id, is_load, keys, futures, time.perf_counter())
+
+    def _finished(self, job: _Job) -> bool:
+        """Done, or a load past its deadline whose unfinished blocks are now abandoned."""
+        if all(f.done() for f in job.futures):
+            return True
+        if job.loads is None or self._clock() < job.deadline:
+            return False
+        pending = [
+            load for load, f in zip(job.loads, job.futures, strict=True) if not f.done()
+        ]
+        if not all(load.abandon() for load in pending):
+            return False  # a copy is under way; it ends within the next steps
+        self._overran(job, len(pending))
+        return True
+
+    def _overran(self, job: _Job, abandoned: int) -> None:
+        """A load missed its deadline: count it, skip the tier for a while, miss its keys."""
+        now = self._clock()
+        self.counters.loads_abandoned += abandoned
+        self._slow_until = now + self._slow_backoff_s
+        logger.warning(
+            "kvtier %s: a load of %d block(s) overran its deadline; %d abandoned and "
+            "recomputed, tier skipped for %.0f s",
+            self.label,
+            len(job.keys),
+            abandoned,
+            self._slow_backoff_s,
+        )
+        self._slow_backoff_s = min(self._slow_backoff_s * 2, SLOW_BACKOFF_S * 16)
+        with self._failed_lock:
+            for key, future in zip(job.keys, job.futures, strict=True):
+                if not future.done():
+                    self._failed_until[key] = now + self._negative_ttl_s
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results: list[JobResult] = []
-        for job_id in [j for j, job in self._jobs.items() if all(f.done() for f in job.futures)]:
+        for job_id in [j for j, job in self._jobs.items() if self._finished(job)]:
             job = self._jobs.pop(job_id)
-            outcomes = [_succeeded(f, self.label) for f in job.futures]
+            outcomes = [f.done() and _succeeded(f, self.label) for f in job.futures]
             ok_keys = [k for k, ok in zip(job.keys, outcomes, strict=True) if ok]
             success = len(ok_keys) == len(job.keys)
             results.append(
@@ -413,13 +483,19 @@ class StoreTier(SecondaryTierManager):
             with self._queued_lock:
                 self._queued_stores -= 1
 
-    def _load_one(self, key: OffloadKey, row: int) -> bool:
+    def _load_one(self, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
         store = self._wait_store()
         started = time.perf_counter()
-        if store is not None and store.get_into(key, self._row(row)):
+        if store is not None and load_abandonably(
+            load, lambda out: store.get_into(key, out), self._bounce.get(), self._row(row)
+        ):
             self.counters.read_seconds += time.perf_counter() - started
             self.counters.loads += 1
+            if self._slow_until:
+                self._slow_backoff_s = SLOW_BACKOFF_S  # loads complete again
             return True
+        if load.state is LoadState.ABANDONED:
+            return False  # counted when it was abandoned
         self.counters.load_failures += 1
         with self._failed_lock:
             self._failed_until[key] = self._clock() + self._negative_ttl_s
