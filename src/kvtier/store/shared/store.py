@@ -1,0 +1,648 @@
+"""``SharedStore``: a block store on a Redis/Valkey server or Cluster, shared by replicas.
+
+Layout on the server. One string value per block, under the key
+``kvt:<namespace digest hex>:<block key hex>``. The value is exactly a disk-tier record
+(kvtier.format.record: the 4 KiB header with namespace digest, key, payload length and
+checksum, then the payload), so every load is verified: magic, version, header checksum,
+namespace, key, length and payload checksum. Engines of the same namespace (same model,
+weights, KV layout, hash) share values; other namespaces never see them, neither by key nor,
+should a value be copied under a foreign key, by header.
+
+No hash tags: a tag would put a whole namespace in one slot, on one master. Without one the
+keys spread over every master, and our pipelines (``exists_many``) are split per node by
+redis-py, which is fine because every operation touches one key and needs no atomicity.
+Block keys are hex-encoded so a ``{`` byte inside a binary key can never form a tag.
+
+Eviction is the server's (``maxmemory`` + ``allkeys-lru``); the store keeps no byte cap of
+its own. What it does cap is the size of one record: ``max_record_bytes``, by default 1/8 of
+the smallest master's maxmemory and half of ``proto-max-bulk-len`` (a single value larger than
+maxmemory would evict the whole cache, itself included).
+
+In-memory view. ``contains``/``payload_len``/``keys``/``used_bytes`` answer from a bounded LRU
+map of keys this process stored or found (no network I/O, as BlockStore requires). Another
+replica's puts are learnt through ``exists_many`` (one pipelined STRLEN per key, called by the
+tier on its own threads) or by a hit; a miss, a delete or a failed verification drops a key.
+
+Faults. Every operation has a connect and a reply timeout and at most ``retries`` fast
+retries. A connection error or timeout opens the server's circuit breaker (one per Cluster
+node): while open, operations on its keys return False at once, without I/O; after the
+back-off one operation probes, and a success closes it. Nothing raises to the caller while
+serving: errors are counted and logged (once per breaker opening) and become misses/False.
+Corrupt values are deleted on the server (a plain DEL: a replica's good record written in the
+instant between our GET and DEL is lost too, which costs a miss, never wrong bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterDownError,
+    NoPermissionError,
+    OutOfMemoryError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from kvtier.errors import ConfigError, CorruptRecordError
+from kvtier.format.checksum import Buffer
+from kvtier.format.namespace import Namespace
+from kvtier.format.record import (
+    HEADER_BYTES,
+    check_key,
+    decode_header,
+    encode_header,
+    make_header,
+    verify_payload,
+)
+from kvtier.store.base import BlockStore, Problem, StoreStats
+from kvtier.store.shared.breaker import CircuitBreaker
+from kvtier.store.shared.client import RecordValue, build_cluster, build_standalone
+from kvtier.store.shared.config import SharedStoreConfig
+
+log = logging.getLogger("kvtier.store.shared")
+
+#: First bytes of every server key kvtier writes (an ACL user can be limited to ``~kvt:*``).
+KEY_PREFIX = b"kvt:"
+#: Record cap used when the server's maxmemory cannot be read and none is configured.
+FALLBACK_MAX_RECORD_BYTES = 64 * 2**20
+# Errors that mean "the server did not answer": they open the breaker.
+_UNREACHABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    SlotNotCoveredError,
+    RedisClusterException,
+    OSError,
+)
+_EXISTS_BATCH = 1024
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class SharedStoreStats(StoreStats):
+    """``StoreStats`` plus the shared tier's own counters (this process only)."""
+
+    #: Operations refused without I/O because the server's breaker was open.
+    breaker_skips: int = 0
+    #: Times a server's breaker opened (a server became unreachable or hung).
+    breaker_openings: int = 0
+    #: Times a server answered again after its breaker had opened.
+    reconnects: int = 0
+    #: Corrupt values deleted on the server.
+    corrupt_deleted: int = 0
+    #: Failed operations by kind: "connection", "timeout", "oom", "permission", "response",
+    #: "too_large" (put refused before any I/O), "unexpected".
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> SharedStoreStats:
+        return dataclasses.replace(self, corrupt=dict(self.corrupt), errors=dict(self.errors))
+
+
+class _Unavailable(Exception):
+    """Internal: the operation did not reach the server (breaker open or fault)."""
+
+
+class SharedStore(BlockStore):
+    """A ``BlockStore`` on Redis/Valkey, standalone or Cluster (see the module docstring).
+
+    Thread-safe; every method but ``contains``/``payload_len``/``keys``/``used_bytes``
+    does network I/O, bounded by the configured timeouts: call them from the tier's threads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        namespace: Namespace,
+        *,
+        connect_timeout_s: float = 0.5,
+        op_timeout_s: float = 2.0,
+        retries: int = 1,
+        username: str | None = None,
+        password: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        max_record_bytes: int | None = None,
+        breaker_base_s: float = 0.5,
+        breaker_max_s: float = 30.0,
+        view_max_keys: int = 1_000_000,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Connect, read the server's memory settings and fail closed on a bad configuration.
+
+        Raises ``ConfigError`` when an option is invalid, the server cannot be reached
+        (naming ``url``), authentication fails (naming ``username``/``password``), TLS fails
+        (naming the ``tls_*`` options) or one record of ``namespace`` would exceed the record
+        cap. ``clock`` (monotonic seconds) is a seam for tests of the breaker.
+        """
+        self.config = SharedStoreConfig(
+            url=url,
+            connect_timeout_s=connect_timeout_s,
+            op_timeout_s=op_timeout_s,
+            retries=retries,
+            username=username,
+            password=password,
+            tls_ca_file=tls_ca_file,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+            max_record_bytes=max_record_bytes,
+            breaker_base_s=breaker_base_s,
+            breaker_max_s=breaker_max_s,
+            view_max_keys=view_max_keys,
+        )
+        self.namespace = namespace
+        self._digest = namespace.digest()
+        self._prefix = KEY_PREFIX + namespace.digest_hex().encode() + b":"
+        self._server = self.config.server
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._view: OrderedDict[bytes, int] = OrderedDict()  # key -> payload length, LRU order
+        self._used = 0
+        self._stats = SharedStoreStats()
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._closed = False
+        self._client: redis.Redis | RedisCluster = self._connect()
+        self.max_record_bytes = self._resolve_record_cap()
+        log.info(
+            "shared tier: %r, namespace %s, records <= %d bytes",
+            self.config,
+            namespace.digest_hex(),
+            self.max_record_bytes,
+        )
+
+    # ------------------------------------------------------------------ start-up
+
+    def _scrub(self, text: str) -> str:
+        secret = self.config.effective_password
+        return text.replace(secret, "***") if secret else text
+
+    def _connect(self) -> redis.Redis | RedisCluster:
+        where = self._server.redacted
+        try:
+            client: redis.Redis | RedisCluster = (
+                build_cluster(self.config)
+                if self._server.cluster
+                else build_standalone(self.config)
+            )
+            client.ping()
+            return client
+        except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
+            raise ConfigError(
+                f"shared tier: the server at url={where} refused the credentials "
+                f"({type(exc).__name__}: {self._scrub(str(exc))}); fix the username/password "
+                "options or the server's ACL"
+            ) from None
+        except Exception as exc:  # anything else at start-up: unreachable or misconfigured
+            text = self._scrub(str(exc))
+            if any(w in text for w in ("SSL", "certificate", "TLS", "tls")):
+                fix = "check tls_ca_file/tls_cert_file/tls_key_file and that the server speaks TLS"
+            elif "AUTH" in text or "NOAUTH" in text or "HELLO" in text:
+                fix = "give the username/password options the server expects"
+            else:
+                fix = "start the server, or fix the url option (host, port, scheme)"
+            raise ConfigError(
+                f"shared tier: cannot use url={where} ({type(exc).__name__}: {text:.300}); {fix}"
+            ) from None
+
+    def _server_settings(self) -> list[dict[str, str]]:
+        """CONFIG GET of every master; [] when CONFIG is not permitted (ACL) or fails."""
+        names = ("maxmemory", "maxmemory-policy", "proto-max-bulk-len")
+        clients: list[Any] = (
+            [node.redis_connection for node in self._client.get_primaries()]
+            if isinstance(self._client, RedisCluster)
+            else [self._client]
+        )
+        settings = []
+        try:
+            for client in clients:
+                got: dict[str, str] = {}
+                for name in names:
+                    reply = client.config_get(name)
+                    got.update({_text(k): _text(v) for k, v in reply.items()})
+                settings.append(got)
+        except Exception as exc:
+            log.info(
+                "shared tier: cannot read the server's settings (%s: %s); "
+                "give max_record_bytes to cap record size",
+                type(exc).__name__,
+                self._scrub(str(exc))[:200],
+            )
+            return []
+        return settings
+
+    def _resolve_record_cap(self) -> int:
+        settings = self._server_settings()
+        where = self._server.redacted
+        limits = []
+        for got in settings:
+            maxmemory = int(got.get("maxmemory", "0") or 0)
+            policy = got.get("maxmemory-policy", "")
+            if maxmemory == 0:
+                log.warning(
+                    "shared tier: %s has maxmemory 0 (no limit): the server grows until "
+                    "the machine runs out of memory; set maxmemory and allkeys-lru",
+                    where,
+                )
+            else:
+                limits.append(maxmemory // 8)
+            if policy == "noeviction":
+                log.warning(
+                    "shared tier: %s has maxmemory-policy noeviction: once full, every "
+                    "put fails instead of evicting; use allkeys-lru",
+                    where,
+                )
+            bulk = int(got.get("proto-max-bulk-len", "0") or 0)
+            if bulk:
+                limits.append(bulk // 2)
+        if self.config.max_record_bytes is not None:
+            cap = self.config.max_record_bytes
+        else:
+            cap = min(limits) if limits else FALLBACK_MAX_RECORD_BYTES
+        needed = HEADER_BYTES + self.namespace.block_bytes
+        if needed > cap:
+            raise ConfigError(
+                f"shared tier: one record of this model is {needed} bytes, over the record cap "
+                f"of {cap} bytes (max_record_bytes, or 1/8 of the server's maxmemory at {where}); "
+                "raise the server's maxmemory or max_record_bytes"
+            )
+        return cap
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _server_key(self, key: bytes) -> bytes:
+        return self._prefix + key.hex().encode()
+
+    def _node_of(self, server_key: bytes) -> str:
+        if isinstance(self._client, RedisCluster):
+            return str(self._client.get_node_from_key(server_key).name)
+        host, port = self._server.hosts[0]
+        return f"{host}:{port}"
+
+    def _breaker(self, node: str) -> CircuitBreaker:
+        with self._lock:
+            breaker = self._breakers.get(node)
+            if breaker is None:
+                breaker = CircuitBreaker(
+                    self.config.breaker_base_s,
+                    self.config.breaker_max_s,
+                    *([self._clock] if self._clock else []),
+                )
+                self._breakers[node] = breaker
+            return breaker
+
+    def _count_error(self, kind: str) -> None:
+        with self._lock:
+            self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
+
+    def _call(self, server_key: bytes, op: Callable[[], _T]) -> _T:
+        """Run ``op`` against the node of ``server_key`` through its breaker.
+
+        Raises ``_Unavailable`` (internal) when the op was skipped or failed; never anything
+        else. Error replies (OOM, permissions) close the breaker: the server is alive.
+        """
+        try:
+            node = self._node_of(server_key)
+        except Exception:
+            node = "cluster"  # slot map being rebuilt: one breaker for the unknown node
+        breaker = self._breaker(node)
+        if not breaker.allow():
+            with self._lock:
+                self._stats.breaker_skips += 1
+            raise _Unavailable
+        try:
+            result = op()
+        except OutOfMemoryError:
+            breaker.success()
+            self._count_error("oom")
+            raise _Unavailable from None
+        except (NoPermissionError, AuthenticationError, AuthorizationError) as exc:
+            breaker.success()
+            self._count_error("permission")
+            log.warning("shared tier: %s refused an operation: %s", node, self._scrub(str(exc)))
+            raise _Unavailable from None
+        except _UNREACHABLE as exc:
+            was_open = breaker.is_open
+            breaker.failure()
+            kind = "timeout" if isinstance(exc, (RedisTimeoutError, TimeoutError)) else "connection"
+            self._count_error(kind)
+            if not was_open:
+                log.warning(
+                    "shared tier: server %s unreachable (%s: %s); misses for %.1f s or more",
+                    node,
+                    type(exc).__name__,
+                    self._scrub(str(exc))[:200],
+                    self.config.breaker_base_s,
+                )
+            raise _Unavailable from None
+        except ResponseError as exc:
+            breaker.success()
+            self._count_error("response")
+            log.warning(
+                "shared tier: %s replied with an error: %s", node, self._scrub(str(exc))[:200]
+            )
+            raise _Unavailable from None
+        except Exception as exc:  # a client bug must not reach the engine either
+            breaker.failure()
+            self._count_error("unexpected")
+            log.warning(
+                "shared tier: unexpected %s from %s: %s",
+                type(exc).__name__,
+                node,
+                self._scrub(str(exc))[:200],
+            )
+            raise _Unavailable from None
+        breaker.success()
+        return result
+
+    def _remember(self, key: bytes, payload_len: int) -> None:
+        with self._lock:
+            old = self._view.pop(key, None)
+            if old is not None:
+                self._used -= HEADER_BYTES + old
+            self._view[key] = payload_len
+            self._used += HEADER_BYTES + payload_len
+            while len(self._view) > self.config.view_max_keys:
+                _, dropped = self._view.popitem(last=False)
+                self._used -= HEADER_BYTES + dropped
+
+    def _forget(self, key: bytes) -> bool:
+        with self._lock:
+            old = self._view.pop(key, None)
+            if old is not None:
+                self._used -= HEADER_BYTES + old
+            return old is not None
+
+    def _miss(self) -> bool:
+        with self._lock:
+            self._stats.misses += 1
+        return False
+
+    def _drop_corrupt(self, key: bytes, server_key: bytes, exc: CorruptRecordError) -> None:
+        self._forget(key)
+        with self._lock:
+            self._stats.corrupt[exc.reason] = self._stats.corrupt.get(exc.reason, 0) + 1
+        log.warning(
+            "shared tier: value of key %s failed verification (%s); deleting it",
+            key.hex()[:16],
+            exc,
+        )
+        try:
+            if self._call(server_key, lambda: self._client.delete(server_key)):
+                with self._lock:
+                    self._stats.corrupt_deleted += 1
+        except _Unavailable:
+            pass
+
+    # ------------------------------------------------------------------ BlockStore
+
+    def put(self, key: bytes, payload: Buffer) -> bool:
+        """SET the record (header + payload, sent without joining them); False on any fault."""
+        check_key(key)
+        view = memoryview(payload).cast("B")
+        if self._closed:
+            return self._put_failed(None)
+        record_bytes = HEADER_BYTES + view.nbytes
+        if record_bytes > self.max_record_bytes:
+            return self._put_failed("too_large")
+        header = encode_header(make_header(self._digest, key, view))
+        server_key = self._server_key(key)
+        value = RecordValue((header, view))
+        try:
+            self._call(server_key, lambda: self._client.set(server_key, value))  # type: ignore[arg-type]
+        except _Unavailable:
+            return self._put_failed(None)
+        self._remember(key, view.nbytes)
+        with self._lock:
+            self._stats.puts += 1
+            self._stats.bytes_written += record_bytes
+        return True
+
+    def _put_failed(self, kind: str | None) -> bool:
+        if kind:
+            self._count_error(kind)
+        with self._lock:
+            self._stats.put_failures += 1
+        return False
+
+    def get_into(self, key: bytes, out: memoryview) -> bool:
+        """GET the value (new bytes from the client), copy the payload once into ``out``, verify.
+
+        A wrong-sized ``out`` is a plain miss (the record stays); a value failing any check is
+        deleted on the server, counted in ``corrupt`` by reason, and missed.
+        """
+        check_key(key)
+        dest = memoryview(out).cast("B")
+        known = self._view.get(key)
+        if self._closed or (known is not None and known != dest.nbytes):
+            return self._miss()
+        server_key = self._server_key(key)
+        try:
+            value = self._call(server_key, lambda: self._client.get(server_key))
+        except _Unavailable:
+            return self._miss()
+        if value is None:
+            self._forget(key)
+            return self._miss()
+        try:
+            raw = memoryview(value)  # type: ignore[arg-type]
+            header = decode_header(raw, self._digest, key)
+            if header.payload_len != raw.nbytes - HEADER_BYTES:
+                raise CorruptRecordError(
+                    "length",
+                    f"value holds {raw.nbytes - HEADER_BYTES} payload bytes, "
+                    f"header says {header.payload_len}",
+                )
+            if header.payload_len != dest.nbytes:
+                self._remember(key, header.payload_len)
+                return self._miss()
+            dest[:] = raw[HEADER_BYTES:]
+            verify_payload(header, dest)
+        except CorruptRecordError as exc:
+            self._drop_corrupt(key, server_key, exc)
+            return self._miss()
+        self._remember(key, header.payload_len)
+        with self._lock:
+            self._stats.hits += 1
+            self._stats.bytes_read += header.payload_len
+        return True
+
+    def contains(self, key: bytes) -> bool:
+        """In the in-memory view (stored or found by this process); no network I/O."""
+        return key in self._view
+
+    def delete(self, key: bytes) -> bool:
+        """DEL on the server; True if the server removed a value (False on a fault)."""
+        check_key(key)
+        self._forget(key)
+        if self._closed:
+            return False
+        server_key = self._server_key(key)
+        try:
+            return bool(self._call(server_key, lambda: self._client.delete(server_key)))
+        except _Unavailable:
+            return False
+
+    def keys(self) -> Iterator[bytes]:
+        """Keys of the in-memory view (a snapshot)."""
+        with self._lock:
+            return iter(list(self._view))
+
+    def payload_len(self, key: bytes) -> int | None:
+        return self._view.get(key)
+
+    def used_bytes(self) -> int:
+        """Record bytes of the keys in this process's view; the server's total is not known
+        here (it is bounded by the server's maxmemory, not by this store)."""
+        return self._used
+
+    def stats(self) -> SharedStoreStats:
+        with self._lock:
+            snapshot = self._stats.copy()
+            breakers = list(self._breakers.values())
+        snapshot.breaker_openings = sum(b.openings for b in breakers)
+        snapshot.reconnects = sum(b.recoveries for b in breakers)
+        return snapshot
+
+    def exists_many(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Which of ``keys`` the server holds now; learns them (and their lengths) into the view.
+
+        One pipelined STRLEN per key, batched per Cluster node, so the cost is about one round
+        trip per node per 1024 keys. Keys on a node that is unreachable (or whose breaker is
+        open) are reported absent. Blocking: call it from the tier's threads, not the
+        scheduler. A key whose value is too short to be a record is reported absent.
+        """
+        wanted = list(dict.fromkeys(keys))
+        for key in wanted:
+            check_key(key)
+        if self._closed or not wanted:
+            return set()
+        groups: dict[str, list[bytes]] = {}
+        for key in wanted:
+            try:
+                node = self._node_of(self._server_key(key))
+            except Exception:
+                node = "cluster"
+            groups.setdefault(node, []).append(key)
+        found: set[bytes] = set()
+        for group in groups.values():
+            for start in range(0, len(group), _EXISTS_BATCH):
+                found |= self._exists_batch(group[start : start + _EXISTS_BATCH])
+        return found
+
+    def _exists_batch(self, batch: list[bytes]) -> set[bytes]:
+        server_keys = [self._server_key(k) for k in batch]
+
+        def run() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for sk in server_keys:
+                pipe.strlen(sk)
+            return pipe.execute()
+
+        try:
+            lengths = self._call(server_keys[0], run)
+        except _Unavailable:
+            return set()
+        found = set()
+        for key, length in zip(batch, lengths, strict=True):
+            if isinstance(length, int) and length >= HEADER_BYTES:
+                self._remember(key, length - HEADER_BYTES)
+                found.add(key)
+            else:
+                self._forget(key)
+        return found
+
+    def refresh(self) -> int:
+        """Re-check the view's keys on the server (``exists_many``); returns how many left it."""
+        before = set(self._view)
+        if not before:
+            return 0
+        return len(before - self.exists_many(before))
+
+    def verify(self, fix: bool = False) -> list[Problem]:
+        """SCAN this namespace's keys on every master and fully verify each value.
+
+        A value that fails is reported as ``corrupt`` (deleted with ``fix``); an unreachable
+        server as ``unreachable``. View keys the server has evicted leave the view silently
+        (eviction is normal for a cache).
+        """
+        if self._closed:
+            return []
+        problems: list[Problem] = []
+        clients: list[Any] = (
+            [node.redis_connection for node in self._client.get_primaries()]
+            if isinstance(self._client, RedisCluster)
+            else [self._client]
+        )
+        seen: set[bytes] = set()
+        for client in clients:
+            try:
+                server_keys = list(client.scan_iter(match=self._prefix + b"*", count=1000))
+                for sk in server_keys:
+                    problem = self._verify_one(client, sk, fix)
+                    seen.add(sk)
+                    if problem is not None:
+                        problems.append(problem)
+            except Exception as exc:
+                problems.append(Problem("unreachable", self._scrub(f"{type(exc).__name__}: {exc}")))
+                return problems
+        for key in list(self._view):
+            if self._server_key(key) not in seen:
+                self._forget(key)
+        return problems
+
+    def _verify_one(self, client: Any, server_key: bytes, fix: bool) -> Problem | None:
+        try:
+            key = bytes.fromhex(server_key[len(self._prefix) :].decode())
+            check_key(key)
+        except ValueError:
+            key = None
+        value = client.get(server_key)
+        if value is None:
+            return None
+        try:
+            if key is None:
+                raise CorruptRecordError("key", f"server key {server_key!r:.80} is not ours")
+            raw = memoryview(value)
+            header = decode_header(raw, self._digest, key, raw.nbytes - HEADER_BYTES)
+            verify_payload(header, raw[HEADER_BYTES:])
+        except CorruptRecordError as exc:
+            if fix:
+                client.delete(server_key)
+                if key is not None:
+                    self._forget(key)
+            return Problem("corrupt", str(exc), key=key, fixed=fix)
+        return None
+
+    def close(self) -> None:
+        """Close the connections; idempotent. Later operations miss or return False."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(Exception):  # closing a half-dead connection must not raise
+            self._client.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"SharedStore(url={self._server.redacted!r}, "
+            f"namespace={self.namespace.digest_hex()}, closed={self._closed})"
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
