@@ -5,7 +5,8 @@ and memory tiers work without the client installed.
 """
 
 from kvtier.store.shared.config import ServerUrl, SharedStoreConfig, parse_url
-from kvtier.store.shared.store import KEY_PREFIX, SharedStore, SharedStoreStats
+from kvtier.store.shared.stats import SharedStoreStats
+from kvtier.store.shared.store import KEY_PREFIX, SharedStore
 
 __all__ = [
     "KEY_PREFIX",

@@ -35,12 +35,9 @@ instant between our GET and DEL is lost too, which costs a miss, never wrong byt
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
@@ -58,7 +55,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kvtier.errors import ConfigError, CorruptRecordError
+from kvtier.errors import CorruptRecordError
 from kvtier.format.checksum import Buffer
 from kvtier.format.namespace import Namespace
 from kvtier.format.record import (
@@ -69,17 +66,18 @@ from kvtier.format.record import (
     make_header,
     verify_payload,
 )
-from kvtier.store.base import BlockStore, Problem, StoreStats
+from kvtier.store.base import BlockStore, Problem
+from kvtier.store.shared import startup
 from kvtier.store.shared.breaker import CircuitBreaker
-from kvtier.store.shared.client import RecordValue, build_cluster, build_standalone
+from kvtier.store.shared.client import RecordValue
 from kvtier.store.shared.config import SharedStoreConfig
+from kvtier.store.shared.stats import SharedStoreStats
+from kvtier.store.shared.view import KeyView
 
 log = logging.getLogger("kvtier.store.shared")
 
 #: First bytes of every server key kvtier writes (an ACL user can be limited to ``~kvt:*``).
 KEY_PREFIX = b"kvt:"
-#: Record cap used when the server's maxmemory cannot be read and none is configured.
-FALLBACK_MAX_RECORD_BYTES = 64 * 2**20
 # Errors that mean "the server did not answer": they open the breaker.
 _UNREACHABLE = (
     RedisConnectionError,
@@ -91,26 +89,6 @@ _UNREACHABLE = (
 )
 _EXISTS_BATCH = 1024
 _T = TypeVar("_T")
-
-
-@dataclass(slots=True)
-class SharedStoreStats(StoreStats):
-    """``StoreStats`` plus the shared tier's own counters (this process only)."""
-
-    #: Operations refused without I/O because the server's breaker was open.
-    breaker_skips: int = 0
-    #: Times a server's breaker opened (a server became unreachable or hung).
-    breaker_openings: int = 0
-    #: Times a server answered again after its breaker had opened.
-    reconnects: int = 0
-    #: Corrupt values deleted on the server.
-    corrupt_deleted: int = 0
-    #: Failed operations by kind: "connection", "timeout", "oom", "permission", "response",
-    #: "too_large" (put refused before any I/O), "unexpected".
-    errors: dict[str, int] = field(default_factory=dict)
-
-    def copy(self) -> SharedStoreStats:
-        return dataclasses.replace(self, corrupt=dict(self.corrupt), errors=dict(self.errors))
 
 
 class _Unavailable(Exception):
@@ -171,13 +149,14 @@ class SharedStore(BlockStore):
         self._server = self.config.server
         self._clock = clock
         self._lock = threading.Lock()
-        self._view: OrderedDict[bytes, int] = OrderedDict()  # key -> payload length, LRU order
-        self._used = 0
+        self._view = KeyView(self.config.view_max_keys)
         self._stats = SharedStoreStats()
         self._breakers: dict[str, CircuitBreaker] = {}
         self._closed = False
-        self._client: redis.Redis | RedisCluster = self._connect()
-        self.max_record_bytes = self._resolve_record_cap()
+        self._client: redis.Redis | RedisCluster = startup.connect(self.config)
+        settings = startup.server_settings(self._client, self.config)
+        #: Largest record (header + payload) ``put`` sends; bigger puts return False.
+        self.max_record_bytes = startup.record_cap(settings, self.config, namespace.block_bytes)
         log.info(
             "shared tier: %r, namespace %s, records <= %d bytes",
             self.config,
@@ -185,104 +164,10 @@ class SharedStore(BlockStore):
             self.max_record_bytes,
         )
 
-    # ------------------------------------------------------------------ start-up
-
-    def _scrub(self, text: str) -> str:
-        secret = self.config.effective_password
-        return text.replace(secret, "***") if secret else text
-
-    def _connect(self) -> redis.Redis | RedisCluster:
-        where = self._server.redacted
-        try:
-            client: redis.Redis | RedisCluster = (
-                build_cluster(self.config)
-                if self._server.cluster
-                else build_standalone(self.config)
-            )
-            client.ping()
-            return client
-        except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
-            raise ConfigError(
-                f"shared tier: the server at url={where} refused the credentials "
-                f"({type(exc).__name__}: {self._scrub(str(exc))}); fix the username/password "
-                "options or the server's ACL"
-            ) from None
-        except Exception as exc:  # anything else at start-up: unreachable or misconfigured
-            text = self._scrub(str(exc))
-            if any(w in text for w in ("SSL", "certificate", "TLS", "tls")):
-                fix = "check tls_ca_file/tls_cert_file/tls_key_file and that the server speaks TLS"
-            elif "AUTH" in text or "NOAUTH" in text or "HELLO" in text:
-                fix = "give the username/password options the server expects"
-            else:
-                fix = "start the server, or fix the url option (host, port, scheme)"
-            raise ConfigError(
-                f"shared tier: cannot use url={where} ({type(exc).__name__}: {text:.300}); {fix}"
-            ) from None
-
-    def _server_settings(self) -> list[dict[str, str]]:
-        """CONFIG GET of every master; [] when CONFIG is not permitted (ACL) or fails."""
-        names = ("maxmemory", "maxmemory-policy", "proto-max-bulk-len")
-        clients: list[Any] = (
-            [node.redis_connection for node in self._client.get_primaries()]
-            if isinstance(self._client, RedisCluster)
-            else [self._client]
-        )
-        settings = []
-        try:
-            for client in clients:
-                got: dict[str, str] = {}
-                for name in names:
-                    reply = client.config_get(name)
-                    got.update({_text(k): _text(v) for k, v in reply.items()})
-                settings.append(got)
-        except Exception as exc:
-            log.info(
-                "shared tier: cannot read the server's settings (%s: %s); "
-                "give max_record_bytes to cap record size",
-                type(exc).__name__,
-                self._scrub(str(exc))[:200],
-            )
-            return []
-        return settings
-
-    def _resolve_record_cap(self) -> int:
-        settings = self._server_settings()
-        where = self._server.redacted
-        limits = []
-        for got in settings:
-            maxmemory = int(got.get("maxmemory", "0") or 0)
-            policy = got.get("maxmemory-policy", "")
-            if maxmemory == 0:
-                log.warning(
-                    "shared tier: %s has maxmemory 0 (no limit): the server grows until "
-                    "the machine runs out of memory; set maxmemory and allkeys-lru",
-                    where,
-                )
-            else:
-                limits.append(maxmemory // 8)
-            if policy == "noeviction":
-                log.warning(
-                    "shared tier: %s has maxmemory-policy noeviction: once full, every "
-                    "put fails instead of evicting; use allkeys-lru",
-                    where,
-                )
-            bulk = int(got.get("proto-max-bulk-len", "0") or 0)
-            if bulk:
-                limits.append(bulk // 2)
-        if self.config.max_record_bytes is not None:
-            cap = self.config.max_record_bytes
-        else:
-            cap = min(limits) if limits else FALLBACK_MAX_RECORD_BYTES
-        needed = HEADER_BYTES + self.namespace.block_bytes
-        if needed > cap:
-            raise ConfigError(
-                f"shared tier: one record of this model is {needed} bytes, over the record cap "
-                f"of {cap} bytes (max_record_bytes, or 1/8 of the server's maxmemory at {where}); "
-                "raise the server's maxmemory or max_record_bytes"
-            )
-        return cap
-
     # ------------------------------------------------------------------ plumbing
+
+    def _scrubbed(self, text: str) -> str:
+        return startup.scrub(text, self.config)
 
     def _server_key(self, key: bytes) -> bytes:
         return self._prefix + key.hex().encode()
@@ -333,7 +218,7 @@ class SharedStore(BlockStore):
         except (NoPermissionError, AuthenticationError, AuthorizationError) as exc:
             breaker.success()
             self._count_error("permission")
-            log.warning("shared tier: %s refused an operation: %s", node, self._scrub(str(exc)))
+            log.warning("shared tier: %s refused an operation: %s", node, self._scrubbed(str(exc)))
             raise _Unavailable from None
         except _UNREACHABLE as exc:
             was_open = breaker.is_open
@@ -345,7 +230,7 @@ class SharedStore(BlockStore):
                     "shared tier: server %s unreachable (%s: %s); misses for %.1f s or more",
                     node,
                     type(exc).__name__,
-                    self._scrub(str(exc))[:200],
+                    self._scrubbed(str(exc))[:200],
                     self.config.breaker_base_s,
                 )
             raise _Unavailable from None
@@ -353,7 +238,7 @@ class SharedStore(BlockStore):
             breaker.success()
             self._count_error("response")
             log.warning(
-                "shared tier: %s replied with an error: %s", node, self._scrub(str(exc))[:200]
+                "shared tier: %s replied with an error: %s", node, self._scrubbed(str(exc))[:200]
             )
             raise _Unavailable from None
         except Exception as exc:  # a client bug must not reach the engine either
@@ -363,29 +248,11 @@ class SharedStore(BlockStore):
                 "shared tier: unexpected %s from %s: %s",
                 type(exc).__name__,
                 node,
-                self._scrub(str(exc))[:200],
+                self._scrubbed(str(exc))[:200],
             )
             raise _Unavailable from None
         breaker.success()
         return result
-
-    def _remember(self, key: bytes, payload_len: int) -> None:
-        with self._lock:
-            old = self._view.pop(key, None)
-            if old is not None:
-                self._used -= HEADER_BYTES + old
-            self._view[key] = payload_len
-            self._used += HEADER_BYTES + payload_len
-            while len(self._view) > self.config.view_max_keys:
-                _, dropped = self._view.popitem(last=False)
-                self._used -= HEADER_BYTES + dropped
-
-    def _forget(self, key: bytes) -> bool:
-        with self._lock:
-            old = self._view.pop(key, None)
-            if old is not None:
-                self._used -= HEADER_BYTES + old
-            return old is not None
 
     def _miss(self) -> bool:
         with self._lock:
@@ -393,7 +260,7 @@ class SharedStore(BlockStore):
         return False
 
     def _drop_corrupt(self, key: bytes, server_key: bytes, exc: CorruptRecordError) -> None:
-        self._forget(key)
+        self._view.forget(key)
         with self._lock:
             self._stats.corrupt[exc.reason] = self._stats.corrupt.get(exc.reason, 0) + 1
         log.warning(
@@ -426,7 +293,7 @@ class SharedStore(BlockStore):
             self._call(server_key, lambda: self._client.set(server_key, value))  # type: ignore[arg-type]
         except _Unavailable:
             return self._put_failed(None)
-        self._remember(key, view.nbytes)
+        self._view.remember(key, view.nbytes)
         with self._lock:
             self._stats.puts += 1
             self._stats.bytes_written += record_bytes
@@ -447,7 +314,7 @@ class SharedStore(BlockStore):
         """
         check_key(key)
         dest = memoryview(out).cast("B")
-        known = self._view.get(key)
+        known = self._view.payload_len(key)
         if self._closed or (known is not None and known != dest.nbytes):
             return self._miss()
         server_key = self._server_key(key)
@@ -456,7 +323,7 @@ class SharedStore(BlockStore):
         except _Unavailable:
             return self._miss()
         if value is None:
-            self._forget(key)
+            self._view.forget(key)
             return self._miss()
         try:
             raw = memoryview(value)  # type: ignore[arg-type]
@@ -468,14 +335,14 @@ class SharedStore(BlockStore):
                     f"header says {header.payload_len}",
                 )
             if header.payload_len != dest.nbytes:
-                self._remember(key, header.payload_len)
+                self._view.remember(key, header.payload_len)
                 return self._miss()
             dest[:] = raw[HEADER_BYTES:]
             verify_payload(header, dest)
         except CorruptRecordError as exc:
             self._drop_corrupt(key, server_key, exc)
             return self._miss()
-        self._remember(key, header.payload_len)
+        self._view.remember(key, header.payload_len)
         with self._lock:
             self._stats.hits += 1
             self._stats.bytes_read += header.payload_len
@@ -488,7 +355,7 @@ class SharedStore(BlockStore):
     def delete(self, key: bytes) -> bool:
         """DEL on the server; True if the server removed a value (False on a fault)."""
         check_key(key)
-        self._forget(key)
+        self._view.forget(key)
         if self._closed:
             return False
         server_key = self._server_key(key)
@@ -499,16 +366,15 @@ class SharedStore(BlockStore):
 
     def keys(self) -> Iterator[bytes]:
         """Keys of the in-memory view (a snapshot)."""
-        with self._lock:
-            return iter(list(self._view))
+        return iter(self._view.snapshot())
 
     def payload_len(self, key: bytes) -> int | None:
-        return self._view.get(key)
+        return self._view.payload_len(key)
 
     def used_bytes(self) -> int:
         """Record bytes of the keys in this process's view; the server's total is not known
         here (it is bounded by the server's maxmemory, not by this store)."""
-        return self._used
+        return self._view.record_bytes
 
     def stats(self) -> SharedStoreStats:
         with self._lock:
@@ -560,15 +426,15 @@ class SharedStore(BlockStore):
         found = set()
         for key, length in zip(batch, lengths, strict=True):
             if isinstance(length, int) and length >= HEADER_BYTES:
-                self._remember(key, length - HEADER_BYTES)
+                self._view.remember(key, length - HEADER_BYTES)
                 found.add(key)
             else:
-                self._forget(key)
+                self._view.forget(key)
         return found
 
     def refresh(self) -> int:
         """Re-check the view's keys on the server (``exists_many``); returns how many left it."""
-        before = set(self._view)
+        before = set(self._view.snapshot())
         if not before:
             return 0
         return len(before - self.exists_many(before))
@@ -583,11 +449,7 @@ class SharedStore(BlockStore):
         if self._closed:
             return []
         problems: list[Problem] = []
-        clients: list[Any] = (
-            [node.redis_connection for node in self._client.get_primaries()]
-            if isinstance(self._client, RedisCluster)
-            else [self._client]
-        )
+        clients = startup.masters(self._client)
         seen: set[bytes] = set()
         for client in clients:
             try:
@@ -598,11 +460,13 @@ class SharedStore(BlockStore):
                     if problem is not None:
                         problems.append(problem)
             except Exception as exc:
-                problems.append(Problem("unreachable", self._scrub(f"{type(exc).__name__}: {exc}")))
+                problems.append(
+                    Problem("unreachable", self._scrubbed(f"{type(exc).__name__}: {exc}"))
+                )
                 return problems
-        for key in list(self._view):
+        for key in self._view.snapshot():
             if self._server_key(key) not in seen:
-                self._forget(key)
+                self._view.forget(key)
         return problems
 
     def _verify_one(self, client: Any, server_key: bytes, fix: bool) -> Problem | None:
@@ -624,7 +488,7 @@ class SharedStore(BlockStore):
             if fix:
                 client.delete(server_key)
                 if key is not None:
-                    self._forget(key)
+                    self._view.forget(key)
             return Problem("corrupt", str(exc), key=key, fixed=fix)
         return None
 
@@ -642,7 +506,3 @@ class SharedStore(BlockStore):
             f"SharedStore(url={self._server.redacted!r}, "
             f"namespace={self.namespace.digest_hex()}, closed={self._closed})"
         )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
