@@ -75,3 +75,15 @@ def test_invalid_option_names_itself(option: str, value: float) -> None:
 def test_tls_files_without_tls_url_are_refused() -> None:
     with pytest.raises(ConfigError, match="use rediss://"):
         SharedStoreConfig(url="redis://h", tls_ca_file="/ca.pem")
+
+
+def test_unknown_option_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(
+        ConfigError, match=r"unknown options \['op_timeout'\]; known: .*op_timeout_s"
+    ):
+        SharedStoreConfig.from_options({"url": "redis://h", "op_timeout": 2})
+
+
+def test_options_mapping_without_url_names_it() -> None:
+    with pytest.raises(ConfigError, match="no url option"):
+        SharedStoreConfig.from_options({"op_timeout_s": 2})

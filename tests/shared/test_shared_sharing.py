@@ -73,3 +73,11 @@ def test_exists_many_forgets_keys_the_server_no_longer_holds(
     assert b.contains(key_of(1))
     assert b.refresh() == 1
     assert not b.contains(key_of(1))
+
+
+def test_store_from_options_mapping_round_trips(
+    url: str, unique_namespace: Callable[[], Namespace]
+) -> None:
+    with SharedStore.from_options({"url": url, "op_timeout_s": 1.0}, unique_namespace()) as store:
+        assert store.config.op_timeout_s == 1.0
+        assert store.put(key_of(1), payload_of(1)) and store.get(key_of(1)) == payload_of(1)

@@ -14,7 +14,10 @@ the URL that kvtier ever prints.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from kvtier.errors import ConfigError
@@ -156,6 +159,18 @@ class SharedStoreConfig:
                 f"shared tier: TLS files given but url={server.redacted} is not TLS; "
                 "use rediss:// (or rediss+cluster://)"
             )
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> SharedStoreConfig:
+        """Build from a plain mapping (e.g. ``kv_connector_extra_config``); unknown keys are a
+        ``ConfigError`` listing the known ones, so a misspelt option never passes silently."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ConfigError(f"shared tier: unknown options {unknown}; known: {known}")
+        if "url" not in options:
+            raise ConfigError("shared tier: no url option; give e.g. redis://127.0.0.1:6379")
+        return cls(**options)
 
     @property
     def server(self) -> ServerUrl:

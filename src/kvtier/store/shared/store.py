@@ -35,9 +35,10 @@ instant between our GET and DEL is lost too, which costs a miss, never wrong byt
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import redis
@@ -163,6 +164,13 @@ class SharedStore(BlockStore):
             namespace.digest_hex(),
             self.max_record_bytes,
         )
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], namespace: Namespace) -> SharedStore:
+        """A store from a plain mapping of ``SharedStoreConfig`` options (unknown keys raise
+        ``ConfigError``): the form a tier adapter's store factory receives."""
+        config = SharedStoreConfig.from_options(options)
+        return cls(namespace=namespace, **dataclasses.asdict(config))
 
     # ------------------------------------------------------------------ plumbing
 
