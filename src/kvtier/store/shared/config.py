@@ -129,8 +129,9 @@ class SharedStoreConfig:
     breaker_base_s: float = 0.5
     #: Longest back-off, seconds.
     breaker_max_s: float = 30.0
-    #: Most keys kept in the in-memory view that answers ``contains`` (LRU beyond that).
-    view_max_keys: int = 1_000_000
+    #: Most keys kept in the in-memory view that answers ``contains`` (LRU beyond that);
+    #: ~200 bytes of process memory each.
+    view_max_keys: int = 262_144
 
     def __post_init__(self) -> None:
         checks = [
@@ -139,7 +140,7 @@ class SharedStoreConfig:
             ("retries", 0 <= self.retries <= 3, "0..3 (each retry can cost op_timeout_s)"),
             ("breaker_base_s", self.breaker_base_s > 0, "a positive number such as 0.5"),
             ("breaker_max_s", self.breaker_max_s >= self.breaker_base_s, ">= breaker_base_s"),
-            ("view_max_keys", self.view_max_keys > 0, "a positive count such as 1000000"),
+            ("view_max_keys", self.view_max_keys > 0, "a positive count such as 262144"),
             (
                 "max_record_bytes",
                 self.max_record_bytes is None or self.max_record_bytes > 0,

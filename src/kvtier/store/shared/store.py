@@ -119,7 +119,7 @@ class SharedStore(BlockStore):
         max_record_bytes: int | None = None,
         breaker_base_s: float = 0.5,
         breaker_max_s: float = 30.0,
-        view_max_keys: int = 1_000_000,
+        view_max_keys: int = 262_144,
         clock: Callable[[], float] | None = None,
     ) -> None:
         """Connect, read the server's memory settings and fail closed on a bad configuration.
