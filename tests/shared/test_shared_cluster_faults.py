@@ -78,3 +78,31 @@ def test_killed_master_misses_its_keys_while_live_masters_serve(
         back = next(iter(on_victim))
         assert wait_until(lambda: store.put(back, payload_of(7)), timeout_s=15)
         assert store.get(back) == payload_of(7)
+
+
+def test_frozen_master_opens_only_its_own_breaker_and_recovers_after_sigcont(
+    cluster: RedisClusterServers,
+) -> None:
+    store = SharedStore(
+        cluster.url, make_namespace(), op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
+        breaker_base_s=0.2, breaker_max_s=1.0,
+    )  # fmt: skip
+    with store:
+        keys = [key_of(i) for i in range(30)]
+        assert all(store.put(k, payload_of(i)) for i, k in enumerate(keys))
+        frozen = cluster.nodes[2]
+        frozen.pause()
+        try:
+            start = time.monotonic()
+            hits = [store.get(k) == payload_of(i) for i, k in enumerate(keys)]
+            # One timeout (two attempts) opens the node's breaker; its other keys skip I/O.
+            assert time.monotonic() - start < OP_BOUND_S + 2.0
+            assert 0 < sum(hits) < len(keys)
+            stats = store.stats()
+            assert stats.breaker_openings == 1 and stats.breaker_skips >= 1
+        finally:
+            frozen.resume()
+        assert wait_until(
+            lambda: all(store.get(k) == payload_of(i) for i, k in enumerate(keys)), timeout_s=15
+        )
+        assert store.stats().reconnects == 1
