@@ -171,3 +171,14 @@ def test_namespace_whose_records_exceed_the_server_cap_is_refused_at_start_up(
     server = fresh_server(maxmemory_bytes=8 * 2**20)
     with pytest.raises(ConfigError, match=r"over the record cap.*raise the server's maxmemory"):
         SharedStore(server.url, make_namespace(block_bytes=2 * 2**20))
+
+
+def test_refresh_with_the_server_down_forgets_nothing(
+    fresh_server: Callable[..., RedisServer], open_store: Callable[[str], SharedStore]
+) -> None:
+    server = fresh_server()
+    store = open_store(server.url)
+    assert store.put(key_of(1), payload_of(1))
+    server.kill()
+    assert store.refresh() == 0
+    assert store.contains(key_of(1))

@@ -81,3 +81,23 @@ def test_store_from_options_mapping_round_trips(
     with SharedStore.from_options({"url": url, "op_timeout_s": 1.0}, unique_namespace()) as store:
         assert store.config.op_timeout_s == 1.0
         assert store.put(key_of(1), payload_of(1)) and store.get(key_of(1)) == payload_of(1)
+
+
+def test_refresh_sweeps_the_view_in_bounded_batches(
+    open_store: Callable[[Namespace], SharedStore], unique_namespace: Callable[[], Namespace]
+) -> None:
+    from kvtier.store.shared.store import REFRESH_BATCH
+
+    namespace = unique_namespace()
+    a, b = open_store(namespace), open_store(namespace)
+    keys = [key_of(i) for i in range(REFRESH_BATCH + 10)]
+    for k in keys:
+        a.put(k, b"x" * 64)
+    doomed = keys[:5] + keys[-5:]
+    b.exists_many(keys)
+    b.exists_many(doomed)  # now the newest in b's view
+    for k in doomed:
+        a.delete(k)
+    assert b.refresh() == 0  # checks only the REFRESH_BATCH oldest: all still there
+    assert b.refresh() == 10  # then the rest, the keys found having become the newest
+    assert sorted(b.keys()) == sorted(keys[5:-5])

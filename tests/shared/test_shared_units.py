@@ -50,3 +50,11 @@ def test_shared_tier_imports_neither_vllm_nor_devtools_nor_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_view_lists_its_oldest_keys_first() -> None:
+    view = KeyView(max_keys=10)
+    for key in (b"a", b"b", b"c"):
+        view.remember(key, 1)
+    view.remember(b"a", 1)
+    assert view.oldest(2) == [b"b", b"c"]

@@ -89,6 +89,8 @@ _UNREACHABLE = (
     OSError,
 )
 _EXISTS_BATCH = 1024
+#: Keys ``refresh`` re-checks per call (one pipelined round trip per node).
+REFRESH_BATCH = 1024
 _T = TypeVar("_T")
 
 
@@ -397,14 +399,20 @@ class SharedStore(BlockStore):
 
         One pipelined STRLEN per key, batched per Cluster node, so the cost is about one round
         trip per node per 1024 keys. Keys on a node that is unreachable (or whose breaker is
-        open) are reported absent. Blocking: call it from the tier's threads, not the
-        scheduler. A key whose value is too short to be a record is reported absent.
+        open) are reported absent but stay in the view. Blocking: call it from the tier's
+        threads, not the scheduler. A value too short to be a record counts as absent.
         """
+        return self._check(keys)[0]
+
+    def _check(self, keys: Iterable[bytes]) -> tuple[set[bytes], set[bytes]]:
+        """(found, gone): gone are keys a server answered for and does not hold."""
         wanted = list(dict.fromkeys(keys))
         for key in wanted:
             check_key(key)
+        found: set[bytes] = set()
+        gone: set[bytes] = set()
         if self._closed or not wanted:
-            return set()
+            return found, gone
         groups: dict[str, list[bytes]] = {}
         for key in wanted:
             try:
@@ -412,13 +420,12 @@ class SharedStore(BlockStore):
             except Exception:
                 node = "cluster"
             groups.setdefault(node, []).append(key)
-        found: set[bytes] = set()
         for group in groups.values():
             for start in range(0, len(group), _EXISTS_BATCH):
-                found |= self._exists_batch(group[start : start + _EXISTS_BATCH])
-        return found
+                self._check_batch(group[start : start + _EXISTS_BATCH], found, gone)
+        return found, gone
 
-    def _exists_batch(self, batch: list[bytes]) -> set[bytes]:
+    def _check_batch(self, batch: list[bytes], found: set[bytes], gone: set[bytes]) -> None:
         server_keys = [self._server_key(k) for k in batch]
 
         def run() -> list[Any]:
@@ -430,22 +437,24 @@ class SharedStore(BlockStore):
         try:
             lengths = self._call(server_keys[0], run)
         except _Unavailable:
-            return set()
-        found = set()
+            return  # no answer is not absence: the view keeps these keys
         for key, length in zip(batch, lengths, strict=True):
             if isinstance(length, int) and length >= HEADER_BYTES:
                 self._view.remember(key, length - HEADER_BYTES)
                 found.add(key)
             else:
                 self._view.forget(key)
-        return found
+                gone.add(key)
 
     def refresh(self) -> int:
-        """Re-check the view's keys on the server (``exists_many``); returns how many left it."""
-        before = set(self._view.snapshot())
-        if not before:
-            return 0
-        return len(before - self.exists_many(before))
+        """Re-check the view's ``REFRESH_BATCH`` oldest keys; returns how many left the view.
+
+        Bounded on purpose: a tier may call this every second, and the view can hold 10^5+
+        keys. Keys found again become the newest, so successive calls sweep the whole view.
+        Other replicas' new keys are not listed here (that would need a SCAN): they are
+        learnt by ``exists_many``.
+        """
+        return len(self._check(self._view.oldest(REFRESH_BATCH))[1])
 
     def verify(self, fix: bool = False) -> list[Problem]:
         """SCAN this namespace's keys on every master and fully verify each value.

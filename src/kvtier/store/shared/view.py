@@ -7,6 +7,7 @@ drops it) and another replica may have added keys (``exists_many`` learns them).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 
@@ -51,6 +52,11 @@ class KeyView:
     def snapshot(self) -> list[bytes]:
         with self._lock:
             return list(self._entries)
+
+    def oldest(self, count: int) -> list[bytes]:
+        """The ``count`` least recently used keys, oldest first."""
+        with self._lock:
+            return list(itertools.islice(self._entries, count))
 
     @property
     def record_bytes(self) -> int:
