@@ -134,3 +134,15 @@ def test_an_unreachable_server_refuses_start_up(tmp_path):
 def test_credentials_never_appear_in_the_tier_description():
     assert redacted_url("redis://kv:s3cret@cache:6379/0") == "redis://cache:6379/0"
     assert redacted_url("redis+cluster://a:1,b:2") == "redis+cluster://a:1,b:2"
+
+
+def test_a_composite_read_refused_by_its_claim_leaves_the_row_untouched():
+    local, shared = MemoryStore(1 << 20), FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    assert store.put(key(3), b"c" * 64)
+    row, bounce = bytearray(64), bytearray(64)
+    assert not store.get_into_when(key(3), memoryview(row), lambda: False, memoryview(bounce))
+    assert row == bytearray(64)
+    assert store.get_into_when(key(3), memoryview(row), lambda: True, memoryview(bounce))
+    assert row == b"c" * 64
+    store.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -75,6 +75,27 @@ class LocalThenShared(BlockStore):
             return False
         self._queue_write_back(key, bytes(out))
         return True
+
+    def get_into_when(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+    ) -> bool:
+        """``get_into`` that writes ``out`` only after ``claim()`` returned True; the local
+        read goes through ``bounce`` (a disk read writes while it waits)."""
+        if self.local.contains(key) and self.local.get_into(key, bounce):
+            if not claim():
+                return False
+            out[:] = bounce
+            return True
+        get_when = getattr(self.shared, "get_into_when", None)
+        if get_when is not None:
+            fetched = get_when(key, out, claim, bounce)
+        else:
+            fetched = self.shared.get_into(key, bounce) and claim()
+            if fetched:
+                out[:] = bounce
+        if fetched:
+            self._queue_write_back(key, bytes(out))
+        return fetched
 
     def _queue_write_back(self, key: bytes, payload: bytes) -> None:
         with self._lock:

@@ -483,12 +483,28 @@ class StoreTier(SecondaryTierManager):
             with self._queued_lock:
                 self._queued_stores -= 1
 
+    def _read(self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
+        """One verified block into its row, never after the load was abandoned.
+
+        Stores that wait before they write (``get_into_when``: the shared store) fill the row
+        once claimed; others read into this thread's bounce buffer first (a disk read writes
+        while it waits).
+        """
+        get_when = getattr(store, "get_into_when", None)
+        if get_when is None:
+            return load_abandonably(
+                load, lambda out: store.get_into(key, out), self._bounce.get(), self._row(row)
+            )
+        try:
+            return bool(get_when(key, self._row(row), load.claim, self._bounce.get()))
+        finally:
+            if load.state is LoadState.COPYING:
+                load.finish()
+
     def _load_one(self, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
         store = self._wait_store()
         started = time.perf_counter()
-        if store is not None and load_abandonably(
-            load, lambda out: store.get_into(key, out), self._bounce.get(), self._row(row)
-        ):
+        if store is not None and self._read(store, key, row, load):
             self.counters.read_seconds += time.perf_counter() - started
             self.counters.loads += 1
             if self._slow_until:

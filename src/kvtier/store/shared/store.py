@@ -317,10 +317,22 @@ class SharedStore(BlockStore):
         return False
 
     def get_into(self, key: bytes, out: memoryview) -> bool:
-        """GET the value (new bytes from the client), copy the payload once into ``out``, verify.
+        """GET the value (new bytes from the client), verify it, copy the payload once into
+        ``out``.
 
         A wrong-sized ``out`` is a plain miss (the record stays); a value failing any check is
         deleted on the server, counted in ``corrupt`` by reason, and missed.
+        """
+        return self.get_into_when(key, out, lambda: True)
+
+    def get_into_when(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: object = None
+    ) -> bool:
+        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+
+        The wait for the server happens before anything is written: a caller that gave up on
+        this load (``claim`` returns False) never finds its buffer changed. ``bounce`` is not
+        needed here (the reply is verified in the client's own bytes).
         """
         check_key(key)
         dest = memoryview(out).cast("B")
@@ -347,12 +359,15 @@ class SharedStore(BlockStore):
             if header.payload_len != dest.nbytes:
                 self._view.remember(key, header.payload_len)
                 return self._miss()
-            dest[:] = raw[HEADER_BYTES:]
-            verify_payload(header, dest)
+            payload = raw[HEADER_BYTES:]
+            verify_payload(header, payload)
         except CorruptRecordError as exc:
             self._drop_corrupt(key, server_key, exc)
             return self._miss()
         self._view.remember(key, header.payload_len)
+        if not claim():
+            return False
+        dest[:] = payload
         with self._lock:
             self._stats.hits += 1
             self._stats.bytes_read += header.payload_len
