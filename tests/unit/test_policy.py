@@ -233,6 +233,20 @@ def test_a_chain_restores_a_marginal_tier_that_a_fast_next_tier_makes_worth_it()
     assert both.restore_tiers == ("disk", "host")
 
 
+def test_a_tier_via_another_pays_both_copies():
+    policy = policy_with({"host": FakeTier(5e9, latency_s=0.0)})
+    policy.add_tier("disk", via="host")
+    policy.observe_load("disk", GIB, 0.5)
+    assert policy.predict_restore_s("disk", GIB) == pytest.approx(0.5 + GIB / 5e9, rel=0.02)
+    assert policy.begin_load("disk", GIB).predicted_s == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_tier_via_an_unknown_tier_is_refused():
+    policy = RestorePolicy(clock=FakeClock())
+    with pytest.raises(ConfigError, match="via='host', which is not a tier yet; add it first"):
+        policy.add_tier("disk", via="host")
+
+
 def test_a_refused_tier_is_counted():
     policy = policy_with({"disk": FakeTier(bandwidth=0.2e9)})
     for _ in range(3):

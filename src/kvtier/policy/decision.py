@@ -176,17 +176,32 @@ class RestorePolicy:
         self._clock = clock
         self._lock = threading.Lock()
         self._tiers: dict[str, TierEstimate] = {}
+        #: Tier whose copy a tier's restores also pass through (disk -> host pool -> engine).
+        self._via: dict[str, str | None] = {}
         #: Policy-clock time of each tier's last measurement or claimed probe.
         self._last_evidence_s: dict[str, float] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
-    def add_tier(self, name: str, prior: RestorePrior = DEFAULT_RESTORE_PRIOR) -> None:
-        """Register a tier with its prior (assumed until measured; choose it on the slow side)."""
+    def add_tier(
+        self, name: str, prior: RestorePrior = DEFAULT_RESTORE_PRIOR, via: str | None = None
+    ) -> None:
+        """Register a tier with its prior (assumed until measured; choose it on the slow side).
+
+        ``via``: a tier added earlier whose copy this tier's restores also pay, e.g. a disk
+        tier whose loads land in the host pool and then take the host pool's copy to the
+        engine: ``add_tier("disk", via="host")``. Predictions for ``name`` then add ``via``'s;
+        loads of ``name`` (``begin_load``) are timed and judged on their own.
+        """
         s = self.settings
         with self._lock:
             if name in self._tiers:
                 raise ConfigError(f"policy: tier {name!r} added twice; give each tier one name")
+            if via is not None and via not in self._tiers:
+                raise ConfigError(
+                    f"policy: tier {name!r} via={via!r}, which is not a tier yet; add it first"
+                )
+            self._via[name] = via
             self._tiers[name] = TierEstimate(
                 name,
                 prior,
@@ -252,7 +267,7 @@ class RestorePolicy:
         total = sum(h.tokens for h in hits)
         with self._lock:
             estimates = [self._tier(h.tier) for h in hits]
-            restore = [e.predict_seconds(h.nbytes) for e, h in zip(estimates, hits, strict=True)]
+            restore = [self._predict(h.tier, h.nbytes) for h in hits]
             recompute_all = self.prefill.recompute_seconds(cached_tokens, total)
             if not hits:
                 return Decision(0, (), 0.0, 0.0, 0.0, "no hit")
@@ -341,9 +356,14 @@ class RestorePolicy:
     # -- introspection --------------------------------------------------------------------
 
     def predict_restore_s(self, tier: str, nbytes: int) -> float:
-        """The tier's current prediction for a load of ``nbytes`` (slow mark included)."""
+        """Predicted seconds to restore ``nbytes`` from ``tier`` (slow marks and ``via`` too)."""
         with self._lock:
-            return self._tier(tier).predict_seconds(nbytes)
+            return self._predict(tier, nbytes)
+
+    def _predict(self, tier: str, nbytes: int) -> float:
+        seconds = self._tier(tier).predict_seconds(nbytes)
+        via = self._via[tier]
+        return seconds + (self._predict(via, nbytes) if via is not None else 0.0)
 
     def snapshot(self) -> PolicySnapshot:
         with self._lock:
