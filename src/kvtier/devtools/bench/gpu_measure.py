@@ -80,7 +80,11 @@ class Results:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data: dict[str, Any] = {"started_unix": time.time(), "sections": {}}
+        self.data: dict[str, Any] = {
+            "started_unix": time.time(),
+            "argv": [sys.executable, "-m", "kvtier.devtools.bench.gpu_measure", *sys.argv[1:]],
+            "sections": {},
+        }
 
     def section(self, name: str, fn: Callable[[], Any]) -> Any:
         print(f"== {name}", flush=True)
