@@ -102,6 +102,21 @@ def test_a_measurement_must_be_positive():
 # -- the prefill model ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("cached", "new", "pairs"), [(0, 4, 8), (10, 4, 48), (1000, 1, 1000.5)])
+def test_attended_pairs_counts_causal_query_key_pairs(cached, new, pairs):
+    # n * (2m + n) / 2: each new token attends to the m cached ones and to the new ones
+    # before it (counting itself as half, the continuous approximation).
+    assert attended_pairs(cached, new) == pairs
+
+
+def test_a_cached_prefix_makes_the_same_new_tokens_dearer():
+    model = PrefillModel(TRUE)
+    extra = TRUE.per_pair_s * 30000 * 2048  # attention to the cached prefix
+    assert model.recompute_seconds(30000, 2048) == pytest.approx(
+        model.recompute_seconds(0, 2048) + extra
+    )
+
+
 def test_the_prefill_model_learns_the_engines_coefficients():
     model = PrefillModel()
     for m, n in STEPS:
