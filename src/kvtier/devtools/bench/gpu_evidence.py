@@ -289,6 +289,21 @@ def render(raw: dict[str, Any], derived: dict[str, Any]) -> str:
     )
     out.append("")
     out.append(
+        "### Break-even restore bandwidth (KV bytes / measured recompute time: a tier must "
+        "sustain more than this, latency aside, to beat recompute)"
+    )
+    out.append("")
+    even_rows = []
+    for name, model in (_result(raw, "prefill") or {"models": {}})["models"].items():
+        steps = {(s["cached"], s["new"]): s["model_s"] for s in model.get("steps", [])}
+        cells = []
+        for ctx in CONTEXTS:
+            t = steps.get((0, ctx))
+            cells.append("–" if t is None else f"{model['kv_bytes_per_token'] * ctx / t / 1e9:.1f}")
+        even_rows.append([name, *cells])
+    out.append(markdown_table(["model", *(f"{c} tokens, GB/s" for c in CONTEXTS)], even_rows))
+    out.append("")
+    out.append(
         "### Prefill fit (calibrated on steps of <= "
         f"{CALIBRATION_MAX_TOKENS} tokens of context, then extrapolated)"
     )
