@@ -45,6 +45,7 @@ def kv_transfer_config(
     fsync: str = "never",
     host_pool_dir: str | os.PathLike[str] | None = None,
     allow_small_tiers: bool = False,
+    restore_decision: bool = True,
     shared: str | None = None,
     shared_username: str | None = None,
     shared_tls_ca_file: str | os.PathLike[str] | None = None,
@@ -72,6 +73,9 @@ def kv_transfer_config(
         cost disk space and page cache; the file is removed however the engine stops.
     allow_small_tiers: start even when a tier cannot hold more than the engine's own KV pool
         (such a tier never serves a restore); kvtier then warns instead of refusing.
+    restore_decision: restore a tier's hit only when its measured restore time beats the
+        measured time to recompute the same tokens (``kvtier.policy``); False restores every
+        hit. Every load has a deadline either way.
     shared: URL of the shared tier on Valkey / Redis: ``redis://HOST:PORT``,
         ``rediss://HOST:PORT`` (TLS) or ``redis+cluster://HOST:PORT[,HOST:PORT...]``. With
         ``disk_dir`` the disk is read first and shared hits are written back to it. Give the
@@ -98,6 +102,7 @@ def kv_transfer_config(
             "host_pool_bytes": host_pool,
             "host_pool_dir": host_pool_dir,
             "allow_small_tiers": allow_small_tiers,
+            "restore_decision": restore_decision,
         }
     )
     connector_extra: dict[str, Any] = {

@@ -154,6 +154,14 @@ class HostPoolSettings(_Settings):
         strict=True,
         **_option("allow_small_tiers / --allow-small-tiers", "give true or false"),
     )
+    restore_decision: bool = Field(
+        default=True,
+        strict=True,
+        **_option(
+            "restore_decision / --no-restore-decision",
+            "give true (restore a hit only when faster than recomputing it) or false",
+        ),
+    )
 
     def to_extra_config(self) -> dict[str, Any]:
         """The spec's keys in ``kv_connector_extra_config``."""

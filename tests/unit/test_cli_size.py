@@ -92,12 +92,17 @@ def test_serve_passes_the_pool_folder_and_the_opt_out_to_the_config(tmp_path):
     assert result.exit_code == 0, result.output
     config = json.loads(result.output.split("--kv-transfer-config ")[1].split("'")[1])
     extra = config["kv_connector_extra_config"]
-    assert extra["kvtier"] == {"host_pool_dir": str(tmp_path), "allow_small_tiers": True}
+    assert extra["kvtier"]["host_pool_dir"] == str(tmp_path)
+    assert extra["kvtier"]["allow_small_tiers"] is True
 
 
 def test_kv_transfer_config_keeps_a_ram_pool_that_refuses_small_tiers_by_default():
     extra = kvtier.kv_transfer_config()["kv_connector_extra_config"]
-    assert extra["kvtier"] == {"host_pool_dir": None, "allow_small_tiers": False}
+    assert extra["kvtier"] == {
+        "host_pool_dir": None,
+        "allow_small_tiers": False,
+        "restore_decision": True,
+    }
 
 
 def test_kv_transfer_config_makes_the_pool_folder_absolute(tmp_path, monkeypatch):

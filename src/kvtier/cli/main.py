@@ -54,6 +54,13 @@ def serve(
             "--allow-small-tiers", help="Warn instead of refusing a tier no larger than the engine."
         ),
     ] = False,
+    restore_decision: Annotated[
+        bool,
+        typer.Option(
+            "--restore-decision/--no-restore-decision",
+            help="Restore a hit only when faster than recomputing it (default on).",
+        ),
+    ] = True,
     shared: Annotated[
         str | None,
         typer.Option(
@@ -95,6 +102,7 @@ def serve(
             fsync=fsync,
             host_pool_dir=host_pool_dir,
             allow_small_tiers=allow_small_tiers,
+            restore_decision=restore_decision,
             shared=shared,
             shared_username=shared_username,
             shared_tls_ca_file=shared_tls_ca_file,

@@ -15,6 +15,7 @@ exists (the worker's spec is built first), then the guards of ``kvtier.vllm.guar
 
 import logging
 import os
+import time
 from typing import Any
 
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
@@ -28,6 +29,7 @@ from kvtier.store import check_root, effective_capacity
 from kvtier.units import format_size
 from kvtier.vllm import host_pool
 from kvtier.vllm.cpu_worker import CpuOffloadingWorker
+from kvtier.vllm.decision import make_policy
 from kvtier.vllm.guards import (
     check_connector_options,
     check_group_kinds,
@@ -65,6 +67,10 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         self._cpu_worker: CpuOffloadingWorker | None = None
         #: The scheduler's one start-up line (kvtier's tiers add their part once open).
         self.startup_line: StartupLine | None = None
+        #: Restore or recompute (scheduler side): tiers register with it and decide through it.
+        self.restore_policy = make_policy(self.settings.restore_decision, time.monotonic)
+        #: The tier that feeds the engine's prefill measurements to the policy.
+        self.prefill_observer: str | None = None
         # KV kinds of each offloaded group, known on the worker side (None: not known).
         self._group_kinds: dict[int, list[str]] | None = None
         # Why the pool was shrunk to fit RAM, if it was (rank 0).
@@ -236,5 +242,6 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         ]
         if others:
             head += f"; other tiers: {', '.join(others)}"
+        head += "; restore decision " + ("on" if self.settings.restore_decision else "off")
         self.startup_line = StartupLine(head, kvtier_tiers)
 

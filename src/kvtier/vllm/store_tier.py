@@ -60,6 +60,7 @@ from kvtier.format import Namespace
 from kvtier.store import BlockStore, set_background_io_priority
 from kvtier.threads import name_os_thread
 from kvtier.vllm import metrics
+from kvtier.vllm.decision import TierDecider, make_policy
 from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
 from kvtier.vllm.startup_line import report_to
 
@@ -108,6 +109,7 @@ class _Job:
     #: Loads only: each block's abandonable state, and the job's deadline (tier clock).
     loads: list[AbandonableLoad] | None = None
     deadline: float = float("inf")
+    ticket: Any = None
 
 
 class StoreTier(SecondaryTierManager):
@@ -144,6 +146,8 @@ class StoreTier(SecondaryTierManager):
         self._negative_ttl_s = negative_ttl_s
         #: Seconds a load job of N bytes may take before it is abandoned.
         self._load_deadline_s = load_deadline_s or (lambda nbytes: LOAD_DEADLINE_S)
+        #: A deadline given by the caller (tests) wins over the policy's.
+        self._explicit_deadline = load_deadline_s is not None
         self._slow_until = 0.0
         self._slow_backoff_s = SLOW_BACKOFF_S
         self._max_queued = max_queued_blocks
@@ -180,12 +184,32 @@ class StoreTier(SecondaryTierManager):
         self._absent_until: dict[OffloadKey, float] = {}
         self._probe_wanted = threading.Event()
         self._opener = threading.Thread(target=self._open_store, name=f"{prefix}-open", daemon=True)
+        self.decider = self._make_decider(offloading_spec)
         if start:
             self.start()
 
     def start(self) -> None:
         """Start opening the store (on its own thread)."""
         self._opener.start()
+
+    def _make_decider(self, spec: Any) -> TierDecider:
+        """This tier's part of the engine's restore-or-recompute policy (the spec's, if it
+        keeps one: kvtier's spec does, vLLM's own CPU spec on CUDA does not)."""
+        policy = getattr(spec, "restore_policy", None)
+        observes_prefill = False
+        if policy is None:
+            policy = make_policy(True, self._clock)
+            observes_prefill = True
+        elif getattr(spec, "prefill_observer", None) is None:
+            spec.prefill_observer = self.metric_tier  # one tier feeds the prefill model
+            observes_prefill = True
+        policy.add_tier(self.metric_tier, via="host")
+        config = self._spec_config
+        tokens = config.groups[0].tokens_per_block if config.groups else 0
+        tokens *= int(getattr(config.cache, "blocks_per_chunk", 1) or 1)
+        return TierDecider(
+            policy, self.metric_tier, tokens, self._row_bytes, self._clock, observes_prefill
+        )
 
     # -- store lifecycle -----------------------------------------------------------------
     @property
@@ -237,6 +261,7 @@ class StoreTier(SecondaryTierManager):
             try:
                 if self._follow:
                     store.refresh()
+                self._maybe_probe(store)
                 self._gauges = {
                     metrics.USED_BYTES: float(store.used_bytes()),
                     metrics.CAPACITY_BYTES: float(getattr(store, "capacity_bytes", 0) or 0),
@@ -258,6 +283,7 @@ class StoreTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        self.decider.on_lookup(req_context)
         store = self.store
         if store is None:
             return LookupResult.MISS if self._open_error is not None else LookupResult.RETRY
@@ -267,7 +293,10 @@ class StoreTier(SecondaryTierManager):
             return self._probe(store, key)
         if self._failed_until and self._recently_failed(key):
             return LookupResult.MISS
-        return LookupResult.HIT
+        return self.decider.hit(key, req_context)
+
+    def on_schedule_end(self, context: Any) -> None:
+        self.decider.end_step()
 
     def _probe(self, store: BlockStore, key: OffloadKey) -> LookupResult:
         """MISS for a store without a server to ask; else RETRY while the server is asked."""
@@ -327,6 +356,7 @@ class StoreTier(SecondaryTierManager):
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
+        self.decider.on_store(keys, job_metadata.req_context)
         with self._queued_lock:
             full = self._max_queued is not None and self._queued_stores + len(keys) > (
                 self._max_queued
@@ -353,9 +383,22 @@ class StoreTier(SecondaryTierManager):
             self._read_pool.submit(self._load_one, k, r, load)
             for k, r, load in zip(keys, rows, loads, strict=True)
         ]
-        deadline = self._clock() + self._load_deadline_s(len(keys) * self._row_bytes)
+        nbytes = len(keys) * self._row_bytes
+        ticket = self.decider.policy.begin_load(self.metric_tier, nbytes)
+        allowed = (
+            self._load_deadline_s(nbytes)
+            if self._explicit_deadline
+            else ticket.deadline_s
+        )
         self._jobs[job_metadata.job_id] = _Job(
-            job_metadata.job_id, True, keys, futures, time.perf_counter(), loads, deadline
+            job_metadata.job_id,
+            True,
+            keys,
+            futures,
+            time.perf_counter(),
+            loads,
+            self._clock() + allowed,
+            ticket,
         )
 
     def _submit(self, job: TransferJob, keys: list[OffloadKey], is_load: bool) -> None:
@@ -384,6 +427,8 @@ class StoreTier(SecondaryTierManager):
         """A load missed its deadline: count it, skip the tier for a while, miss its keys."""
         now = self._clock()
         self.counters.loads_abandoned += abandoned
+        if job.ticket is not None:
+            self.decider.policy.abandon_load(job.ticket)
         self._slow_until = now + self._slow_backoff_s
         logger.warning(
             "kvtier %s: a load of %d block(s) overran its deadline; %d abandoned and "
@@ -403,6 +448,8 @@ class StoreTier(SecondaryTierManager):
         results: list[JobResult] = []
         for job_id in [j for j, job in self._jobs.items() if self._finished(job)]:
             job = self._jobs.pop(job_id)
+            if job.ticket is not None and not job.ticket.abandoned:
+                self.decider.policy.end_load(job.ticket)
             outcomes = [f.done() and _succeeded(f, self.label) for f in job.futures]
             ok_keys = [k for k, ok in zip(job.keys, outcomes, strict=True) if ok]
             success = len(ok_keys) == len(job.keys)
@@ -435,6 +482,23 @@ class StoreTier(SecondaryTierManager):
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
             store.close()
+
+    def _maybe_probe(self, store: BlockStore) -> None:
+        """A refused or never-measured tier gets a timed read of one stored record off any
+        request's path (the policy says when), so it can show that it recovered."""
+        if not self.decider.policy.probe_due(self.metric_tier):
+            return
+        key = next(iter(store.keys()), None)
+        if key is None:
+            return
+
+        def probe() -> None:
+            started = time.perf_counter()
+            if store.get_into(key, self._bounce.get()):
+                seconds = time.perf_counter() - started
+                self.decider.policy.observe_load(self.metric_tier, self._row_bytes, seconds)
+
+        self._read_pool.submit(probe)
 
     # -- metrics -------------------------------------------------------------------------
     @classmethod
