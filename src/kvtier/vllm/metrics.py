@@ -23,6 +23,11 @@ kvtier:tier_io_seconds               counter  s       time in store I/O (``direc
 kvtier:tier_reconnects               counter  events  reconnects to the shared tier's server
 kvtier:tier_used_bytes               gauge    bytes   bytes held under the cap (all engines)
 kvtier:tier_capacity_bytes           gauge    bytes   the cap (0: the server's business)
+kvtier:tier_loads_abandoned          counter  blocks  loads abandoned at their deadline
+kvtier:restore_decisions             counter  reqs    per-request verdicts (``verdict``)
+kvtier:tier_estimated_bandwidth      gauge    B/s     the policy's restore bandwidth estimate
+kvtier:tier_slow                     gauge    0/1     the tier overran a deadline, not recovered
+kvtier:prefill_seconds_per_token     gauge    s       the policy's per-token prefill estimate
 ===================================  =======  ======  =========================================
 """
 
@@ -54,6 +59,11 @@ IO_SECONDS = "kvtier:tier_io_seconds"
 RECONNECTS = "kvtier:tier_reconnects"
 USED_BYTES = "kvtier:tier_used_bytes"
 CAPACITY_BYTES = "kvtier:tier_capacity_bytes"
+ABANDONED = "kvtier:tier_loads_abandoned"
+DECISIONS = "kvtier:restore_decisions"
+EST_BANDWIDTH = "kvtier:tier_estimated_bandwidth"
+SLOW = "kvtier:tier_slow"
+PREFILL_PER_TOKEN = "kvtier:prefill_seconds_per_token"
 
 _TIER = ("tier",)
 
@@ -88,6 +98,15 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         RECONNECTS: counter("Reconnects of the shared tier to its server."),
         USED_BYTES: gauge("Bytes held under the kvtier tier's cap (every engine sharing it)."),
         CAPACITY_BYTES: gauge("Byte cap of the kvtier tier (0: capacity is the server's)."),
+        ABANDONED: counter("Block loads abandoned at their deadline (then recomputed)."),
+        DECISIONS: counter(
+            "Requests whose tier hit was restored or recomputed, by verdict (restore, "
+            "recompute, unmeasured: restored before prefill was measured, off: decision off).",
+            ("tier", "verdict"),
+        ),
+        EST_BANDWIDTH: gauge("The restore policy's bandwidth estimate of the tier, bytes/s."),
+        SLOW: gauge("1 while the tier is marked slow after overrunning a load deadline."),
+        PREFILL_PER_TOKEN: gauge("The restore policy's prefill estimate, seconds per token."),
     }
 
 
@@ -109,6 +128,7 @@ def snapshot(
     ``StoreStats`` of each of its stores (under the store's own word)."""
     label = (tier_word,)
     counters: dict[tuple[str, tuple[str, ...]], float] = {
+        (ABANDONED, label): tier_counters.loads_abandoned,
         (STORED, label): tier_counters.stores,
         (LOADED, label): tier_counters.loads,
         (LOAD_FAILURES, label): tier_counters.load_failures,

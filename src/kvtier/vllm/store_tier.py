@@ -519,9 +519,26 @@ class StoreTier(SecondaryTierManager):
             else []
         )
         now = metrics.snapshot(self.metric_tier, stores, self.counters, self._gauges)
+        self._add_decision_figures(now)
         delta = metrics.delta_stats(self._reported, now)
         self._reported = now
         return delta
+
+    def _add_decision_figures(self, snap: metrics.TierSnapshot) -> None:
+        counts = self.decider.counts
+        for verdict in ("restore", "recompute", "unmeasured", "off"):
+            snap.counters[(metrics.DECISIONS, (self.metric_tier, verdict))] = getattr(
+                counts, verdict
+            )
+        policy = self.decider.policy.snapshot()
+        estimate = policy.tiers.get(self.metric_tier)
+        label = (self.metric_tier,)
+        if estimate is not None:
+            bandwidth = estimate.bandwidth_bytes_per_s
+            if bandwidth != float("inf"):
+                snap.gauges[(metrics.EST_BANDWIDTH, label)] = bandwidth
+            snap.gauges[(metrics.SLOW, label)] = 1.0 if estimate.slow else 0.0
+        snap.gauges[(metrics.PREFILL_PER_TOKEN, label)] = policy.prefill.per_token_s
 
     # -- I/O threads ---------------------------------------------------------------------
     def _row(self, row: int) -> memoryview:
