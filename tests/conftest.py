@@ -1,6 +1,5 @@
 """Shared fixtures: models built once per session, engines closed even when a test fails."""
 
-import random
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path

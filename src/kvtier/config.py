@@ -7,22 +7,22 @@ vLLM's stock ``OffloadingConnector`` and plugs kvtier in through ``spec_module_p
 """
 
 import os
-from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.units import parse_size
+from kvtier.settings import (
+    DISK_TIER_MODULE,
+    DISK_TIER_TYPE,
+    SPEC_MODULE,
+    SPEC_NAME,
+    DiskTierSettings,
+    HostPoolSettings,
+    SharedTierSettings,
+)
 
-SPEC_NAME = "KvtierCpuSpec"
-SPEC_MODULE = "kvtier.vllm.spec"
+__all__ = ["DEFAULT_HOST_POOL", "DISK_TIER_MODULE", "DISK_TIER_TYPE", "kv_transfer_config"]
 
 DEFAULT_HOST_POOL = "2GiB"
-DISK_TIER_TYPE = "KvtierDiskTier"
-DISK_TIER_MODULE = "kvtier.vllm.disk_tier"
-# Without a given capacity the disk tier takes a quarter of its file system, at most 256 GiB:
-# large enough to outlast the engine's own pool many times, small enough to share the disk.
-AUTO_CAPACITY_FRACTION = 0.25
-AUTO_CAPACITY_MAX = 256 * 2**30
 # Upstream connector keys a user may still pass through ``extra``; anything else is a typo.
 PASSTHROUGH_KEYS = frozenset(
     {
@@ -36,15 +36,6 @@ PASSTHROUGH_KEYS = frozenset(
 )
 
 
-def auto_disk_capacity(disk_dir: Path) -> int:
-    """Default disk-tier cap: a quarter of the file system holding ``disk_dir``, <= 256 GiB."""
-    probe = disk_dir
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    st = os.statvfs(probe)
-    return min(int(st.f_blocks * st.f_frsize * AUTO_CAPACITY_FRACTION), AUTO_CAPACITY_MAX)
-
-
 def kv_transfer_config(
     host_pool: int | str = DEFAULT_HOST_POOL,
     disk_dir: str | os.PathLike[str] | None = None,
@@ -54,6 +45,12 @@ def kv_transfer_config(
     fsync: str = "never",
     host_pool_dir: str | os.PathLike[str] | None = None,
     allow_small_tiers: bool = False,
+    restore_decision: bool = True,
+    shared: str | None = None,
+    shared_username: str | None = None,
+    shared_tls_ca_file: str | os.PathLike[str] | None = None,
+    shared_tls_cert_file: str | os.PathLike[str] | None = None,
+    shared_tls_key_file: str | os.PathLike[str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build vLLM's ``kv_transfer_config`` dict for kvtier.
@@ -62,8 +59,9 @@ def kv_transfer_config(
         tensor-parallel ranks. Blocks evicted from the engine's KV cache are restored from here.
     disk_dir: folder of the persistent disk tier; ``None`` keeps only the host pool. Blocks
         written here survive engine restarts and are served to a fresh process.
-    disk_capacity: byte cap of the disk tier (e.g. ``"64GiB"``); default: a quarter of the file
-        system holding ``disk_dir``, at most 256 GiB. Least recently used blocks are evicted.
+    disk_capacity: byte cap of the disk folder (e.g. ``"64GiB"``), a setting of the folder shared
+        by every engine that uses it; unset keeps the folder's cap (a new folder gets a quarter
+        of its file system, at most 256 GiB). Least recently used blocks are evicted.
     disk_threads: I/O threads of the disk tier for reads and for writes, each.
     disk_tier: ``"kvtier"`` (checksummed, bounded, crash-safe; the default) or ``"fs"`` (vLLM's
         stock tier: unbounded, unverified; kept for comparisons).
@@ -75,64 +73,90 @@ def kv_transfer_config(
         cost disk space and page cache; the file is removed however the engine stops.
     allow_small_tiers: start even when a tier cannot hold more than the engine's own KV pool
         (such a tier never serves a restore); kvtier then warns instead of refusing.
+    restore_decision: restore a tier's hit only when its measured restore time beats the
+        measured time to recompute the same tokens (``kvtier.policy``); False restores every
+        hit. Every load has a deadline either way.
+    shared: URL of the shared tier on Valkey / Redis: ``redis://HOST:PORT``,
+        ``rediss://HOST:PORT`` (TLS) or ``redis+cluster://HOST:PORT[,HOST:PORT...]``. With
+        ``disk_dir`` the disk is read first and shared hits are written back to it. Give the
+        password in the environment variable ``KVTIER_SHARED_PASSWORD`` (read by the engine's
+        processes), not in the URL, so it stays off command lines.
+    shared_username: ACL user of the shared tier (default: the server's default user).
+    shared_tls_ca_file, shared_tls_cert_file, shared_tls_key_file: TLS files (``rediss://``).
     extra: upstream ``OffloadingConnector`` options passed through unchanged
         (one of ``PASSTHROUGH_KEYS``).
+
+    Every value is validated here by ``kvtier.settings`` (the same code the engine runs on the
+    dict); a bad one raises ``ConfigError`` naming the option and the fix.
     """
-    host_pool_bytes = parse_size(host_pool, "host_pool")
-    if host_pool_bytes <= 0:
-        raise ConfigError("host_pool=0; give the host pool a size such as '2GiB'")
-    if not isinstance(disk_threads, int) or disk_threads < 1:
-        raise ConfigError(f"disk_threads={disk_threads!r}; give a positive integer such as 4")
     extra = dict(extra or {})
     unknown = sorted(set(extra) - PASSTHROUGH_KEYS)
     if unknown:
         raise ConfigError(f"unknown extra option(s) {unknown}; known: {sorted(PASSTHROUGH_KEYS)}")
-
+    if disk_tier not in ("kvtier", "fs"):
+        raise ConfigError(f"disk_tier={disk_tier!r}; use 'kvtier' (default) or 'fs'")
+    if disk_dir is None and disk_capacity is not None:
+        raise ConfigError("disk_capacity is set but disk_dir is not; give disk_dir too")
+    pool = HostPoolSettings.parse(
+        {
+            "host_pool_bytes": host_pool,
+            "host_pool_dir": host_pool_dir,
+            "allow_small_tiers": allow_small_tiers,
+            "restore_decision": restore_decision,
+        }
+    )
     connector_extra: dict[str, Any] = {
         "spec_name": SPEC_NAME,
         "spec_module_path": SPEC_MODULE,
-        "cpu_bytes_to_use": host_pool_bytes,
+        **pool.to_extra_config(),
         "secondary_tiers": [],
         **extra,
     }
-    if host_pool_dir is not None:
-        connector_extra["kvtier_host_pool_dir"] = str(Path(host_pool_dir).expanduser().absolute())
-    if not isinstance(allow_small_tiers, bool):
-        raise ConfigError(f"allow_small_tiers={allow_small_tiers!r}; give True or False")
-    if allow_small_tiers:
-        connector_extra["kvtier_allow_small_tiers"] = True
-    if disk_tier not in ("kvtier", "fs"):
-        raise ConfigError(f"disk_tier={disk_tier!r}; use 'kvtier' (default) or 'fs'")
-    if fsync not in ("never", "data", "always"):
-        raise ConfigError(f"fsync={fsync!r}; use 'never' (default), 'data' or 'always'")
-    if disk_dir is not None:
-        root = Path(disk_dir).expanduser().absolute()
-        if disk_tier == "fs":
-            tier: dict[str, Any] = {
-                "type": "fs",
-                "root_dir": str(root),
-                "n_read_threads": disk_threads,
-                "n_write_threads": disk_threads,
+    shared_settings = None
+    if shared is not None:
+        shared_settings = SharedTierSettings.parse(
+            {
+                "url": shared,
+                "username": shared_username,
+                "tls_ca_file": shared_tls_ca_file,
+                "tls_cert_file": shared_tls_cert_file,
+                "tls_key_file": shared_tls_key_file,
             }
-        else:
-            capacity = (
-                auto_disk_capacity(root)
-                if disk_capacity is None
-                else parse_size(disk_capacity, "disk_capacity")
-            )
-            if capacity <= 0:
-                raise ConfigError("disk_capacity=0; give the disk tier a size such as '64GiB'")
-            tier = {
-                "type": DISK_TIER_TYPE,
-                "module_path": DISK_TIER_MODULE,
-                "root_dir": str(root),
-                "capacity_bytes": capacity,
+        )
+    elif shared_username or shared_tls_ca_file or shared_tls_cert_file or shared_tls_key_file:
+        raise ConfigError("shared_* options are set but shared is not; give the shared URL too")
+    if disk_dir is not None:
+        disk = DiskTierSettings.parse(
+            {
+                "root_dir": disk_dir,
+                "capacity_bytes": disk_capacity,
                 "io_threads": disk_threads,
                 "fsync": fsync,
+                "shared": shared_settings if disk_tier == "kvtier" else None,
             }
+        )
+        if disk_tier == "fs":
+            if shared_settings is not None:
+                raise ConfigError(
+                    "disk_tier='fs' (vLLM's stock tier, for comparisons) cannot sit in front "
+                    "of the shared tier; use disk_tier='kvtier' (default) with shared"
+                )
+            if disk_capacity is not None or fsync != "never":
+                raise ConfigError(
+                    "disk_tier='fs' (vLLM's stock tier) has no cap and no fsync policy; "
+                    "remove disk_capacity/fsync or use disk_tier='kvtier'"
+                )
+            tier: dict[str, Any] = {
+                "type": "fs",
+                "root_dir": str(disk.root_dir),
+                "n_read_threads": disk.io_threads,
+                "n_write_threads": disk.io_threads,
+            }
+        else:
+            tier = disk.to_tier_config()
         connector_extra["secondary_tiers"].append(tier)
-    elif disk_capacity is not None:
-        raise ConfigError("disk_capacity is set but disk_dir is not; give disk_dir too")
+    elif shared_settings is not None:
+        connector_extra["secondary_tiers"].append(shared_settings.to_tier_config())
     return {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",

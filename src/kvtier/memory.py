@@ -184,7 +184,7 @@ def clamp_host_pool(
             f"kvtier: host pool: no RAM to spare for even one {format_size(row_bytes)} row "
             f"({basis}; host_pool={format_size(requested_bytes)}). Free memory, lower "
             "VLLM_CPU_KVCACHE_SPACE, or back the pool with a file on local disk: "
-            "host_pool_dir='/path/on/local/disk' (kvtier_host_pool_dir)"
+            "host_pool_dir='/path/on/local/disk' (--host-pool-dir)"
         )
     return PoolClamp(
         rows * row_bytes,
@@ -208,5 +208,5 @@ def check_shm_space(pool_bytes: int, shm_dir: str = "/dev/shm") -> None:
             f"kvtier: host pool {format_size(pool_bytes)} does not fit in {shm_dir} "
             f"({format_size(free)} free). Enlarge {shm_dir} (docker: --shm-size or --ipc=host), "
             "give a smaller host_pool, or back the pool with a file on local disk: "
-            "host_pool_dir='/path/on/local/disk' (kvtier_host_pool_dir)"
+            "host_pool_dir='/path/on/local/disk' (--host-pool-dir)"
         )

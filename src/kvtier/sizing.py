@@ -351,6 +351,6 @@ def enforce(verdict: SizingVerdict, allow_small_tiers: bool) -> list[str]:
         raise ConfigError(
             "kvtier: tier sizing trap: "
             + " | ".join(verdict.traps)
-            + ". To start anyway, pass allow_small_tiers=True (kvtier_allow_small_tiers)"
+            + ". To start anyway, pass allow_small_tiers=True (--allow-small-tiers)"
         )
     return [*verdict.traps, *verdict.notes]

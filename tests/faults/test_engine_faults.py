@@ -29,7 +29,6 @@ import pytest
 
 from kvtier.devtools.harness import EngineConfig, EngineError, EngineProcess
 from kvtier.vllm.regions import SHM_DIR
-from tests.support.prompts import random_prompt
 from tests.support.engine import (
     DISK_CAP_BYTES,
     ENGINE_BLOCKS,
@@ -51,6 +50,7 @@ from tests.support.faults import (
     DAMAGES,
     Outside,
     Sources,
+    bind_readonly,
     fd_count,
     fill,
     key_of_record,
@@ -61,7 +61,7 @@ from tests.support.faults import (
     tmpfs,
     unmount,
 )
-from tests.support.faults import bind_readonly
+from tests.support.prompts import random_prompt
 from tests.support.store import make_namespace
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.timeout(1800)]

@@ -29,7 +29,10 @@ class StoreContract:
 
     def ground_truth(self, store: BlockStore) -> dict[bytes, bytes]:
         """key -> payload of every record ``store`` holds, read without its API."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must supply ground_truth(store): the backend's records "
+            f"read around the store's API (files, server values, the internal dict)"
+        )
 
     def assert_truth(self, store: BlockStore, expected: dict[bytes, bytes | None]) -> None:
         """The backend holds exactly the keys the store lists, each key of ``expected`` with

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kvtier
-from kvtier.format import Namespace
 from kvtier.devtools.harness import EngineConfig, EngineProcess, GenerateResult
 from kvtier.devtools.harness.oracle import ResumeReference, check_restore
+from kvtier.format import Namespace
 from kvtier.store import DiskStore
 from kvtier.units import parse_size
 

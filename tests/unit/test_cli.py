@@ -1,10 +1,14 @@
 """`kvtier serve` builds the API-server command line; bad options exit 2 with the fix."""
 
 import json
+import os
 import shlex
+import site
+from pathlib import Path
 
 from typer.testing import CliRunner
 
+from kvtier.cli import serve
 from kvtier.cli.main import app
 
 runner = CliRunner()
@@ -46,4 +50,63 @@ def test_serve_refuses_a_second_transfer_config():
 def test_serve_reports_a_bad_size_as_a_usage_error():
     result = runner.invoke(app, ["serve", "m", "--dry-run", "--host-pool", "lots"])
     assert result.exit_code == 2
-    assert "host_pool='lots'" in result.output
+    assert "(host_pool / --host-pool)='lots': not a size" in result.output
+
+
+def run_serve_capturing_exec(monkeypatch, env_changes: dict[str, str | None]) -> tuple[dict, dict]:
+    """``kvtier serve m`` with ``os.execve`` caught: (caller's env, server's env)."""
+    seen: dict[str, dict[str, str]] = {}
+
+    def fake_execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        seen["caller"] = dict(os.environ)
+        seen["server"] = dict(env)
+
+    monkeypatch.setattr(os, "execve", fake_execve)
+    result = runner.invoke(app, ["serve", "m"], env=env_changes)
+    assert result.exit_code == 0, result.output
+    return seen["caller"], seen["server"]
+
+
+def test_serve_passes_the_callers_environment_through_adding_only_pythonpath(monkeypatch):
+    monkeypatch.setattr(serve, "installed", lambda: False)
+    caller, server = run_serve_capturing_exec(
+        monkeypatch,
+        {
+            "HF_HUB_OFFLINE": None,
+            "TRANSFORMERS_OFFLINE": None,
+            "VLLM_NO_USAGE_STATS": None,
+            "HF_TOKEN": "t0ken",
+            "PYTHONPATH": "/elsewhere",
+        },
+    )
+    assert server == caller | {"PYTHONPATH": os.pathsep.join([str(serve.SRC_DIR), "/elsewhere"])}
+    assert "HF_HUB_OFFLINE" not in server, "a machine that can download models must be able to"
+
+
+def test_serve_leaves_the_callers_offline_choice_alone(monkeypatch):
+    monkeypatch.setattr(serve, "installed", lambda: False)
+    _, server = run_serve_capturing_exec(monkeypatch, {"HF_HUB_OFFLINE": "0"})
+    assert server["HF_HUB_OFFLINE"] == "0"
+
+
+def test_an_installed_kvtier_serves_with_the_environment_unchanged(monkeypatch):
+    monkeypatch.setattr(serve, "installed", lambda: True)
+    caller, server = run_serve_capturing_exec(monkeypatch, {"PYTHONPATH": None})
+    assert server == caller
+    assert "PYTHONPATH" not in server
+
+
+def test_kvtier_already_on_pythonpath_is_not_added_twice(monkeypatch):
+    monkeypatch.setattr(serve, "installed", lambda: False)
+    base = {"PYTHONPATH": os.pathsep.join(["/a", str(serve.SRC_DIR)])}
+    assert serve.serve_env(base) == base
+
+
+def test_a_source_tree_is_not_mistaken_for_an_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(serve, "SRC_DIR", tmp_path)
+    assert not serve.installed()
+
+
+def test_a_kvtier_in_site_packages_counts_as_installed(monkeypatch):
+    monkeypatch.setattr(serve, "SRC_DIR", Path(site.getsitepackages()[0]).resolve())
+    assert serve.installed()

@@ -92,21 +92,25 @@ def test_serve_passes_the_pool_folder_and_the_opt_out_to_the_config(tmp_path):
     assert result.exit_code == 0, result.output
     config = json.loads(result.output.split("--kv-transfer-config ")[1].split("'")[1])
     extra = config["kv_connector_extra_config"]
-    assert extra["kvtier_host_pool_dir"] == str(tmp_path)
-    assert extra["kvtier_allow_small_tiers"] is True
+    assert extra["kvtier"]["host_pool_dir"] == str(tmp_path)
+    assert extra["kvtier"]["allow_small_tiers"] is True
 
 
-def test_kv_transfer_config_leaves_pool_options_out_by_default():
+def test_kv_transfer_config_keeps_a_ram_pool_that_refuses_small_tiers_by_default():
     extra = kvtier.kv_transfer_config()["kv_connector_extra_config"]
-    assert not any(key.startswith("kvtier_") for key in extra)
+    assert extra["kvtier"] == {
+        "host_pool_dir": None,
+        "allow_small_tiers": False,
+        "restore_decision": True,
+    }
 
 
 def test_kv_transfer_config_makes_the_pool_folder_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     extra = kvtier.kv_transfer_config(host_pool_dir="pool")["kv_connector_extra_config"]
-    assert extra["kvtier_host_pool_dir"] == str(tmp_path / "pool")
+    assert extra["kvtier"]["host_pool_dir"] == str(tmp_path / "pool")
 
 
 def test_kv_transfer_config_refuses_a_non_bool_opt_out():
-    with pytest.raises(ConfigError, match=r"allow_small_tiers=.yes."):
+    with pytest.raises(ConfigError, match=r"allow_small_tiers \(.*\)='yes'.*give true or false"):
         kvtier.kv_transfer_config(allow_small_tiers="yes")

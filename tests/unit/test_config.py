@@ -1,7 +1,6 @@
 """``kvtier.kv_transfer_config`` builds what vLLM expects and rejects bad input clearly."""
 
 import json
-import os
 
 import pytest
 
@@ -35,11 +34,12 @@ def test_disk_dir_adds_kvtiers_disk_tier_with_an_absolute_root(tmp_path, monkeyp
     assert tier["capacity_bytes"] == 8 * 2**30
 
 
-def test_default_disk_capacity_is_a_quarter_of_the_file_system_at_most_256gib(tmp_path):
+def test_without_a_disk_capacity_the_folder_keeps_its_own_cap(tmp_path):
+    """The cap is a setting of the folder (the store's default for a new one)."""
     cfg = kvtier.kv_transfer_config(disk_dir=tmp_path / "not-yet" / "created")
     (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
-    st = os.statvfs(tmp_path)
-    assert tier["capacity_bytes"] == min(st.f_blocks * st.f_frsize // 4, 256 * 2**30)
+    assert tier["capacity_bytes"] is None
+    assert not (tmp_path / "not-yet").exists(), "building the config creates nothing"
 
 
 def test_stock_fs_tier_stays_available_for_comparisons(tmp_path):
@@ -53,13 +53,14 @@ def test_stock_fs_tier_stays_available_for_comparisons(tmp_path):
     ("kwargs", "match"),
     [
         ({"disk_tier": "nfs"}, "disk_tier='nfs'"),
-        ({"fsync": "sometimes"}, "fsync='sometimes'"),
+        ({"fsync": "sometimes"}, r"fsync \(fsync / --fsync\)='sometimes'"),
+        ({"disk_tier": "fs", "disk_capacity": "1GiB"}, "disk_tier='fs'"),
         ({"disk_capacity": "1GiB"}, "disk_dir"),
         ({"disk_threads": 0}, "disk_threads"),
     ],
 )
 def test_bad_disk_options_say_what_to_do(tmp_path, kwargs, match):
-    if "disk_capacity" not in kwargs:
+    if "disk_capacity" not in kwargs or "disk_tier" in kwargs:
         kwargs = {"disk_dir": tmp_path, **kwargs}
     with pytest.raises(ConfigError, match=match):
         kvtier.kv_transfer_config(**kwargs)
@@ -89,3 +90,31 @@ def test_parse_size(text, expected):
 def test_format_size_uses_binary_units():
     assert format_size(3 * 2**29) == "1.50 GiB"
     assert format_size(512) == "512 B"
+
+
+def test_shared_with_a_disk_folder_is_one_tier_local_first(tmp_path):
+    cfg = kvtier.kv_transfer_config(disk_dir=tmp_path, shared="redis://127.0.0.1:6390")
+    (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["type"] == "KvtierDiskTier"
+    assert tier["shared"]["url"] == "redis://127.0.0.1:6390"
+    json.dumps(cfg)
+
+
+def test_shared_alone_is_the_shared_tier():
+    cfg = kvtier.kv_transfer_config(shared="redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
+    (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["type"] == "KvtierSharedTier"
+    assert tier["module_path"] == "kvtier.vllm.shared_tier"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"shared": "http://cache:6379"}, r"url \(shared / --shared\)='http://cache:6379'"),
+        ({"shared_username": "kv"}, "give the shared URL too"),
+        ({"shared": "redis://h:1", "disk_tier": "fs", "disk_dir": "/tmp"}, "disk_tier='fs'"),
+    ],
+)
+def test_bad_shared_options_say_what_to_do(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        kvtier.kv_transfer_config(**kwargs)

@@ -5,10 +5,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from kvtier.native import page_copier
 from kvtier.dataplane import copy_engine
 from kvtier.dataplane.copy_engine import SPLIT_MIN_BYTES, CopyEngine, run_plan
 from kvtier.dataplane.host_layout import CopyPlan
+from kvtier.native import page_copier
 
 PAGE = 1 << 16
 

@@ -1,5 +1,6 @@
 """KvtierDiskTier against a fake host pool: the SecondaryTierManager contract, no engine."""
 
+import threading
 import time
 from types import SimpleNamespace
 
@@ -17,6 +18,8 @@ from vllm.v1.kv_offload.config import (
 )
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from kvtier.errors import ConfigError
+from kvtier.store import MemoryStore
 from kvtier.vllm.disk_tier import REFRESH_INTERVAL_S, KvtierDiskTier
 
 ROWS, ROW_BYTES = 8, 8192
@@ -46,7 +49,8 @@ def tier(tmp_path, pool):
     init_none_hash(sha256)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     made = KvtierDiskTier(
-        spec, memoryview(pool), "KvtierDiskTier", str(tmp_path / "disk"), capacity_bytes="1MiB"
+        spec, memoryview(pool), "KvtierDiskTier", root_dir=str(tmp_path / "disk"),
+        capacity_bytes="1MiB",
     )
     yield made
     made.shutdown()
@@ -90,7 +94,9 @@ def test_stored_rows_load_back_into_other_rows(tier, pool):
 def test_lookup_retries_until_the_store_is_open_then_misses(tmp_path, pool):
     init_none_hash(sha256)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
-    tier = KvtierDiskTier(spec, memoryview(pool), "t", str(tmp_path / "d"), capacity_bytes="1MiB")
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), capacity_bytes="1MiB"
+    )
     try:
         seen = set()
         deadline = time.monotonic() + 30
@@ -146,19 +152,67 @@ def test_drain_waits_for_every_job_and_pending_work_is_reported(tier, pool):
     assert not tier.has_pending_work()
 
 
-def test_an_unusable_root_disables_the_tier_without_raising(tmp_path, pool):
-    init_none_hash(sha256)
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"fsync": "sometimes"}, r"fsync \(fsync / --fsync\)='sometimes'.*'never'"),
+        ({"io_threads": 0}, r"io_threads \(disk_threads / --disk-threads\)=0"),
+        ({"capacity_bytes": "lots"}, r"capacity_bytes \(disk_capacity / --disk-capacity\)"),
+        ({"colour": "blue"}, r"unknown disk tier option\(s\) \['colour'\]; known: \["),
+    ],
+)
+def test_bad_options_refuse_start_up_naming_the_option(tmp_path, pool, options, match):
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    with pytest.raises(ConfigError, match=match):
+        KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), **options)
+    assert not (tmp_path / "d").exists(), "a refused start-up leaves no folder behind"
+
+
+def test_an_unusable_root_refuses_start_up_naming_disk_dir(tmp_path, pool):
     root = tmp_path / "file"
     root.write_text("not a folder")
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
-    tier = KvtierDiskTier(spec, memoryview(pool), "t", str(root), capacity_bytes="1MiB")
+    with pytest.raises(ConfigError, match="disk_dir"):
+        KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(root), capacity_bytes="1MiB")
+    assert root.read_text() == "not a folder"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failed_key_is_a_miss_until_its_negative_entry_expires(tmp_path, pool):
+    """MemoryStore as the tier's store and a fake clock: the negative cache expires."""
+    init_none_hash(sha256)
+    clock = FakeClock()
+    stores: list[MemoryStore] = []
+
+    def memory_store(settings, namespace):
+        stores.append(MemoryStore(1 << 20))
+        return stores[-1]
+
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"),
+        store_factory=memory_store, clock=clock, negative_ttl_s=60.0,
+    )
     try:
-        deadline = time.monotonic() + 30
-        while tier.lookup(key(1), CTX) is LookupResult.RETRY:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert tier.lookup(key(1), CTX) is LookupResult.MISS
-        assert not run(tier, 1, [key(1)], [0], False).success
+        wait_open(tier)
+        pool[0] = 9
+        assert run(tier, 1, [key(4)], [0], False).success
+        (store,) = stores
+        store._records[key(4)] = b"short"  # a damaged record: wrong length, the load fails
+        assert not run(tier, 2, [key(4)], [3], True).success
+        assert tier.lookup(key(4), CTX) is LookupResult.MISS
+        clock.now += 59.0
+        assert tier.lookup(key(4), CTX) is LookupResult.MISS, "still inside its TTL"
+        clock.now += 2.0
+        assert tier.lookup(key(4), CTX) is LookupResult.HIT, "offered again once expired"
+        assert tier.counters.load_failures == 1
     finally:
         tier.shutdown()
 
@@ -178,7 +232,7 @@ def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_pat
     other_pool = np.zeros_like(pool)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     other = KvtierDiskTier(
-        spec, memoryview(other_pool), "t", str(tmp_path / "disk"), capacity_bytes="1MiB"
+        spec, memoryview(other_pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
     )
     try:
         wait_open(tier)
@@ -194,3 +248,72 @@ def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_pat
         assert (other_pool[4] == 42).all()
     finally:
         other.shutdown()
+
+
+def test_tier_metrics_report_what_changed_since_the_last_call(tier, pool):
+    from kvtier.vllm import metrics
+
+    definitions = KvtierDiskTier.build_metric_definitions({})
+    assert metrics.STORED in definitions and metrics.QUARANTINED in definitions
+    wait_open(tier)
+    tier.get_stats()  # whatever start-up reported
+    pool[0], pool[1] = 1, 2
+    assert run(tier, 1, [key(1), key(2)], [0, 1], False).success
+    path = tier._wait_store().record_path(key(2))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    run(tier, 2, [key(1), key(2)], [4, 5], True)
+    counters = tier.get_stats().data["data"]
+    assert counters[metrics.STORED] == {("disk",): 2}
+    assert counters[metrics.LOADED] == {("disk",): 1}
+    assert counters[metrics.LOAD_FAILURES] == {("disk",): 1}
+    assert counters[metrics.QUARANTINED] == {("disk", "checksum"): 1}
+    again = tier.get_stats()
+    assert again is None or metrics.STORED not in again.data["data"], "counters are deltas"
+
+
+class StallingStore(MemoryStore):
+    """A MemoryStore whose loads hang until released (a stalled disk)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.release = threading.Event()
+        self.reading = threading.Event()
+
+    def get_into(self, key, out):
+        self.reading.set()
+        self.release.wait(30)
+        return super().get_into(key, out)
+
+
+def test_a_load_past_its_deadline_is_abandoned_and_never_writes_its_row(tmp_path, pool):
+    init_none_hash(sha256)
+    clock = FakeClock()
+    stalling = StallingStore()
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"),
+        store_factory=lambda settings, namespace: stalling, clock=clock,
+        load_deadline_s=lambda nbytes: 2.0,
+    )
+    try:
+        wait_open(tier)
+        pool[0] = 7
+        assert run(tier, 1, [key(3)], [0], False).success
+        job = TransferJob(2, [key(3)], np.array([5], dtype=np.int32), True, CTX)
+        tier.submit_load(job)
+        assert stalling.reading.wait(10)
+        assert list(tier.get_finished_jobs()) == [], "still inside its deadline"
+        clock.now += 2.5
+        (result,) = tier.get_finished_jobs()
+        assert not result.success and not result.successful_keys
+        assert tier.counters.loads_abandoned == 1
+        assert tier.lookup(key(3), CTX) is LookupResult.MISS, "a slow tier is skipped"
+        pool[5] = 11  # vLLM reuses the row for another block
+        stalling.release.set()
+        tier.shutdown()  # joins the I/O threads: the late read has returned
+        assert (pool[5] == 11).all(), "the late read overwrote a reused row"
+    finally:
+        stalling.release.set()
+        tier.shutdown()

@@ -4,44 +4,15 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.vllm.guards import (
-    KvtierOptions,
     check_connector_options,
     check_group_kinds,
     check_hash_stability,
     check_kv_dtypes,
-    parse_options,
     persistent_tiers,
     spec_kind,
 )
 
 DISK = [{"type": "KvtierDiskTier", "module_path": "kvtier.vllm.disk_tier"}]
-
-
-# -- kvtier's own options ------------------------------------------------------------------
-def test_options_default_to_a_ram_pool_that_refuses_small_tiers():
-    assert parse_options({"cpu_bytes_to_use": 1}) == KvtierOptions(None, False)
-
-
-def test_options_are_read_from_the_connector_config():
-    options = parse_options(
-        {"kvtier_host_pool_dir": "/var/cache/pool", "kvtier_allow_small_tiers": True}
-    )
-    assert options == KvtierOptions("/var/cache/pool", True)
-
-
-def test_misspelt_kvtier_option_is_refused_with_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['kvtier_host_pool'\].*known: "):
-        parse_options({"kvtier_host_pool": "/x"})
-
-
-def test_relative_host_pool_dir_is_refused():
-    with pytest.raises(ConfigError, match="kvtier_host_pool_dir='pool'; give an absolute folder"):
-        parse_options({"kvtier_host_pool_dir": "pool"})
-
-
-def test_allow_small_tiers_must_be_a_bool():
-    with pytest.raises(ConfigError, match="kvtier_allow_small_tiers='yes'; give true or false"):
-        parse_options({"kvtier_allow_small_tiers": "yes"})
 
 
 # -- upstream connector options --------------------------------------------------------------

@@ -6,6 +6,7 @@ executor builds them, from a hand-made ``OffloadingConfig`` (no engine).
 
 import logging
 import os
+import time
 import uuid
 
 import pytest
@@ -18,8 +19,9 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-import kvtier.vllm.spec as spec_module
+import kvtier.vllm.host_pool as host_pool_module
 from kvtier.errors import ConfigError
 from kvtier.memory import MemorySnapshot
 from kvtier.vllm.regions import region_path
@@ -92,7 +94,7 @@ def test_host_pool_no_larger_than_the_engine_pool_is_refused_and_no_pool_is_crea
 
 
 def test_small_host_pool_starts_with_a_warning_when_allowed(engine_id, kvtier_logs):
-    spec = KvtierCpuSpec(offloading_config(engine_id, 8 * MiB, kvtier_allow_small_tiers=True))
+    spec = KvtierCpuSpec(offloading_config(engine_id, 8 * MiB, kvtier={"allow_small_tiers": True}))
     worker = spec.get_worker(engine_kv(256))
     try:
         assert any("would never serve a restore" in r.message for r in kvtier_logs.records)
@@ -116,7 +118,7 @@ def test_clamped_pool_is_adopted_by_the_scheduler_from_the_file_size(
 ):
     # 40 MiB spare after the floor: a 64 MiB pool is clamped to 40 MiB (640 rows)
     snapshot = MemorySnapshot(total_bytes=2**30, available_bytes=(256 + 40) * MiB)
-    monkeypatch.setattr(spec_module, "read_memory", lambda: snapshot)
+    monkeypatch.setattr(host_pool_module, "read_memory", lambda: snapshot)
     config = offloading_config(engine_id, 64 * MiB)
     worker_spec = KvtierCpuSpec(config)
     worker = worker_spec.get_worker(engine_kv(256))
@@ -135,7 +137,7 @@ def test_clamped_pool_is_adopted_by_the_scheduler_from_the_file_size(
 
 def test_disk_backed_pool_is_one_sparse_file_shared_by_worker_and_scheduler(engine_id, tmp_path):
     folder = tmp_path / "pool"
-    config = offloading_config(engine_id, 4 * 2**30, kvtier_host_pool_dir=str(folder))
+    config = offloading_config(engine_id, 4 * 2**30, kvtier={"host_pool_dir": str(folder)})
     worker_spec = KvtierCpuSpec(config)
     kv = engine_kv(256)
     kv.tensors[0].tensor[5].fill_(7)
@@ -168,7 +170,7 @@ def test_pool_clamped_below_the_engine_pool_is_refused_naming_the_memory_limit(
 ):
     # 8 MiB spare after the floor: a 64 MiB pool would shrink to 128 rows, below 256 blocks
     snapshot = MemorySnapshot(total_bytes=2**30, available_bytes=(256 + 8) * MiB)
-    monkeypatch.setattr(spec_module, "read_memory", lambda: snapshot)
+    monkeypatch.setattr(host_pool_module, "read_memory", lambda: snapshot)
     spec = KvtierCpuSpec(offloading_config(engine_id, 64 * MiB))
     with pytest.raises(
         ConfigError,
@@ -177,3 +179,84 @@ def test_pool_clamped_below_the_engine_pool_is_refused_naming_the_memory_limit(
     ):
         spec.get_worker(engine_kv(256))
     assert not region_path(engine_id).exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"kvtier": {"allow_small_tiers": "yes"}}, r"allow_small_tiers \(allow_small_tiers"),
+        ({"kvtier": {"pool_dir": "/x"}}, r"unknown host pool option\(s\) \['pool_dir'\]"),
+        ({"kvtier_host_pool_dir": "/x"}, r"unknown option\(s\) \['kvtier_host_pool_dir'\]"),
+        (
+            {"secondary_tiers": [{"type": "KvtierDiskTier", "root_dir": "/x", "fsync": "no"}]},
+            r"invalid disk tier option: fsync \(fsync / --fsync\)='no'",
+        ),
+        (
+            {"secondary_tiers": [{"type": "KvtierDiskTier", "root_dir": "/x", "cap": 1}]},
+            r"unknown disk tier option\(s\) \['cap'\]",
+        ),
+    ],
+)
+def test_bad_options_refuse_start_up_before_any_pool_exists(engine_id, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        KvtierCpuSpec(offloading_config(engine_id, 64 * MiB, **extra))
+    assert not region_path(engine_id).exists()
+
+
+def test_an_unusable_disk_folder_refuses_start_up_before_any_pool_exists(engine_id, tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    tier = {"type": "KvtierDiskTier", "module_path": "kvtier.vllm.disk_tier"}
+    with pytest.raises(ConfigError, match="disk_dir"):
+        KvtierCpuSpec(
+            offloading_config(
+                engine_id, 64 * MiB, secondary_tiers=[{**tier, "root_dir": str(not_a_folder)}]
+            )
+        )
+    assert not region_path(engine_id).exists()
+
+
+def test_a_scheduler_that_fails_to_start_removes_the_pool_file(engine_id, monkeypatch):
+    config = offloading_config(engine_id, 32 * MiB)
+    worker = KvtierCpuSpec(config).get_worker(engine_kv(256))
+    try:
+        assert region_path(engine_id).exists()
+        scheduler_spec = KvtierCpuSpec(config)
+
+        def broken_manager(self):
+            raise RuntimeError("a secondary tier failed to start")
+
+        monkeypatch.setattr(TieringOffloadingSpec, "get_manager", broken_manager)
+        with pytest.raises(RuntimeError, match="failed to start"):
+            scheduler_spec.get_manager()
+        assert not region_path(engine_id).exists()
+    finally:
+        worker.shutdown()
+
+
+def test_one_start_up_line_names_every_tier_once_they_are_open(engine_id, tmp_path, kvtier_logs):
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    disk = {
+        "type": "KvtierDiskTier",
+        "module_path": "kvtier.vllm.disk_tier",
+        "root_dir": str(tmp_path / "disk"),
+        "capacity_bytes": "64MiB",
+    }
+    config = offloading_config(engine_id, 32 * MiB, secondary_tiers=[disk])
+    worker = KvtierCpuSpec(config).get_worker(engine_kv(256))
+    manager = KvtierCpuSpec(config).get_manager()
+    try:
+        deadline = time.monotonic() + 30
+        while not [r for r in kvtier_logs.records if r.message.startswith("kvtier: tiers:")]:
+            assert time.monotonic() < deadline, "no start-up line"
+            time.sleep(0.05)
+        (line,) = [r.message for r in kvtier_logs.records if r.message.startswith("kvtier: tiers")]
+        assert "host pool 32.00 MiB (33,554,432 B) = 512 rows = 65,536 tokens" in line
+        assert f"disk {tmp_path / 'disk'}: cap 64.00 MiB (67,108,864 B) = 963 records" in line
+        assert "namespace " in line and "fsync never" in line
+    finally:
+        manager.shutdown()
+        worker.shutdown()

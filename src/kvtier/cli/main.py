@@ -19,7 +19,7 @@ app = typer.Typer(
 
 
 def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"kvtier: {message}", err=True)
+    typer.echo(message if message.startswith("kvtier: ") else f"kvtier: {message}", err=True)
     raise typer.Exit(code)
 
 
@@ -54,6 +54,32 @@ def serve(
             "--allow-small-tiers", help="Warn instead of refusing a tier no larger than the engine."
         ),
     ] = False,
+    restore_decision: Annotated[
+        bool,
+        typer.Option(
+            "--restore-decision/--no-restore-decision",
+            help="Restore a hit only when faster than recomputing it (default on).",
+        ),
+    ] = True,
+    shared: Annotated[
+        str | None,
+        typer.Option(
+            help="Shared tier URL: redis://HOST:PORT, rediss://HOST:PORT (TLS) or "
+            "redis+cluster://HOST:PORT[,HOST:PORT]. Password: env KVTIER_SHARED_PASSWORD."
+        ),
+    ] = None,
+    shared_username: Annotated[
+        str | None, typer.Option(help="ACL user of the shared tier.")
+    ] = None,
+    shared_tls_ca_file: Annotated[
+        Path | None, typer.Option(help="CA certificates of the shared tier's server (PEM).")
+    ] = None,
+    shared_tls_cert_file: Annotated[
+        Path | None, typer.Option(help="Client certificate for the shared tier (PEM).")
+    ] = None,
+    shared_tls_key_file: Annotated[
+        Path | None, typer.Option(help="Key of the client certificate (PEM).")
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the command instead of running it.")
     ] = False,
@@ -76,6 +102,12 @@ def serve(
             fsync=fsync,
             host_pool_dir=host_pool_dir,
             allow_small_tiers=allow_small_tiers,
+            restore_decision=restore_decision,
+            shared=shared,
+            shared_username=shared_username,
+            shared_tls_ca_file=shared_tls_ca_file,
+            shared_tls_cert_file=shared_tls_cert_file,
+            shared_tls_key_file=shared_tls_key_file,
         )
         argv = serve_command(model, config, list(ctx.args))
     except ConfigError as exc:

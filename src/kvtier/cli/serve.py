@@ -2,7 +2,9 @@
 
 import json
 import os
+import site
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +36,26 @@ def serve_command(model: str, transfer_config: dict[str, Any], vllm_args: list[s
     ]
 
 
-def serve_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the server: kvtier importable in every vLLM process, offline hub."""
+def installed() -> bool:
+    """True when kvtier is imported from one of this interpreter's site-packages folders."""
+    site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(Path(d).resolve() == SRC_DIR for d in site_dirs)
+
+
+def serve_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of the API server: the caller's (``base``, default ``os.environ``) unchanged,
+    plus kvtier's source folder first on ``PYTHONPATH`` when kvtier runs from a source tree
+    rather than an install, so vLLM's child processes can import it.
+
+    Nothing else is added or overridden: hub access (``HF_HUB_OFFLINE``), usage statistics and
+    the like stay the caller's choice. kvtier's own scripts and test harness set offline mode
+    themselves.
+    """
     env = dict(os.environ if base is None else base)
+    if installed():
+        return env
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(SRC_DIR) not in paths:
         paths.insert(0, str(SRC_DIR))
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     return env

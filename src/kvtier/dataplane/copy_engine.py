@@ -9,9 +9,9 @@ Two queues, one per direction, each executed in submission order (upstream's ord
 transfers of one direction are serialised). Loads get their own thread so a burst of stores
 never delays a restore, which is on the time-to-first-token path.
 
-Copies run in one native call per plan with streaming stores (kvtier.native) where a C compiler
-is available: glibc copies ~200 KB pages with ordinary stores, which reached only half of one
-large memcpy here. Without it, one ``ctypes.memmove`` per page. A large load is also split
+Copies run in one native call per plan with streaming stores (kvtier.native, compiled when
+kvtier is installed): glibc copies ~200 KB pages with ordinary stores, which reached only half of
+one large memcpy here. Without it, one ``ctypes.memmove`` per page. A large load is also split
 over the process's CPUs, since a request being restored waits for every byte. Stores are not
 split: they run while the engine computes, and extra copy threads would take its cores.
 """
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtier.dataplane.host_layout import CopyPlan
 from kvtier.native import page_copier
 from kvtier.threads import name_os_thread, usable_cpus
-from kvtier.dataplane.host_layout import CopyPlan
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class CopyEngine:
         self._finished: deque[CopyJob] = deque()
         self._pending: dict[int, CopyJob] = {}
         parts = load_parts if load_parts is not None else min(usable_cpus(), MAX_SPLIT)
-        page_copier()  # build (or load) the native copier now, not during the first restore
+        page_copier()  # load the native copier (or warn it is missing) now, not mid-restore
         self._stores = _DirectionQueue("kvtier-store-copy", self._complete)
         self._loads = _DirectionQueue("kvtier-load-copy", self._complete, max(1, parts))
 

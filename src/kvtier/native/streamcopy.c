@@ -6,12 +6,19 @@
  * the speed of one large memcpy, which glibc does with streaming stores. Streaming stores
  * write straight to memory. Destinations never overlap sources (different buffers).
  *
- * SSE2 only (the x86-64 baseline), so the library runs on every x86-64 CPU.
+ * SSE2 only (the x86-64 baseline), so the library runs on every x86-64 CPU. Elsewhere the build
+ * stops here on purpose: setup.py marks the extension optional, so the install goes on without it
+ * and kvtier keeps its memmove path.
  */
+#if !defined(__x86_64__) && !defined(_M_X64)
+#error "kvtier's streaming page copier needs x86-64 (SSE2 streaming stores)"
+#endif
+
 #include <emmintrin.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <string.h>
+
+#include "streamcopy.h"
 
 /* Below this a copy stays in the cache: streaming it would cost a later read. */
 #define STREAM_MIN 4096
@@ -38,7 +45,6 @@ static void stream_one(char *d, const char *s, size_t len) {
     memcpy(d, s, len % 64);
 }
 
-/* dst[i] <- src[i], sizes[i] bytes, for i < n. Returns the number of bytes copied. */
 uint64_t kvtier_copy_pages(uint64_t n, const uint64_t *dst, const uint64_t *src,
                            const uint64_t *sizes) {
     uint64_t total = 0;

@@ -7,7 +7,7 @@ collects the values from vLLM and calls them:
 ============================  ==========================  ===================================
 guard                         runs in                      reads
 ============================  ==========================  ===================================
-``parse_options``             every spec (both roles)      ``kv_connector_extra_config``
+``kvtier.settings``           every spec (both roles)      kvtier's options and tier entries
 ``check_connector_options``   every spec                   ``kv_connector_extra_config``
 ``check_hash_stability``      worker spec ``__init__``     vLLM config (hash algorithm), env
 ``check_kv_dtypes``           worker spec ``__init__``     attention layers' KV dtypes
@@ -25,51 +25,14 @@ before any pool exists.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
 
-OPTION_PREFIX = "kvtier_"
-#: kvtier's own keys in ``kv_connector_extra_config`` (set by ``kvtier.kv_transfer_config``).
-KNOWN_OPTIONS = frozenset({"kvtier_host_pool_dir", "kvtier_allow_small_tiers"})
 STABLE_HASH_ALGOS = frozenset({"sha256", "sha256_cbor"})
 #: Secondary tiers that keep blocks only in this process's memory; any other tier persists
 #: blocks (or shares them with other processes), so block hashes must be stable.
 VOLATILE_TIER_TYPES = frozenset({"example"})
-
-
-@dataclass(frozen=True, slots=True)
-class KvtierOptions:
-    """kvtier's options inside ``kv_connector_extra_config``."""
-
-    #: Folder of the disk-backed host pool; None keeps the pool in /dev/shm (RAM).
-    host_pool_dir: str | None = None
-    #: Start even when a tier cannot exceed the engine's KV pool (warn instead of refusing).
-    allow_small_tiers: bool = False
-
-
-def parse_options(extra: Mapping[str, Any]) -> KvtierOptions:
-    """Read kvtier's keys; an unknown ``kvtier_*`` key is a typo and is refused."""
-    unknown = sorted(k for k in extra if k.startswith(OPTION_PREFIX) and k not in KNOWN_OPTIONS)
-    if unknown:
-        raise ConfigError(
-            f"kvtier: unknown option(s) {unknown} in kv_connector_extra_config; known: "
-            f"{sorted(KNOWN_OPTIONS)}"
-        )
-    folder = extra.get("kvtier_host_pool_dir")
-    if folder is not None and (
-        not isinstance(folder, str) or not folder or not Path(folder).is_absolute()
-    ):
-        raise ConfigError(
-            f"kvtier: kvtier_host_pool_dir={folder!r}; give an absolute folder on a local "
-            "disk, such as '/var/cache/kvtier/pool'"
-        )
-    allow = extra.get("kvtier_allow_small_tiers", False)
-    if not isinstance(allow, bool):
-        raise ConfigError(f"kvtier: kvtier_allow_small_tiers={allow!r}; give true or false")
-    return KvtierOptions(host_pool_dir=folder, allow_small_tiers=allow)
 
 
 def check_connector_options(extra: Mapping[str, Any]) -> None:

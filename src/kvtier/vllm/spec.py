@@ -6,57 +6,39 @@ Loaded by vLLM through ``kv_connector_extra_config``::
 
 Everything on the scheduler side (lookup, promotion, cascade to secondary tiers, metrics) is
 upstream's ``TieringOffloadingSpec``, unchanged. We replace ``get_worker``, whose upstream
-version refuses non-CUDA platforms, make the host-pool region leak-proof, and run kvtier's
-start-up guards (``kvtier.vllm.guards``): connector options, hash stability, KV dtypes, KV
-group kinds, memory, and tier sizing.
-
-Host pool size. vLLM's scheduler and workers each compute the pool's row count from
-``cpu_bytes_to_use``. kvtier may shrink the pool to fit RAM, a decision that must be taken
-once: worker rank 0 takes it (after the engine's KV cache is resident, so nothing is counted
-twice), shares it with the other ranks, and creates the region file with that size; the
-scheduler, built after every worker, adopts the row count from the file's size.
-
-Disk-backed pool (``kvtier_host_pool_dir``). Upstream's ``SharedOffloadRegion`` hard-codes
-``/dev/shm`` and pre-faults the whole region, and upstream's ``get_manager`` builds one itself.
-With a pool directory set, ``get_worker`` maps a ``FileOffloadRegion`` instead and
-``get_manager`` assembles upstream's public pieces around one (the primary tier, the secondary
-tiers from ``SecondaryTierFactory``, ``TieringOffloadingManager``); without it, the default path
-is upstream's code.
+version refuses non-CUDA platforms, make the host-pool region leak-proof
+(``kvtier.vllm.host_pool``), and fail closed at start-up: every option of the spec and of
+kvtier's tiers is parsed by ``kvtier.settings`` and the disk folder is checked before any pool
+exists (the worker's spec is built first), then the guards of ``kvtier.vllm.guards`` run
+(connector options, hash stability, KV dtypes, KV group kinds, memory, tier sizing).
 """
 
-import contextlib
 import logging
 import os
-from pathlib import Path
+import time
 from typing import Any
 
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
-from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-from vllm.v1.kv_offload.tiering.manager import (
-    CPUPrimaryTierOffloadingManager,
-    TieringOffloadingManager,
-)
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from kvtier.config import DISK_TIER_TYPE
 from kvtier.errors import ConfigError
 from kvtier.log import setup_logging
-from kvtier.memory import check_shm_space, clamp_host_pool, read_memory
+from kvtier.settings import DiskTierSettings, HostPoolSettings, parse_tier
 from kvtier.sizing import RowGeometry, check_tiers, enforce
-from kvtier.units import format_size, parse_size
+from kvtier.store import check_root, effective_capacity
+from kvtier.units import format_size
+from kvtier.vllm import host_pool
 from kvtier.vllm.cpu_worker import CpuOffloadingWorker
-from kvtier.vllm.file_region import FileOffloadRegion, clean_stale_pool_files, pool_path
+from kvtier.vllm.decision import make_policy
 from kvtier.vllm.guards import (
     check_connector_options,
     check_group_kinds,
     check_hash_stability,
     check_kv_dtypes,
-    parse_options,
     persistent_tiers,
     spec_kind,
 )
-from kvtier.vllm.regions import clean_stale_regions, region_path
+from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)
 setup_logging()
@@ -73,10 +55,22 @@ class KvtierCpuSpec(TieringOffloadingSpec):
     """Tiering spec whose worker copies KV with host memory operations."""
 
     def __init__(self, config) -> None:  # type: ignore[no-untyped-def]  # vLLM's OffloadingConfig
-        self.options = parse_options(config.extra_config)
-        check_connector_options(config.extra_config)
+        extra = config.extra_config
+        self.settings = HostPoolSettings.from_extra_config(extra)
+        check_connector_options(extra)
+        tiers = extra.get("secondary_tiers") or []
+        self.tier_settings = [parse_tier(tier) for tier in tiers]
+        for tier in self.tier_settings:
+            if isinstance(tier, DiskTierSettings):
+                check_root(tier.root_dir)
         super().__init__(config)
         self._cpu_worker: CpuOffloadingWorker | None = None
+        #: The scheduler's one start-up line (kvtier's tiers add their part once open).
+        self.startup_line: StartupLine | None = None
+        #: Restore or recompute (scheduler side): tiers register with it and decide through it.
+        self.restore_policy = make_policy(self.settings.restore_decision, time.monotonic)
+        #: The tier that feeds the engine's prefill measurements to the policy.
+        self.prefill_observer: str | None = None
         # KV kinds of each offloaded group, known on the worker side (None: not known).
         self._group_kinds: dict[int, list[str]] | None = None
         # Why the pool was shrunk to fit RAM, if it was (rank 0).
@@ -107,8 +101,13 @@ class KvtierCpuSpec(TieringOffloadingSpec):
                 try:
                     kind = spec_kind(layer.get_kv_cache_spec(vllm_config))
                 except Exception as exc:
-                    logger.warning("kvtier: cannot read the KV spec of %s: %s", name, exc)
-                    continue
+                    # Fail closed: a layer whose KV kind is unknown could be recurrent state.
+                    raise ConfigError(
+                        f"kvtier: cannot read the KV cache spec of layer {name} "
+                        f"({type(exc).__name__}: {exc}), so kvtier cannot tell whether its "
+                        "state is attention KV it may offload. Serve this model without kvtier "
+                        "(remove --kv-transfer-config), or report the model to kvtier"
+                    ) from exc
                 if hma_off and kind in ("sliding", "chunked_local"):
                     kind = "full"  # vLLM keeps every token of such layers without HMA
                 kinds.setdefault(group.group_id, []).append(kind)
@@ -121,44 +120,12 @@ class KvtierCpuSpec(TieringOffloadingSpec):
             ", ".join(f"{g}={sorted(set(k))}" for g, k in kinds.items()),
         )
 
-    # -- pool size: memory clamp and sizing guard (worker side) ---------------------------
+    # -- sizing guard (worker side) -------------------------------------------------------
     def _num_full_groups(self) -> int:
         if not self._group_kinds:
             return len(self.config.groups)
         full = sum(1 for k in self._group_kinds.values() if set(k) <= {"full", "mla"})
         return full or len(self.config.groups)
-
-    def _decide_rows(self) -> int:
-        """Rank 0: the row count of a RAM pool, clamped to what the machine can spare."""
-        row_bytes = self.kv_bytes_per_chunk
-        clamp = clamp_host_pool(self.num_chunks * row_bytes, row_bytes, read_memory())
-        (logger.warning if clamp.clamped else logger.info)("%s", clamp.message)
-        if clamp.clamped:
-            self._clamp_message = clamp.message
-        check_shm_space(clamp.pool_bytes)
-        return clamp.rows
-
-    def _agree_on_rows(self) -> int:
-        """The pool's row count, decided once by rank 0 and shared with every rank."""
-        world_size = self.config.parallel.world_size
-        outcome: int | str
-        if self.config.parallel.rank == 0:
-            if self.options.host_pool_dir is not None:
-                outcome = self.num_chunks  # file-backed: no RAM clamp (page cache is reclaimable)
-            else:
-                try:
-                    outcome = self._decide_rows()
-                except ConfigError as exc:
-                    outcome = str(exc)
-        else:
-            outcome = 0
-        if world_size > 1:
-            from vllm.distributed.parallel_state import get_world_group
-
-            outcome = get_world_group().broadcast_object(outcome, src=0)
-        if isinstance(outcome, str):
-            raise ConfigError(outcome)
-        return outcome
 
     def _geometry(self) -> RowGeometry:
         world = 1 if self.replicated_layout else self.config.parallel.world_size
@@ -180,9 +147,9 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         geometry = self._geometry()
         engine = geometry.engine_pool(num_blocks)
         tiers = [geometry.host_pool_rows(self.num_chunks)]
-        for tier in self.secondary_tier_configs:
-            if tier.get("type") == DISK_TIER_TYPE and tier.get("capacity_bytes") is not None:
-                capacity = parse_size(tier["capacity_bytes"], "disk tier capacity_bytes")
+        for tier in self.tier_settings:
+            if isinstance(tier, DiskTierSettings):
+                capacity = effective_capacity(tier.root_dir, tier.capacity_bytes)
                 tiers.append(geometry.disk_tier(capacity))
         logger.info(
             "kvtier sizing: %s",
@@ -192,49 +159,41 @@ class KvtierCpuSpec(TieringOffloadingSpec):
                 for t in (engine, *tiers)
             ),
         )
-        for line in enforce(check_tiers(engine, tiers, geometry), self.options.allow_small_tiers):
+        for line in enforce(check_tiers(engine, tiers, geometry), self.settings.allow_small_tiers):
             logger.warning("kvtier: %s", line)
 
     # -- worker ---------------------------------------------------------------------------
-    def _open_region(self, rank: int) -> SharedOffloadRegion:
-        if self.options.host_pool_dir is not None:
-            return FileOffloadRegion(
-                self.options.host_pool_dir,
-                engine_id=self._engine_id,
-                num_chunks=self.num_chunks,
-                rank=rank,
-                kv_bytes_per_chunk=self.kv_bytes_per_chunk,
-                cpu_page_size=self.cpu_page_size_per_worker,
-            )
-        return SharedOffloadRegion(
-            engine_id=self._engine_id,
-            num_chunks=self.num_chunks,
-            rank=rank,
-            kv_bytes_per_chunk=self.kv_bytes_per_chunk,
-            cpu_page_size=self.cpu_page_size_per_worker,
-        )
-
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._cpu_worker is None:
             rank = 0 if self.replicated_layout else self.config.parallel.rank
-            folder = self.options.host_pool_dir
             if self.config.parallel.rank == 0:
-                clean_stale_regions()
-                if folder is not None:
-                    Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
-                    clean_stale_pool_files(folder)
-            self.num_chunks = self._agree_on_rows()
+                host_pool.clean_leftovers(self.settings)
+            decision = host_pool.agree_on_rows(
+                self.settings,
+                self.num_chunks,
+                self.kv_bytes_per_chunk,
+                self.config.parallel.rank,
+                self.config.parallel.world_size,
+            )
+            self.num_chunks = decision.rows
             # The engine's block count: rows of its KV tensors (exact, on every platform).
             num_blocks = min(int(t.tensor.shape[0]) for t in kv_caches.tensors)
             try:
                 self._check_sizes(num_blocks)
             except ConfigError as exc:
-                if self._clamp_message is None:
+                if decision.clamp_message is None:
                     raise
                 raise ConfigError(
-                    f"{exc}. The pool was shrunk to fit RAM: {self._clamp_message}"
+                    f"{exc}. The pool was shrunk to fit RAM: {decision.clamp_message}"
                 ) from None
-            region = self._open_region(rank)
+            region = host_pool.open_worker_region(
+                self.settings,
+                self._engine_id,
+                self.num_chunks,
+                rank,
+                self.kv_bytes_per_chunk,
+                self.cpu_page_size_per_worker,
+            )
             try:
                 self._cpu_worker = CpuOffloadingWorker(kv_caches, self.blocks_per_chunk, region)
             except Exception:
@@ -243,87 +202,46 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         return self._cpu_worker
 
     # -- scheduler ------------------------------------------------------------------------
-    def _pool_file(self) -> Path:
-        if self.options.host_pool_dir is not None:
-            return pool_path(self.options.host_pool_dir, self._engine_id)
-        return region_path(self._engine_id)
-
-    def _adopt_pool_size(self) -> None:
-        """Take the row count the workers chose from the size of the file they created."""
-        try:
-            size = self._pool_file().stat().st_size
-        except FileNotFoundError:
-            return
-        rows = size // self.kv_bytes_per_chunk
-        if rows != self.num_chunks:
-            logger.info(
-                "kvtier: scheduler uses the workers' host pool of %d rows (configured %d)",
-                rows,
-                self.num_chunks,
-            )
-            self.num_chunks = rows
-
-    def _build_file_backed_manager(self) -> OffloadingManager:
-        """Upstream's ``TieringOffloadingSpec.get_manager`` around a ``FileOffloadRegion``."""
-        assert self.options.host_pool_dir is not None
-        region: FileOffloadRegion | None = None
-        primary: CPUPrimaryTierOffloadingManager | None = None
-        tiers: list[Any] = []
-        try:
-            region = FileOffloadRegion(
-                self.options.host_pool_dir,
-                engine_id=self._engine_id,
-                num_chunks=self.num_chunks,
-                rank=None,
-                kv_bytes_per_chunk=self.kv_bytes_per_chunk,
-                cpu_page_size=self.cpu_page_size_per_worker,
-            )
-            self._scheduler_mmap = region
-            primary = CPUPrimaryTierOffloadingManager(
-                num_chunks=self.num_chunks,
-                cache_policy=self.eviction_policy,
-                cache_policy_module_path=self.cache_policy_module_path,
-                enable_events=self.kv_events_config.enable_kv_cache_events,
-                mmap_region=region,
-            )
-            view = primary.get_kv_memoryview()
-            for tier_config in self.secondary_tier_configs:
-                tiers.append(SecondaryTierFactory.create_secondary_tier(tier_config, view, self))
-            manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=tiers)
-        except BaseException:
-            for tier in reversed(tiers):
-                with contextlib.suppress(Exception):
-                    tier.shutdown()
-            if primary is not None:
-                with contextlib.suppress(Exception):
-                    primary.shutdown()
-            elif region is not None:
-                region.cleanup()
-            self._scheduler_mmap = None
-            raise
-        logger.info(
-            "kvtier: host pool on disk (%s, %d rows) with %d secondary tier(s)",
-            region.mmap_path,
-            self.num_chunks,
-            len(tiers),
-        )
-        return manager
-
     def get_manager(self) -> OffloadingManager:
         first = self._manager is None
-        if first:
-            self._adopt_pool_size()
-            if self.options.host_pool_dir is not None:
-                self._manager = self._build_file_backed_manager()
-        manager = super().get_manager()
-        region = self._scheduler_mmap
-        if first and region is not None and not region._creator:
-            # vLLM builds the scheduler only after every worker has registered its KV caches,
-            # so all workers have mapped the region by now and its name is no longer needed.
-            # Dropping it means no exit path, SIGKILL included, can leak the pool.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(region.mmap_path)
-                logger.info(
-                    "kvtier: unlinked host pool file %s (all processes mapped it)", region.mmap_path
+        try:
+            if first:
+                self.num_chunks = host_pool.adopt_rows(
+                    self.settings, self._engine_id, self.kv_bytes_per_chunk, self.num_chunks
                 )
+                self._start_line()
+                if self.settings.host_pool_dir is not None:
+                    self._manager, self._scheduler_mmap = host_pool.build_file_backed_manager(
+                        self, self.settings
+                    )
+            manager = super().get_manager()
+        except BaseException:
+            if first:
+                # The engine will not start: no process will ever map the pool again.
+                host_pool.remove_file(self.settings, self._engine_id)
+            raise
+        region = self._scheduler_mmap
+        if first and region is not None:
+            host_pool.release_name(region)
         return manager
+
+    def _start_line(self) -> None:
+        """Begin the engine's start-up line with the host pool (scheduler side)."""
+        geometry = self._geometry()
+        pool = geometry.host_pool_rows(self.num_chunks)
+        where = self.settings.host_pool_dir or "RAM (/dev/shm)"
+        head = (
+            f"host pool {format_size(pool.capacity_bytes)} ({pool.capacity_bytes:,} B) = "
+            f"{pool.units:,} rows = {pool.tokens:,} tokens in {where}"
+        )
+        kvtier_tiers = sum(1 for t in self.tier_settings if t is not None)
+        others = [
+            str(t.get("type"))
+            for t, parsed in zip(self.secondary_tier_configs, self.tier_settings, strict=True)
+            if parsed is None
+        ]
+        if others:
+            head += f"; other tiers: {', '.join(others)}"
+        head += "; restore decision " + ("on" if self.settings.restore_decision else "off")
+        self.startup_line = StartupLine(head, kvtier_tiers)
+

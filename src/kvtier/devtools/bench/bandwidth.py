@@ -26,15 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtier.dataplane.copy_engine import MAX_SPLIT, memmove_all, run_plan
+from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
 from kvtier.devtools.bench.report import drop_page_cache, environment_line, markdown_table
 from kvtier.devtools.bench.stats import median
 from kvtier.format import Namespace
 from kvtier.format.record import HEADER_BYTES
-from kvtier.native import page_copier
+from kvtier.native import copier_name
 from kvtier.store import DiskStore
 from kvtier.threads import usable_cpus
-from kvtier.dataplane.copy_engine import MAX_SPLIT, memmove_all, run_plan
-from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
 
 LAYERS, PAGE, BLOCKS = 30, 196_608, 62
 ROW = LAYERS * PAGE
@@ -199,7 +199,7 @@ def run(
     helpers.shutdown()
     shutil.rmtree(work, ignore_errors=True)
     med = {k: median(v) for k, v in results.items()}
-    copier = "streaming stores" if page_copier() else "memmove per page: no C compiler"
+    copier = copier_name()
 
     def spread(key: str) -> str:
         return f"{med[key]:.2f} ({min(results[key]):.2f}–{max(results[key]):.2f})"
@@ -266,5 +266,6 @@ def run(
     (out / "bandwidth.md").write_text(markdown + "\n")
     import json
 
-    (out / "bandwidth.json").write_text(json.dumps({"gbps": results, "dropped": dropped}))
-    return {"gbps": results, "dropped": dropped}
+    raw = {"gbps": results, "dropped": dropped, "copier": copier}
+    (out / "bandwidth.json").write_text(json.dumps(raw))
+    return raw

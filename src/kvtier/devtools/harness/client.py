@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import kvtier
-from kvtier.errors import KvtierError
 from kvtier.devtools.harness.protocol import decode, encode
+from kvtier.errors import KvtierError
 
 SRC_DIR = Path(kvtier.__file__).resolve().parent.parent
 

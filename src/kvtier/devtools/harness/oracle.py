@@ -9,8 +9,8 @@ must match it token for token (see shared/research/reference-systems.md).
 
 from dataclasses import dataclass
 
-from kvtier.errors import KvtierError
 from kvtier.devtools.harness.client import EngineProcess, GenerateResult
+from kvtier.errors import KvtierError
 
 
 class OracleMismatch(KvtierError):

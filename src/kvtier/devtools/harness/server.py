@@ -33,6 +33,11 @@ class ServerProcess:
     ) -> None:
         self.port = port or free_port()
         env = serve_env()
+        # A development server: offline unless the caller says otherwise (`kvtier serve` itself
+        # passes the user's environment through).
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.update(
             VLLM_SERVER_DEV_MODE="1",  # exposes /reset_prefix_cache
             VLLM_CPU_KVCACHE_SPACE="1",

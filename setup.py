@@ -1,0 +1,53 @@
+"""Build recipe of kvtier's one C extension; the project's metadata is in pyproject.toml.
+
+``kvtier.native._streamcopy`` (the streaming-store page copier) is compiled whenever kvtier is
+built: ``pip install .``, a wheel, an sdist install, or ``python setup.py build_ext --inplace``
+for a clone (scripts/setup.sh). It is optional: without a C compiler, or off x86-64, the build
+warns and goes on, and kvtier copies with ``memmove`` per page at run time.
+"""
+
+import filecmp
+import os
+import shutil
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NATIVE = "src/kvtier/native"
+
+
+class ReplacingBuildExt(build_ext):
+    """``build_ext`` whose ``--inplace`` step swaps the library in with a rename.
+
+    setuptools rewrites the in-place copy on every run; a process of the same clone (a demo
+    server, a test engine) may have that file mapped, and truncating a mapped library can crash
+    it. An unchanged library is left alone; a changed one replaces the old file atomically.
+    """
+
+    def copy_file(  # type: ignore[override]
+        self, infile: str, outfile: str, *args: object, **kwargs: object
+    ) -> tuple[str, bool]:
+        if os.path.exists(outfile) and filecmp.cmp(infile, outfile, shallow=False):
+            return outfile, False
+        partial = f"{outfile}.{os.getpid()}.partial"
+        shutil.copy2(infile, partial)
+        os.replace(partial, outfile)
+        return outfile, True
+
+
+streamcopy = Extension(
+    "kvtier.native._streamcopy",
+    sources=[f"{NATIVE}/streamcopy.c", f"{NATIVE}/streamcopy_module.c"],
+    depends=[f"{NATIVE}/streamcopy.h"],
+    # The stable ABI: one build serves every CPython >= 3.11 (requires-python).
+    define_macros=[("Py_LIMITED_API", "0x030B0000")],
+    py_limited_api=True,
+    extra_compile_args=["-fno-strict-aliasing"],
+    optional=True,
+)
+
+setup(
+    ext_modules=[streamcopy],
+    cmdclass={"build_ext": ReplacingBuildExt},
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
+)

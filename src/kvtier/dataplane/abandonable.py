@@ -1,0 +1,99 @@
+"""Loads that may be abandoned at a deadline without ever writing a byte afterwards.
+
+A tier's load writes one block into a host-pool row. When a load overruns its deadline the
+tier reports it failed, and vLLM reuses the row for another block at once. A read still
+stuck in the kernel (a stalled disk, a hung server) that later completed straight into that
+row would overwrite someone else's KV: a wrong byte served. So an abandonable load reads into
+a private buffer of its thread and copies into the row only after claiming it:
+
+    PENDING --claim (I/O thread)--> COPYING --finish--> DONE
+    PENDING --abandon (scheduler)--> ABANDONED   (the late read is dropped)
+
+``abandon`` fails while a copy is under way (a memcpy of one row: it ends in microseconds to
+milliseconds); the caller asks again at its next step. The private copy costs one memcpy per
+block (measured in docs/benchmarks.md); it buys the guarantee above.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import threading
+from collections.abc import Callable
+
+
+class LoadState(enum.Enum):
+    PENDING = "pending"
+    COPYING = "copying"
+    DONE = "done"
+    ABANDONED = "abandoned"
+
+
+class AbandonableLoad:
+    """One block's load into one destination row (see the module docstring)."""
+
+    __slots__ = ("_lock", "state")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.state = LoadState.PENDING
+
+    def claim(self) -> bool:
+        """I/O thread, data in hand: True if it may now copy into the row."""
+        with self._lock:
+            if self.state is not LoadState.PENDING:
+                return False
+            self.state = LoadState.COPYING
+            return True
+
+    def finish(self) -> None:
+        with self._lock:
+            self.state = LoadState.DONE
+
+    def abandon(self) -> bool:
+        """Scheduler: True if the load will never touch its row; False while it is copying
+        (ask again later) or when it already finished."""
+        with self._lock:
+            if self.state is LoadState.PENDING:
+                self.state = LoadState.ABANDONED
+                return True
+            return self.state is LoadState.ABANDONED
+
+
+class BounceBuffers:
+    """One page-aligned buffer of ``nbytes`` per thread (aligned, so O_DIRECT reads work)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._local = threading.local()
+
+    def get(self) -> memoryview:
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            size = max(mmap.PAGESIZE, -(-self.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+            self._local.mapping = mmap.mmap(-1, size)
+            buffer = memoryview(self._local.mapping)[: self.nbytes]
+            self._local.buffer = buffer
+        return buffer
+
+
+def load_abandonably(
+    load: AbandonableLoad,
+    read_into: Callable[[memoryview], bool],
+    bounce: memoryview,
+    row: memoryview,
+) -> bool:
+    """Read with ``read_into`` into ``bounce``; copy into ``row`` only if ``load`` is claimed.
+
+    Returns True when ``row`` holds the verified data; False on a miss or when the load was
+    abandoned (then ``row`` was never touched).
+    """
+    if not read_into(bounce):
+        return False
+    if not load.claim():
+        return False
+    try:
+        row[:] = bounce
+    finally:
+        load.finish()
+    return True

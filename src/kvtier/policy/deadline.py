@@ -1,0 +1,51 @@
+"""Deadlines for tier loads: a stalled disk or server costs at most this, never a hung request.
+
+``deadline = min(ceiling_s, max(floor_s, multiplier * predicted_s))``
+
+* ``multiplier`` x the tier's predicted time (unslowed): room for ordinary jitter and
+  queueing, tight enough that a stall is noticed while recompute is still the better plan.
+* ``floor_s``: a load predicted at microseconds is not abandoned over a scheduling hiccup.
+* ``ceiling_s``: a hard bound whatever the estimate says (a poisoned estimate cannot grant
+  a load minutes). The ceiling wins over the floor.
+
+On overrun the adapter abandons the load (its blocks become misses and are recomputed), and
+the policy marks the tier slow and feeds the elapsed time into its estimate
+(``RestorePolicy.abandon_load``). Worst case for a request whose restore stalls: the deadline
+plus the recompute it would have paid anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvtier.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DeadlineRule:
+    """How long a load may take before it is abandoned."""
+
+    #: Hard upper bound in seconds, whatever the prediction.
+    ceiling_s: float = 30.0
+    #: Allowed multiple of the predicted load time.
+    multiplier: float = 4.0
+    #: Lower bound in seconds, so tiny loads are not abandoned over jitter.
+    floor_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not (self.ceiling_s > 0 and math.isfinite(self.ceiling_s)):
+            raise ConfigError(f"policy: deadline ceiling_s={self.ceiling_s}; give e.g. 30")
+        if not (self.multiplier >= 1 and math.isfinite(self.multiplier)):
+            raise ConfigError(f"policy: deadline multiplier={self.multiplier}; give >= 1, e.g. 4")
+        if not (0 <= self.floor_s <= self.ceiling_s):
+            raise ConfigError(
+                f"policy: deadline floor_s={self.floor_s}; give 0 <= floor_s <= ceiling_s "
+                f"({self.ceiling_s}), e.g. 0.05"
+            )
+
+    def deadline_s(self, predicted_s: float) -> float:
+        """Seconds a load predicted to take ``predicted_s`` may run before it is abandoned."""
+        if not predicted_s >= 0:
+            raise ValueError(f"policy: predicted time {predicted_s!r} s must be >= 0")
+        return min(self.ceiling_s, max(self.floor_s, self.multiplier * predicted_s))

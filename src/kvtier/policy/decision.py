@@ -1,0 +1,384 @@
+"""Restore or recompute: the decision, the load deadlines and the evidence that feeds them.
+
+Invariant 9 (docs/architecture.md): a tier's hit is restored only when its predicted restore
+time beats recomputing the same tokens, and every load has a deadline. ``RestorePolicy``
+holds one ``TierEstimate`` per tier and one ``PrefillModel`` for the engine, both learned
+online from what the adapters measure, and answers the scheduler's question for each hit.
+
+Why the choice is all or nothing per tier
+-----------------------------------------
+A hit of a tier covers tokens ``[M, M + N)``, ``M`` tokens being available already (engine
+prefix cache and the tiers before this one). Only a prefix of the hit can be restored: KV of
+later tokens is useless without that of earlier ones, and the engine computes a contiguous
+suffix. Restoring the first ``k`` tokens and recomputing the other ``N - k`` costs
+
+    T(k) = [k > 0] * (L + beta * k)  +  sum over p in [M + k, M + N) of (b + c * p)
+
+with ``L`` the tier's fixed latency and ``beta`` its seconds per token (bytes per token /
+bandwidth), and ``b + c * p`` the cost of computing the token at position ``p`` (its own work
+plus attention to the ``p`` tokens before it; ``PrefillModel``). The step cost ``a`` is paid
+either way: the prompt's remaining tokens need a step regardless. The increments are
+
+    T(1) - T(0)   = L + beta - (b + c * M)
+    T(k) - T(k-1) = beta - (b + c * (M + k - 1))        for k >= 2
+
+and never grow with ``k`` (``L, c >= 0``): restoring costs the same per token wherever the
+token sits, recomputing costs more the later the token. ``T`` is therefore concave, and a
+concave function on ``0..N`` takes its minimum at an end: restore the whole hit or none of it.
+A split (restore the first part, recompute the rest) is never better; the tokens a split
+would recompute are exactly the most expensive ones to recompute. The same holds over a chain
+of tiers (host pool, then disk, then a shared store): within each tier's segment the cost is
+concave, so the best plan restores the hits of the first ``j`` tiers and recomputes the rest,
+for some ``j``; ``decide_chain`` evaluates every ``j`` (not a greedy tier-by-tier choice,
+which could refuse a marginal first tier that a fast second tier makes worth restoring).
+
+What the model leaves out, and why it does not change the answer much: restores of
+different tiers are summed though they may overlap (conservative); chunked prefill adds the
+step cost ``a`` per ``max_step_tokens`` recomputed (``PrefillModel`` charges it), a staircase
+that can make a split save at most a few step costs; a restore occupies the tier, not the
+GPU, so under load restoring helps other requests more than latency alone shows (the
+decision compares the request's own latency only, which is what invariant 9 promises).
+
+Safety
+------
+* A restore is chosen only when predicted faster by ``safety_factor``.
+* Priors err towards refusing: a tier is assumed slow and prefill fast until measured.
+* Every load gets a deadline (``DeadlineRule``); an overrun abandons the load (its blocks
+  become misses), marks the tier slow (predictions inflated) and feeds the elapsed time into
+  the estimate. A slow tier recovers after ``recovery_loads`` consecutive on-time loads or
+  background probes (``probe_due``): fresh measurements, not time alone.
+* ``enabled=False`` turns the decision off: every hit is restored; deadlines still apply.
+
+Thread-safety: every method may be called from any thread (one lock; each call is a few
+microseconds of arithmetic, no I/O, so it is fine under the scheduler's lock).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from kvtier.errors import ConfigError
+from kvtier.policy.prefill import PrefillCoefficients, PrefillModel
+from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, RestorePrior, TierEstimate, TierSnapshot
+from kvtier.policy.settings import PolicySettings
+
+#: A monotonic clock in seconds (``time.monotonic`` unless a test injects a fake).
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class TierHit:
+    """One tier's contiguous hit, in chain order (after the engine's own cached tokens)."""
+
+    #: The tier's name as given to ``RestorePolicy.add_tier``.
+    tier: str
+    #: Tokens the hit covers.
+    tokens: int
+    #: Bytes a restore of those tokens moves.
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a chain of hits: restore the hits of ``restore_tiers``, recompute the rest.
+
+    ``restore_tokens`` is a prefix of the chain: the hits of the first ``len(restore_tiers)``
+    tiers. Times are predictions in seconds.
+    """
+
+    restore_tokens: int
+    restore_tiers: tuple[str, ...]
+    #: Predicted time to restore every hit of the chain.
+    restore_s: float
+    #: Predicted time to recompute every hit token instead.
+    recompute_s: float
+    #: Predicted cost of the chosen plan (restores + recompute of the rest).
+    plan_s: float
+    #: "restore is faster", "recompute is faster", "decision off" or "no hit".
+    reason: str
+
+    @property
+    def restore(self) -> bool:
+        return self.restore_tokens > 0
+
+
+class LoadTicket:
+    """One load in flight: when it started, when it must end. Made by ``begin_load``."""
+
+    __slots__ = ("abandoned", "deadline_s", "done", "nbytes", "predicted_s", "started_s", "tier")
+
+    def __init__(
+        self, tier: str, nbytes: int, started_s: float, predicted_s: float, deadline_s: float
+    ) -> None:
+        self.tier = tier
+        self.nbytes = nbytes
+        #: Policy-clock time at submission.
+        self.started_s = started_s
+        #: Predicted seconds (unslowed estimate) and the seconds allowed.
+        self.predicted_s = predicted_s
+        self.deadline_s = deadline_s
+        self.abandoned = False
+        self.done = False
+
+    @property
+    def deadline_at_s(self) -> float:
+        """Policy-clock time after which the load is overdue."""
+        return self.started_s + self.deadline_s
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadTicket({self.tier!r}, {self.nbytes} B, started {self.started_s:.3f}, "
+            f"deadline {self.deadline_s:.3f} s, abandoned={self.abandoned}, done={self.done})"
+        )
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    """Everything the policy believes at one moment (for metrics and logs)."""
+
+    enabled: bool
+    prefill: PrefillCoefficients
+    prefill_evidence: float
+    tiers: dict[str, TierSnapshot]
+
+
+class RestorePolicy:
+    """Decides restore vs recompute per hit, and times loads against deadlines.
+
+    Call order for an adapter (see docs/gpu-evidence.md for the wiring):
+
+    1. ``add_tier(name, prior)`` once per tier at start-up (optionally
+       ``calibrate_prefill(samples)``).
+    2. After every engine step that computed prompt tokens:
+       ``observe_prefill([(cached, new), ...], seconds)``.
+    3. At lookup: ``decide(tier, cached_tokens, hit_tokens, hit_bytes)`` (or
+       ``decide_chain``); report only ``decision.restore_tokens`` as hit.
+    4. For each load submitted: ``ticket = begin_load(tier, nbytes)``; while polling jobs,
+       ``overdue(ticket)`` -> abandon the job (its blocks are misses) and
+       ``abandon_load(ticket)``; on completion ``end_load(ticket)`` (also after an abandon,
+       when the I/O finally returns: its true time is evidence too).
+    5. Now and then (e.g. the tier's poll): if ``probe_due(tier)``, read a stored record on
+       the tier's own thread, off any request's path, and ``observe_load(tier, n, s)``.
+    """
+
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        prefill: PrefillModel | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.settings = settings if settings is not None else PolicySettings()
+        self.prefill = prefill if prefill is not None else PrefillModel()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tiers: dict[str, TierEstimate] = {}
+        #: Tier whose copy a tier's restores also pass through (disk -> host pool -> engine).
+        self._via: dict[str, str | None] = {}
+        #: Policy-clock time of each tier's last measurement or claimed probe.
+        self._last_evidence_s: dict[str, float] = {}
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def add_tier(
+        self, name: str, prior: RestorePrior = DEFAULT_RESTORE_PRIOR, via: str | None = None
+    ) -> None:
+        """Register a tier with its prior (assumed until measured; choose it on the slow side).
+
+        ``via``: a tier added earlier whose copy this tier's restores also pay, e.g. a disk
+        tier whose loads land in the host pool and then take the host pool's copy to the
+        engine: ``add_tier("disk", via="host")``. Predictions for ``name`` then add ``via``'s;
+        loads of ``name`` (``begin_load``) are timed and judged on their own.
+        """
+        s = self.settings
+        with self._lock:
+            if name in self._tiers:
+                raise ConfigError(f"policy: tier {name!r} added twice; give each tier one name")
+            if via is not None and via not in self._tiers:
+                raise ConfigError(
+                    f"policy: tier {name!r} via={via!r}, which is not a tier yet; add it first"
+                )
+            self._via[name] = via
+            self._tiers[name] = TierEstimate(
+                name,
+                prior,
+                prior_weight=s.prior_weight,
+                half_life_loads=s.half_life_loads,
+                slow_inflation=s.slow_inflation,
+                slow_inflation_max=s.slow_inflation_max,
+                recovery_loads=s.recovery_loads,
+            )
+            self._last_evidence_s[name] = -math.inf
+
+    def calibrate_prefill(self, samples: Iterable[tuple[int, int, float]]) -> PrefillCoefficients:
+        """Seed the prefill model from ``(cached, new, seconds)`` calibration prompts."""
+        with self._lock:
+            return self.prefill.calibrate(list(samples))
+
+    # -- evidence -------------------------------------------------------------------------
+
+    def observe_prefill(self, segments: Sequence[tuple[int, int]], seconds: float) -> bool:
+        """One engine step computed these ``(cached, new)`` segments in ``seconds``."""
+        with self._lock:
+            return self.prefill.observe_step(segments, seconds)
+
+    def observe_load(self, tier: str, nbytes: int, seconds: float) -> bool:
+        """A load or probe without a ticket took ``seconds``; True if within its deadline."""
+        with self._lock:
+            est = self._tier(tier)
+            on_time = seconds <= self.settings.deadline.deadline_s(est.base_seconds(nbytes))
+            est.observe(nbytes, seconds, on_time)
+            self._last_evidence_s[tier] = self._clock()
+            return on_time
+
+    def probe_due(self, tier: str) -> bool:
+        """Whether the adapter should probe ``tier`` now (and this call claims the probe).
+
+        Due for a tier that is slow or was never measured, once per ``probe_interval_s``:
+        the only way a refused tier can show that it recovered.
+        """
+        with self._lock:
+            est = self._tier(tier)
+            now = self._clock()
+            if not (est.slow or est.loads == 0):
+                return False
+            if now - self._last_evidence_s[tier] < self.settings.probe_interval_s:
+                return False
+            self._last_evidence_s[tier] = now
+            return True
+
+    # -- the decision ---------------------------------------------------------------------
+
+    def decide(self, tier: str, cached_tokens: int, hit_tokens: int, hit_bytes: int) -> Decision:
+        """Restore a hit of ``hit_tokens`` (``hit_bytes``) after ``cached_tokens``, or not."""
+        return self.decide_chain(cached_tokens, [TierHit(tier, hit_tokens, hit_bytes)])
+
+    def decide_chain(self, cached_tokens: int, hits: Sequence[TierHit]) -> Decision:
+        """The best prefix of a chain of tier hits to restore (see the module docstring)."""
+        if cached_tokens < 0:
+            raise ValueError(f"policy: cached_tokens={cached_tokens} must be >= 0")
+        for hit in hits:
+            if hit.tokens < 0 or hit.nbytes < 0:
+                raise ValueError(f"policy: {hit} has a negative size")
+        hits = [h for h in hits if h.tokens > 0]
+        total = sum(h.tokens for h in hits)
+        with self._lock:
+            estimates = [self._tier(h.tier) for h in hits]
+            restore = [self._predict(h.tier, h.nbytes) for h in hits]
+            recompute_all = self.prefill.recompute_seconds(cached_tokens, total)
+            if not hits:
+                return Decision(0, (), 0.0, 0.0, 0.0, "no hit")
+            if not self.settings.enabled:
+                plan = sum(restore)
+                tiers = tuple(h.tier for h in hits)
+                return Decision(total, tiers, plan, recompute_all, plan, "decision off")
+            # plan j: restore the first j hits, recompute the rest.
+            best_j, best_cost, best_plan = 0, recompute_all, recompute_all
+            restored_tokens, restored_s = 0, 0.0
+            for j, hit in enumerate(hits, start=1):
+                restored_tokens += hit.tokens
+                restored_s += restore[j - 1]
+                rest = self.prefill.recompute_seconds(
+                    cached_tokens + restored_tokens, total - restored_tokens
+                )
+                cost = self.settings.safety_factor * restored_s + rest
+                if cost < best_cost:
+                    best_j, best_cost, best_plan = j, cost, restored_s + rest
+            for est in estimates[best_j:]:
+                est.refused += 1
+        chosen = hits[:best_j]
+        return Decision(
+            restore_tokens=sum(h.tokens for h in chosen),
+            restore_tiers=tuple(h.tier for h in chosen),
+            restore_s=sum(restore),
+            recompute_s=recompute_all,
+            plan_s=best_plan,
+            reason="restore is faster" if best_j else "recompute is faster",
+        )
+
+    # -- deadlines ------------------------------------------------------------------------
+
+    def begin_load(self, tier: str, nbytes: int) -> LoadTicket:
+        """Start the clock on a load of ``nbytes`` from ``tier``; its deadline is fixed now.
+
+        The deadline uses the tier's unslowed estimate: a slow tier is held to the normal
+        standard, so it recovers only by really meeting it.
+        """
+        with self._lock:
+            predicted = self._tier(tier).base_seconds(nbytes)
+            deadline = self.settings.deadline.deadline_s(predicted)
+            return LoadTicket(tier, nbytes, self._clock(), predicted, deadline)
+
+    def overdue(self, ticket: LoadTicket) -> bool:
+        """True once a running load has passed its deadline (the adapter then abandons it)."""
+        if ticket.done or ticket.abandoned:
+            return False
+        return self._clock() > ticket.deadline_at_s
+
+    def abandon_load(self, ticket: LoadTicket) -> None:
+        """The adapter gave up on the load (blocks become misses): mark the tier slow.
+
+        Idempotent. The adapter must not reuse the load's buffers until its I/O returns; it
+        then calls ``end_load``, whose (late) time also enters the estimate.
+        """
+        with self._lock:
+            if ticket.abandoned or ticket.done:
+                return
+            ticket.abandoned = True
+            now = self._clock()
+            self._tier(ticket.tier).overrun(ticket.nbytes, now - ticket.started_s)
+            self._last_evidence_s[ticket.tier] = now
+
+    def end_load(self, ticket: LoadTicket) -> bool:
+        """The load's I/O completed; returns True if it was on time.
+
+        A load that completed late but was not abandoned counts as an overrun (the data is
+        still good to use). After ``abandon_load`` the true time only refines the estimate.
+        """
+        with self._lock:
+            if ticket.done:
+                return False
+            ticket.done = True
+            now = self._clock()
+            elapsed = now - ticket.started_s
+            est = self._tier(ticket.tier)
+            self._last_evidence_s[ticket.tier] = now
+            if ticket.abandoned:
+                est.record(ticket.nbytes, elapsed)
+                return False
+            on_time = elapsed <= ticket.deadline_s
+            est.observe(ticket.nbytes, elapsed, on_time)
+            return on_time
+
+    # -- introspection --------------------------------------------------------------------
+
+    def predict_restore_s(self, tier: str, nbytes: int) -> float:
+        """Predicted seconds to restore ``nbytes`` from ``tier`` (slow marks and ``via`` too)."""
+        with self._lock:
+            return self._predict(tier, nbytes)
+
+    def _predict(self, tier: str, nbytes: int) -> float:
+        seconds = self._tier(tier).predict_seconds(nbytes)
+        via = self._via[tier]
+        return seconds + (self._predict(via, nbytes) if via is not None else 0.0)
+
+    def snapshot(self) -> PolicySnapshot:
+        with self._lock:
+            return PolicySnapshot(
+                enabled=self.settings.enabled,
+                prefill=self.prefill.coefficients(),
+                prefill_evidence=self.prefill.evidence,
+                tiers={name: est.snapshot() for name, est in self._tiers.items()},
+            )
+
+    def _tier(self, name: str) -> TierEstimate:
+        try:
+            return self._tiers[name]
+        except KeyError:
+            known = sorted(self._tiers)
+            raise ConfigError(
+                f"policy: unknown tier {name!r}; known: {known}; call add_tier first"
+            ) from None

@@ -1,0 +1,166 @@
+"""Per-tier restore estimate: fixed latency + bytes / bandwidth, learned from completed loads.
+
+The model of one load of ``B`` bytes from a tier is ``t = latency_s + B / bandwidth``,
+fitted online (``DecayingLeastSquares``: a moving average with a half-life in loads) from the
+submit-to-completion times the adapter reports, so queueing behind other loads of the same
+tier is part of what is learned. Before the first load the estimate is the tier's prior,
+which should err slow (``RestorePrior``): a tier is then refused until a measurement (a real
+load or a background probe) shows it is worth it, never served on hope.
+
+**Slow mark.** A load that overruns its deadline marks the tier *slow*: predictions are
+multiplied by an inflation factor (``slow_inflation``, doubled for each further overrun while
+slow, at most ``slow_inflation_max``), and the overrun time itself (a lower bound of the true
+time) enters the fit. The mark clears after ``recovery_loads`` consecutive loads complete
+within their deadlines: fresh measurements, not the passing of time, say the tier is well
+again. A tier refused for being slow gets those measurements from background probes
+(``RestorePolicy.probe_due``), which cost no request anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvtier.errors import ConfigError
+from kvtier.policy.fit import DecayingLeastSquares
+
+GiB = float(1 << 30)
+
+#: Load sizes at which the prior is written as pseudo-observations: one small and one large,
+#: so the prior pins both the latency and the bandwidth.
+_PRIOR_SIZES = (1 << 20, 1 << 30)
+
+
+@dataclass(frozen=True)
+class RestorePrior:
+    """What a tier is assumed to do before it is measured; choose it on the slow side."""
+
+    #: Sustained bytes per second of one load (10^9 = 1 GB/s).
+    bandwidth_bytes_per_s: float
+    #: Fixed seconds per load (open, index, queueing), paid even for one block.
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
+            raise ConfigError(
+                f"policy: prior bandwidth_bytes_per_s={self.bandwidth_bytes_per_s}; "
+                "give a positive rate such as 1e9 (1 GB/s)"
+            )
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ConfigError(f"policy: prior latency_s={self.latency_s}; give >= 0, e.g. 0.005")
+
+    def seconds(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+#: A deliberately slow default: 1 GB/s and 5 ms per load. Slower than a host pool and than
+#: most NVMe disks, faster than a congested network store; measurements replace it within a
+#: few loads.
+DEFAULT_RESTORE_PRIOR = RestorePrior(bandwidth_bytes_per_s=1e9, latency_s=0.005)
+
+
+@dataclass(frozen=True)
+class TierSnapshot:
+    """A tier's estimate and health at one moment (for metrics and logs)."""
+
+    name: str
+    #: Fitted bandwidth in bytes per second (inf when the fit puts all cost in latency).
+    bandwidth_bytes_per_s: float
+    #: Fitted fixed seconds per load.
+    latency_s: float
+    #: Marked slow by an overrun, not yet recovered.
+    slow: bool
+    #: Factor applied to predictions (1.0 unless slow).
+    inflation: float
+    #: Loads (and probes) measured, overruns seen, loads refused by the decision.
+    loads: int
+    overruns: int
+    refused: int
+    #: Effective number of measurements behind the fit (prior excluded).
+    evidence: float
+
+
+class TierEstimate:
+    """Restore-time estimate and health of one tier. Not thread-safe (the policy locks)."""
+
+    def __init__(
+        self,
+        name: str,
+        prior: RestorePrior,
+        *,
+        prior_weight: float,
+        half_life_loads: float,
+        slow_inflation: float,
+        slow_inflation_max: float,
+        recovery_loads: int,
+    ) -> None:
+        self.name = name
+        self.prior = prior
+        rows = [((1.0, size / GiB), prior.seconds(size)) for size in _PRIOR_SIZES]
+        self._fit = DecayingLeastSquares(rows, prior_weight, half_life_loads)
+        self._slow_inflation = slow_inflation
+        self._slow_inflation_max = slow_inflation_max
+        self._recovery_loads = recovery_loads
+        self.inflation = 1.0
+        self.good_in_a_row = 0
+        self.loads = 0
+        self.overruns = 0
+        self.refused = 0
+
+    @property
+    def slow(self) -> bool:
+        return self.inflation > 1.0
+
+    def base_seconds(self, nbytes: int) -> float:
+        """Predicted seconds for a load of ``nbytes``, ignoring the slow mark."""
+        latency, s_per_gib = self._fit.coefficients()  # cached until the next measurement
+        return latency + s_per_gib * nbytes / GiB
+
+    def predict_seconds(self, nbytes: int) -> float:
+        """Predicted seconds for a load of ``nbytes``, inflated while the tier is slow."""
+        return self.base_seconds(nbytes) * self.inflation
+
+    def record(self, nbytes: int, seconds: float) -> None:
+        """Enter a measured time into the fit only (no effect on the slow mark)."""
+        self._fit.observe((1.0, nbytes / GiB), max(seconds, 1e-9))
+        self.loads += 1
+
+    def observe(self, nbytes: int, seconds: float, on_time: bool) -> None:
+        """A load completed after ``seconds``; ``on_time``: within its deadline."""
+        self.record(nbytes, seconds)
+        if not on_time:
+            self._mark_overrun()
+            return
+        if self.slow:
+            self.good_in_a_row += 1
+            if self.good_in_a_row >= self._recovery_loads:
+                self.inflation = 1.0
+                self.good_in_a_row = 0
+
+    def overrun(self, nbytes: int, elapsed_s: float) -> None:
+        """A load was abandoned at its deadline after ``elapsed_s`` (a lower bound)."""
+        self.record(nbytes, elapsed_s)
+        self.loads -= 1  # not a completed load; counted when its I/O returns (record)
+        self._mark_overrun()
+
+    def _mark_overrun(self) -> None:
+        self.overruns += 1
+        self.good_in_a_row = 0
+        if self.slow:
+            self.inflation = min(self.inflation * 2.0, self._slow_inflation_max)
+        else:
+            self.inflation = self._slow_inflation
+
+    def snapshot(self) -> TierSnapshot:
+        latency, s_per_gib = self._fit.coefficients()
+        return TierSnapshot(
+            name=self.name,
+            bandwidth_bytes_per_s=GiB / s_per_gib if s_per_gib > 0 else math.inf,
+            latency_s=latency,
+            slow=self.slow,
+            inflation=self.inflation,
+            loads=self.loads,
+            overruns=self.overruns,
+            refused=self.refused,
+            evidence=self._fit.data_weight,
+        )

@@ -1,0 +1,540 @@
+"""``SharedStore``: a block store on a Redis/Valkey server or Cluster, shared by replicas.
+
+Layout on the server. One string value per block, under the key
+``kvt:<namespace digest hex>:<block key hex>``. The value is exactly a disk-tier record
+(kvtier.format.record: the 4 KiB header with namespace digest, key, payload length and
+checksum, then the payload), so every load is verified: magic, version, header checksum,
+namespace, key, length and payload checksum. Engines of the same namespace (same model,
+weights, KV layout, hash) share values; other namespaces never see them, neither by key nor,
+should a value be copied under a foreign key, by header.
+
+No hash tags: a tag would put a whole namespace in one slot, on one master. Without one the
+keys spread over every master, and our pipelines (``exists_many``) are split per node by
+redis-py, which is fine because every operation touches one key and needs no atomicity.
+Block keys are hex-encoded so a ``{`` byte inside a binary key can never form a tag.
+
+Eviction is the server's (``maxmemory`` + ``allkeys-lru``); the store keeps no byte cap of
+its own. What it does cap is the size of one record: ``max_record_bytes``, by default 1/8 of
+the smallest master's maxmemory and half of ``proto-max-bulk-len`` (a single value larger than
+maxmemory would evict the whole cache, itself included).
+
+In-memory view. ``contains``/``payload_len``/``keys``/``used_bytes`` answer from a bounded LRU
+map of keys this process stored or found (no network I/O, as BlockStore requires). Another
+replica's puts are learnt through ``exists_many`` (one pipelined STRLEN per key, called by the
+tier on its own threads) or by a hit; a miss, a delete or a failed verification drops a key.
+
+Faults. Every operation has a connect and a reply timeout and at most ``retries`` fast
+retries. A connection error or timeout opens the server's circuit breaker (one per Cluster
+node): while open, operations on its keys return False at once, without I/O; after the
+back-off one operation probes, and a success closes it. Nothing raises to the caller while
+serving: errors are counted and logged (once per breaker opening) and become misses/False.
+Corrupt values are deleted on the server (a plain DEL: a replica's good record written in the
+instant between our GET and DEL is lost too, which costs a miss, never wrong bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterDownError,
+    NoPermissionError,
+    OutOfMemoryError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from kvtier.errors import CorruptRecordError
+from kvtier.format.checksum import Buffer
+from kvtier.format.namespace import Namespace
+from kvtier.format.record import (
+    HEADER_BYTES,
+    check_key,
+    decode_header,
+    encode_header,
+    make_header,
+    verify_payload,
+)
+from kvtier.store.base import BlockStore, Problem
+from kvtier.store.shared import startup
+from kvtier.store.shared.breaker import CircuitBreaker
+from kvtier.store.shared.client import RecordValue
+from kvtier.store.shared.config import SharedStoreConfig
+from kvtier.store.shared.stats import SharedStoreStats
+from kvtier.store.shared.view import KeyView
+
+log = logging.getLogger("kvtier.store.shared")
+
+#: First bytes of every server key kvtier writes (an ACL user can be limited to ``~kvt:*``).
+KEY_PREFIX = b"kvt:"
+# Errors that mean "the server did not answer": they open the breaker.
+_UNREACHABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    SlotNotCoveredError,
+    RedisClusterException,
+    OSError,
+)
+_EXISTS_BATCH = 1024
+#: Keys ``refresh`` re-checks per call (one pipelined round trip per node).
+REFRESH_BATCH = 1024
+_T = TypeVar("_T")
+
+
+class _Unavailable(Exception):
+    """Internal: the operation did not reach the server (breaker open or fault)."""
+
+
+class SharedStore(BlockStore):
+    """A ``BlockStore`` on Redis/Valkey, standalone or Cluster (see the module docstring).
+
+    Thread-safe; every method but ``contains``/``payload_len``/``keys``/``used_bytes``
+    does network I/O, bounded by the configured timeouts: call them from the tier's threads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        namespace: Namespace,
+        *,
+        connect_timeout_s: float = 0.5,
+        op_timeout_s: float = 2.0,
+        retries: int = 1,
+        username: str | None = None,
+        password: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        max_record_bytes: int | None = None,
+        breaker_base_s: float = 0.5,
+        breaker_max_s: float = 30.0,
+        view_max_keys: int = 262_144,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Connect, read the server's memory settings and fail closed on a bad configuration.
+
+        Raises ``ConfigError`` when an option is invalid, the server cannot be reached
+        (naming ``url``), authentication fails (naming ``username``/``password``), TLS fails
+        (naming the ``tls_*`` options) or one record of ``namespace`` would exceed the record
+        cap. ``clock`` (monotonic seconds) is a seam for tests of the breaker.
+        """
+        self.config = SharedStoreConfig(
+            url=url,
+            connect_timeout_s=connect_timeout_s,
+            op_timeout_s=op_timeout_s,
+            retries=retries,
+            username=username,
+            password=password,
+            tls_ca_file=tls_ca_file,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+            max_record_bytes=max_record_bytes,
+            breaker_base_s=breaker_base_s,
+            breaker_max_s=breaker_max_s,
+            view_max_keys=view_max_keys,
+        )
+        self.namespace = namespace
+        self._digest = namespace.digest()
+        self._prefix = KEY_PREFIX + namespace.digest_hex().encode() + b":"
+        self._server = self.config.server
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._view = KeyView(self.config.view_max_keys)
+        self._stats = SharedStoreStats()
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._closed = False
+        self._client: redis.Redis | RedisCluster = startup.connect(self.config)
+        settings = startup.server_settings(self._client, self.config)
+        #: Largest record (header + payload) ``put`` sends; bigger puts return False.
+        self.max_record_bytes = startup.record_cap(settings, self.config, namespace.block_bytes)
+        log.info(
+            "shared tier: %r, namespace %s, records <= %d bytes",
+            self.config,
+            namespace.digest_hex(),
+            self.max_record_bytes,
+        )
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], namespace: Namespace) -> SharedStore:
+        """A store from a plain mapping of ``SharedStoreConfig`` options (unknown keys raise
+        ``ConfigError``): the form a tier adapter's store factory receives."""
+        config = SharedStoreConfig.from_options(options)
+        return cls(namespace=namespace, **dataclasses.asdict(config))
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _scrubbed(self, text: str) -> str:
+        return startup.scrub(text, self.config)
+
+    def _server_key(self, key: bytes) -> bytes:
+        return self._prefix + key.hex().encode()
+
+    def _node_of(self, server_key: bytes) -> str:
+        if isinstance(self._client, RedisCluster):
+            return str(self._client.get_node_from_key(server_key).name)
+        host, port = self._server.hosts[0]
+        return f"{host}:{port}"
+
+    def _breaker(self, node: str) -> CircuitBreaker:
+        with self._lock:
+            breaker = self._breakers.get(node)
+            if breaker is None:
+                breaker = CircuitBreaker(
+                    self.config.breaker_base_s,
+                    self.config.breaker_max_s,
+                    *([self._clock] if self._clock else []),
+                )
+                self._breakers[node] = breaker
+            return breaker
+
+    def _count_error(self, kind: str) -> None:
+        with self._lock:
+            self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
+
+    def _call(self, server_key: bytes, op: Callable[[], _T]) -> _T:
+        """Run ``op`` against the node of ``server_key`` through its breaker.
+
+        Raises ``_Unavailable`` (internal) when the op was skipped or failed; never anything
+        else. Error replies (OOM, permissions) close the breaker: the server is alive.
+        """
+        try:
+            node = self._node_of(server_key)
+        except Exception:
+            node = "cluster"  # slot map being rebuilt: one breaker for the unknown node
+        breaker = self._breaker(node)
+        if not breaker.allow():
+            with self._lock:
+                self._stats.breaker_skips += 1
+            raise _Unavailable
+        try:
+            result = op()
+        except OutOfMemoryError:
+            breaker.success()
+            self._count_error("oom")
+            raise _Unavailable from None
+        except (NoPermissionError, AuthenticationError, AuthorizationError) as exc:
+            breaker.success()
+            self._count_error("permission")
+            log.warning("shared tier: %s refused an operation: %s", node, self._scrubbed(str(exc)))
+            raise _Unavailable from None
+        except _UNREACHABLE as exc:
+            was_open = breaker.is_open
+            breaker.failure()
+            kind = "timeout" if isinstance(exc, (RedisTimeoutError, TimeoutError)) else "connection"
+            self._count_error(kind)
+            if not was_open:
+                log.warning(
+                    "shared tier: server %s unreachable (%s: %s); misses for %.1f s or more",
+                    node,
+                    type(exc).__name__,
+                    self._scrubbed(str(exc))[:200],
+                    self.config.breaker_base_s,
+                )
+            raise _Unavailable from None
+        except ResponseError as exc:
+            breaker.success()
+            self._count_error("response")
+            log.warning(
+                "shared tier: %s replied with an error: %s", node, self._scrubbed(str(exc))[:200]
+            )
+            raise _Unavailable from None
+        except Exception as exc:  # a client bug must not reach the engine either
+            breaker.failure()
+            self._count_error("unexpected")
+            log.warning(
+                "shared tier: unexpected %s from %s: %s",
+                type(exc).__name__,
+                node,
+                self._scrubbed(str(exc))[:200],
+            )
+            raise _Unavailable from None
+        breaker.success()
+        return result
+
+    def _miss(self) -> bool:
+        with self._lock:
+            self._stats.misses += 1
+        return False
+
+    def _drop_corrupt(self, key: bytes, server_key: bytes, exc: CorruptRecordError) -> None:
+        self._view.forget(key)
+        with self._lock:
+            self._stats.corrupt[exc.reason] = self._stats.corrupt.get(exc.reason, 0) + 1
+        log.warning(
+            "shared tier: value of key %s failed verification (%s); deleting it",
+            key.hex()[:16],
+            exc,
+        )
+        try:
+            if self._call(server_key, lambda: self._client.delete(server_key)):
+                with self._lock:
+                    self._stats.corrupt_deleted += 1
+        except _Unavailable:
+            pass
+
+    # ------------------------------------------------------------------ BlockStore
+
+    def put(self, key: bytes, payload: Buffer) -> bool:
+        """SET the record (header + payload, sent without joining them); False on any fault."""
+        check_key(key)
+        view = memoryview(payload).cast("B")
+        if self._closed:
+            return self._put_failed(None)
+        record_bytes = HEADER_BYTES + view.nbytes
+        if record_bytes > self.max_record_bytes:
+            return self._put_failed("too_large")
+        header = encode_header(make_header(self._digest, key, view))
+        server_key = self._server_key(key)
+        value = RecordValue((header, view))
+        try:
+            self._call(server_key, lambda: self._client.set(server_key, value))  # type: ignore[arg-type]
+        except _Unavailable:
+            return self._put_failed(None)
+        self._view.remember(key, view.nbytes)
+        with self._lock:
+            self._stats.puts += 1
+            self._stats.bytes_written += record_bytes
+        return True
+
+    def _put_failed(self, kind: str | None) -> bool:
+        if kind:
+            self._count_error(kind)
+        with self._lock:
+            self._stats.put_failures += 1
+        return False
+
+    def get_into(self, key: bytes, out: memoryview) -> bool:
+        """GET the value (new bytes from the client), verify it, copy the payload once into
+        ``out``.
+
+        A wrong-sized ``out`` is a plain miss (the record stays); a value failing any check is
+        deleted on the server, counted in ``corrupt`` by reason, and missed.
+        """
+        return self.get_into_when(key, out, lambda: True)
+
+    def get_into_when(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: object = None
+    ) -> bool:
+        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+
+        The wait for the server happens before anything is written: a caller that gave up on
+        this load (``claim`` returns False) never finds its buffer changed. ``bounce`` is not
+        needed here (the reply is verified in the client's own bytes).
+        """
+        check_key(key)
+        dest = memoryview(out).cast("B")
+        known = self._view.payload_len(key)
+        if self._closed or (known is not None and known != dest.nbytes):
+            return self._miss()
+        server_key = self._server_key(key)
+        try:
+            value = self._call(server_key, lambda: self._client.get(server_key))
+        except _Unavailable:
+            return self._miss()
+        if value is None:
+            self._view.forget(key)
+            return self._miss()
+        try:
+            raw = memoryview(value)  # type: ignore[arg-type]
+            header = decode_header(raw, self._digest, key)
+            if header.payload_len != raw.nbytes - HEADER_BYTES:
+                raise CorruptRecordError(
+                    "length",
+                    f"value holds {raw.nbytes - HEADER_BYTES} payload bytes, "
+                    f"header says {header.payload_len}",
+                )
+            if header.payload_len != dest.nbytes:
+                self._view.remember(key, header.payload_len)
+                return self._miss()
+            payload = raw[HEADER_BYTES:]
+            verify_payload(header, payload)
+        except CorruptRecordError as exc:
+            self._drop_corrupt(key, server_key, exc)
+            return self._miss()
+        self._view.remember(key, header.payload_len)
+        if not claim():
+            return False
+        dest[:] = payload
+        with self._lock:
+            self._stats.hits += 1
+            self._stats.bytes_read += header.payload_len
+        return True
+
+    def contains(self, key: bytes) -> bool:
+        """In the in-memory view (stored or found by this process); no network I/O."""
+        return key in self._view
+
+    def delete(self, key: bytes) -> bool:
+        """DEL on the server; True if the server removed a value (False on a fault)."""
+        check_key(key)
+        self._view.forget(key)
+        if self._closed:
+            return False
+        server_key = self._server_key(key)
+        try:
+            return bool(self._call(server_key, lambda: self._client.delete(server_key)))
+        except _Unavailable:
+            return False
+
+    def keys(self) -> Iterator[bytes]:
+        """Keys of the in-memory view (a snapshot)."""
+        return iter(self._view.snapshot())
+
+    def payload_len(self, key: bytes) -> int | None:
+        return self._view.payload_len(key)
+
+    def used_bytes(self) -> int:
+        """Record bytes of the keys in this process's view; the server's total is not known
+        here (it is bounded by the server's maxmemory, not by this store)."""
+        return self._view.record_bytes
+
+    def stats(self) -> SharedStoreStats:
+        with self._lock:
+            snapshot = self._stats.copy()
+            breakers = list(self._breakers.values())
+        snapshot.breaker_openings = sum(b.openings for b in breakers)
+        snapshot.reconnects = sum(b.recoveries for b in breakers)
+        return snapshot
+
+    def exists_many(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Which of ``keys`` the server holds now; learns them (and their lengths) into the view.
+
+        One pipelined STRLEN per key, batched per Cluster node, so the cost is about one round
+        trip per node per 1024 keys. Keys on a node that is unreachable (or whose breaker is
+        open) are reported absent but stay in the view. Blocking: call it from the tier's
+        threads, not the scheduler. A value too short to be a record counts as absent.
+        """
+        return self._check(keys)[0]
+
+    def _check(self, keys: Iterable[bytes]) -> tuple[set[bytes], set[bytes]]:
+        """(found, gone): gone are keys a server answered for and does not hold."""
+        wanted = list(dict.fromkeys(keys))
+        for key in wanted:
+            check_key(key)
+        found: set[bytes] = set()
+        gone: set[bytes] = set()
+        if self._closed or not wanted:
+            return found, gone
+        groups: dict[str, list[bytes]] = {}
+        for key in wanted:
+            try:
+                node = self._node_of(self._server_key(key))
+            except Exception:
+                node = "cluster"
+            groups.setdefault(node, []).append(key)
+        for group in groups.values():
+            for start in range(0, len(group), _EXISTS_BATCH):
+                self._check_batch(group[start : start + _EXISTS_BATCH], found, gone)
+        return found, gone
+
+    def _check_batch(self, batch: list[bytes], found: set[bytes], gone: set[bytes]) -> None:
+        server_keys = [self._server_key(k) for k in batch]
+
+        def run() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for sk in server_keys:
+                pipe.strlen(sk)
+            return pipe.execute()
+
+        try:
+            lengths = self._call(server_keys[0], run)
+        except _Unavailable:
+            return  # no answer is not absence: the view keeps these keys
+        for key, length in zip(batch, lengths, strict=True):
+            if isinstance(length, int) and length >= HEADER_BYTES:
+                self._view.remember(key, length - HEADER_BYTES)
+                found.add(key)
+            else:
+                self._view.forget(key)
+                gone.add(key)
+
+    def refresh(self) -> int:
+        """Re-check the view's ``REFRESH_BATCH`` oldest keys; returns how many left the view.
+
+        Bounded on purpose: a tier may call this every second, and the view can hold 10^5+
+        keys. Keys found again become the newest, so successive calls sweep the whole view.
+        Other replicas' new keys are not listed here (that would need a SCAN): they are
+        learnt by ``exists_many``.
+        """
+        return len(self._check(self._view.oldest(REFRESH_BATCH))[1])
+
+    def verify(self, fix: bool = False) -> list[Problem]:
+        """SCAN this namespace's keys on every master and fully verify each value.
+
+        A value that fails is reported as ``corrupt`` (deleted with ``fix``); an unreachable
+        server as ``unreachable``. View keys the server has evicted leave the view silently
+        (eviction is normal for a cache).
+        """
+        if self._closed:
+            return []
+        problems: list[Problem] = []
+        clients = startup.masters(self._client)
+        seen: set[bytes] = set()
+        for client in clients:
+            try:
+                server_keys = list(client.scan_iter(match=self._prefix + b"*", count=1000))
+                for sk in server_keys:
+                    problem = self._verify_one(client, sk, fix)
+                    seen.add(sk)
+                    if problem is not None:
+                        problems.append(problem)
+            except Exception as exc:
+                problems.append(
+                    Problem("unreachable", self._scrubbed(f"{type(exc).__name__}: {exc}"))
+                )
+                return problems
+        for key in self._view.snapshot():
+            if self._server_key(key) not in seen:
+                self._view.forget(key)
+        return problems
+
+    def _verify_one(self, client: Any, server_key: bytes, fix: bool) -> Problem | None:
+        try:
+            key = bytes.fromhex(server_key[len(self._prefix) :].decode())
+            check_key(key)
+        except ValueError:
+            key = None
+        value = client.get(server_key)
+        if value is None:
+            return None
+        try:
+            if key is None:
+                raise CorruptRecordError("key", f"server key {server_key!r:.80} is not ours")
+            raw = memoryview(value)
+            header = decode_header(raw, self._digest, key, raw.nbytes - HEADER_BYTES)
+            verify_payload(header, raw[HEADER_BYTES:])
+        except CorruptRecordError as exc:
+            if fix:
+                client.delete(server_key)
+                if key is not None:
+                    self._view.forget(key)
+            return Problem("corrupt", str(exc), key=key, fixed=fix)
+        return None
+
+    def close(self) -> None:
+        """Close the connections; idempotent. Later operations miss or return False."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(Exception):  # closing a half-dead connection must not raise
+            self._client.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"SharedStore(url={self._server.redacted!r}, "
+            f"namespace={self.namespace.digest_hex()}, closed={self._closed})"
+        )

@@ -1,0 +1,161 @@
+"""``LocalThenShared``: one store over a local store and a shared one, local first.
+
+Why one composite store rather than two vLLM tiers: vLLM's tiering manager cascades a block to
+every secondary tier only when the engine stores it into the host pool; a block *promoted*
+from a tier into the host pool is never written to the other tiers. With a disk tier and a
+shared tier side by side, a prefix restored from the shared store would therefore be fetched
+over the network again after every host-pool eviction, forever. The composite restores from
+the local store first, falls back to the shared store, and writes what it fetched back to the
+local store (off the restore path, on a bounded queue), so the next restore is local.
+
+* ``put``: both stores (the record is needed locally for speed and shared for other replicas);
+  True when either holds it.
+* ``get_into``: local, then shared; a shared hit is copied once and queued for the local
+  store (dropped and counted when the write-back queue is full).
+* ``contains``: either store's in-memory view. ``exists_many``: the shared store's batched
+  server check for keys the local store does not hold.
+
+Engine-agnostic: no vLLM import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from kvtier.format.checksum import Buffer
+from kvtier.store.base import BlockStore, Problem, StoreStats
+
+log = logging.getLogger(__name__)
+
+#: Most fetched records waiting to be written back to the local store.
+WRITE_BACK_QUEUE = 64
+
+
+class RemoteStore(Protocol):
+    """What the composite needs of a shared store beyond ``BlockStore``."""
+
+    def exists_many(self, keys: Iterable[bytes]) -> set[bytes]: ...
+
+
+class LocalThenShared(BlockStore):
+    """Local store first, shared store second, write-back of shared hits (see module doc)."""
+
+    def __init__(self, local: BlockStore, shared: BlockStore) -> None:
+        self.local = local
+        self.shared = shared
+        self._write_back = ThreadPoolExecutor(1, "kvtier-write-back")
+        self._queued = 0
+        self._lock = threading.Lock()
+        #: Shared hits written back to the local store, and those dropped (queue full).
+        self.written_back = 0
+        self.write_back_dropped = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(getattr(self.local, "capacity_bytes", 0) or 0)
+
+    def parts(self) -> list[tuple[str, BlockStore]]:
+        """The stores under their metric names."""
+        return [("disk", self.local), ("shared", self.shared)]
+
+    # -- BlockStore ----------------------------------------------------------------------
+    def put(self, key: bytes, payload: Buffer) -> bool:
+        local_ok = self.local.put(key, payload)
+        shared_ok = self.shared.contains(key) or self.shared.put(key, payload)
+        return local_ok or shared_ok
+
+    def get_into(self, key: bytes, out: memoryview) -> bool:
+        if self.local.contains(key) and self.local.get_into(key, out):
+            return True
+        if not self.shared.get_into(key, out):
+            return False
+        self._queue_write_back(key, bytes(out))
+        return True
+
+    def get_into_when(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+    ) -> bool:
+        """``get_into`` that writes ``out`` only after ``claim()`` returned True; the local
+        read goes through ``bounce`` (a disk read writes while it waits)."""
+        if self.local.contains(key) and self.local.get_into(key, bounce):
+            if not claim():
+                return False
+            out[:] = bounce
+            return True
+        get_when = getattr(self.shared, "get_into_when", None)
+        if get_when is not None:
+            fetched = get_when(key, out, claim, bounce)
+        else:
+            fetched = self.shared.get_into(key, bounce) and claim()
+            if fetched:
+                out[:] = bounce
+        if fetched:
+            self._queue_write_back(key, bytes(out))
+        return fetched
+
+    def _queue_write_back(self, key: bytes, payload: bytes) -> None:
+        with self._lock:
+            if self._queued >= WRITE_BACK_QUEUE:
+                self.write_back_dropped += 1
+                return
+            self._queued += 1
+        self._write_back.submit(self._store_locally, key, payload)
+
+    def _store_locally(self, key: bytes, payload: bytes) -> None:
+        try:
+            if self.local.put(key, payload):
+                with self._lock:
+                    self.written_back += 1
+        except Exception:  # a store never raises for I/O; this is a bug, keep serving
+            log.exception("kvtier: write-back to the local store failed")
+        finally:
+            with self._lock:
+                self._queued -= 1
+
+    def contains(self, key: bytes) -> bool:
+        return self.local.contains(key) or self.shared.contains(key)
+
+    def exists_many(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Keys either store holds; asks the shared server about the ones not held locally."""
+        wanted = list(keys)
+        local = {k for k in wanted if self.local.contains(k)}
+        remote = [k for k in wanted if k not in local]
+        exists_many = getattr(self.shared, "exists_many", None)
+        found = exists_many(remote) if exists_many is not None and remote else set()
+        return local | found
+
+    def delete(self, key: bytes) -> bool:
+        removed_local = self.local.delete(key)
+        removed_shared = self.shared.delete(key)
+        return removed_local or removed_shared
+
+    def keys(self) -> Iterator[bytes]:
+        local_keys = set(self.local.keys())
+        yield from local_keys
+        yield from (k for k in self.shared.keys() if k not in local_keys)  # noqa: SIM118
+
+    def payload_len(self, key: bytes) -> int | None:
+        length = self.local.payload_len(key)
+        return length if length is not None else self.shared.payload_len(key)
+
+    def used_bytes(self) -> int:
+        return self.local.used_bytes()
+
+    def stats(self) -> StoreStats:
+        """The local store's counters (per-part counters: ``parts()``)."""
+        return self.local.stats()
+
+    def refresh(self) -> int:
+        return self.local.refresh() + self.shared.refresh()
+
+    def verify(self, fix: bool = False) -> list[Problem]:
+        return self.local.verify(fix) + self.shared.verify(fix)
+
+    def close(self) -> None:
+        self._write_back.shutdown(wait=True)
+        self.local.close()
+        self.shared.close()

@@ -1,0 +1,175 @@
+"""Restore or recompute, per request: vLLM's per-key lookups meet ``kvtier.policy``.
+
+vLLM asks a tier about one key at a time and keeps scanning a request's keys when a tier
+answers RETRY. The policy decides per request and per tier, all or nothing (the argument is in
+``kvtier.policy.decision``). So, with the decision on and the engine's prefill measured:
+
+1. The first time a request's keys hit this tier, each is answered RETRY and collected (with
+   its end position, which vLLM records in the request context).
+2. At the end of that scheduler step (``on_schedule_end``) the request's hit is decided:
+   tokens ``[M, M + N)`` with ``M`` = tokens before the first hit key, ``N`` = the hit keys'
+   tokens, bytes = keys x row size.
+3. From the next step on every key of the request answers HIT (restore) or MISS (recompute).
+
+That costs one scheduler step (milliseconds) for requests with a hit in this tier. Before the
+engine's prefill cost has been measured (a fresh engine) there is nothing to weigh a restore
+against: hits are restored at once, and the load deadline bounds what a slow tier can cost.
+
+Prefill evidence comes from the engine's own work, seen from the scheduler: vLLM hands a
+tier the blocks it has just computed (store jobs, with their positions), so the time between
+two store jobs of one request, and the tokens between their positions, measure a prefill
+chunk. Jobs of fewer than ``MIN_EVIDENCE_KEYS`` keys are skipped (decode-time blocks). With
+several requests per step the time is shared and the fit leans towards slower prefill, i.e.
+towards restoring; deadlines still bound a slow tier.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
+
+from kvtier.policy import RestorePolicy
+
+#: Prefill measurements (steps) the fit needs before the decision may refuse a restore.
+MIN_PREFILL_EVIDENCE = 2.0
+#: Store jobs of fewer keys are decode-time blocks, not prefill chunks.
+MIN_EVIDENCE_KEYS = 2
+
+
+@dataclass
+class _Plan:
+    """One request's hit in one tier (kept in vLLM's request context)."""
+
+    keys: dict[OffloadKey, int] = field(default_factory=dict)
+    verdict: bool | None = None
+    #: Prefill evidence: end of the last stored key and when it arrived.
+    stored_end: int | None = None
+    stored_at: float = 0.0
+    last_lookup: float | None = None
+
+
+@dataclass
+class DecisionCounts:
+    """How many requests' hits each verdict got (cumulative, for metrics)."""
+
+    restore: int = 0
+    recompute: int = 0
+    unmeasured: int = 0
+    off: int = 0
+
+
+class TierDecider:
+    """Per-request restore-or-recompute for one tier (scheduler thread, see module doc)."""
+
+    def __init__(
+        self,
+        policy: RestorePolicy,
+        tier: str,
+        tokens_per_key: int,
+        row_bytes: int,
+        clock: Callable[[], float],
+        observes_prefill: bool,
+    ) -> None:
+        self.policy = policy
+        self.tier = tier
+        self.tokens_per_key = max(tokens_per_key, 1)
+        self.row_bytes = row_bytes
+        self.counts = DecisionCounts()
+        self._clock = clock
+        self._observes_prefill = observes_prefill
+        self._pending: list[_Plan] = []
+        self._lock = threading.Lock()
+
+    def _plan(self, ctx: ReqContext) -> _Plan:
+        slot = ctx.get_state(_PlanSlot)
+        if slot is None:
+            slot = _PlanSlot()
+            ctx.set_state(slot)
+        return slot.by_tier.setdefault(self.tier, _Plan())
+
+    def on_lookup(self, ctx: ReqContext) -> None:
+        """Any lookup of the request (its prefill starts right after its last one)."""
+        self._plan(ctx).last_lookup = self._clock()
+
+    def hit(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        """The tier holds ``key``: HIT, MISS, or RETRY while the request is being decided."""
+        plan = self._plan(ctx)
+        if plan.verdict is not None:
+            return LookupResult.HIT if plan.verdict else LookupResult.MISS
+        if not self.policy.settings.enabled:
+            self._settle(plan, True, "off")
+            return LookupResult.HIT
+        if self.policy.prefill.evidence < MIN_PREFILL_EVIDENCE:
+            self._settle(plan, True, "unmeasured")
+            return LookupResult.HIT
+        position = ctx.get_offload_key_position(key)
+        if not plan.keys:
+            with self._lock:
+                self._pending.append(plan)
+        plan.keys[key] = position if position is not None else len(plan.keys)
+        return LookupResult.RETRY
+
+    def end_step(self) -> None:
+        """Decide every request whose hits were collected this step."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for plan in pending:
+            if plan.verdict is not None or not plan.keys:
+                continue
+            n_keys = len(plan.keys)
+            first_end = min(plan.keys.values())
+            cached = max(first_end - self.tokens_per_key, 0)
+            decision = self.policy.decide(
+                self.tier, cached, n_keys * self.tokens_per_key, n_keys * self.row_bytes
+            )
+            self._settle(plan, decision.restore, "restore" if decision.restore else "recompute")
+
+    def _settle(self, plan: _Plan, restore: bool, why: str) -> None:
+        plan.verdict = restore
+        setattr(self.counts, why, getattr(self.counts, why) + 1)
+
+    def on_store(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
+        """vLLM stores blocks it just computed: measure the prefill chunk they close."""
+        if not self._observes_prefill or not keys:
+            return
+        positions = [p for k in keys if (p := ctx.get_offload_key_position(k)) is not None]
+        if not positions:
+            return
+        now = self._clock()
+        plan = self._plan(ctx)
+        end = max(positions)
+        start = min(positions) - self.tokens_per_key
+        if plan.stored_end is None:
+            began, cached = plan.last_lookup, max(start, 0)
+        else:
+            began, cached = plan.stored_at, plan.stored_end
+        plan.stored_end, plan.stored_at = end, now
+        new = end - cached
+        if began is None or len(keys) < MIN_EVIDENCE_KEYS or new <= 0:
+            return
+        self.policy.observe_prefill([(cached, new)], now - began)
+
+
+@dataclass
+class _PlanSlot:
+    """The request-context slot holding each tier's plan (keyed by tier name)."""
+
+    by_tier: dict[str, _Plan] = field(default_factory=dict)
+
+
+#: The host pool's copy to the engine, which every tier's restore also pays. kvtier cannot
+#: time it from the scheduler (the copy runs in the worker processes); measured at 6-9 GB/s
+#: on the CPU backend (docs/benchmarks.md), so this prior is on the slow side.
+HOST_COPY_PRIOR_BYTES_PER_S = 4e9
+
+
+def make_policy(enabled: bool, clock: Callable[[], float]) -> RestorePolicy:
+    """An engine's policy with the host pool registered (tiers add themselves ``via`` it)."""
+    from kvtier.policy import PolicySettings, RestorePrior
+
+    policy = RestorePolicy(PolicySettings(enabled=enabled), clock=clock)
+    policy.add_tier("host", RestorePrior(HOST_COPY_PRIOR_BYTES_PER_S, 0.0005))
+    return policy

@@ -1,0 +1,46 @@
+"""One INFO line per engine naming every tier once all of them are known.
+
+The host pool's size is known when the scheduler builds its manager; a kvtier tier's folder,
+cap and namespace only once its store is open (after vLLM seeds its block hashes). The spec
+starts a ``StartupLine`` with the pool's part and the number of kvtier tiers; each tier
+reports its part (or that it failed); the line is logged when the last part arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+logger = logging.getLogger("kvtier.vllm.spec")
+
+
+class StartupLine:
+    """Collects one part per tier and logs them as a single line."""
+
+    def __init__(self, head: str, expected_tiers: int) -> None:
+        self._parts = [head]
+        self._missing = expected_tiers
+        self._lock = threading.Lock()
+        if expected_tiers == 0:
+            self._log()
+
+    def report(self, part: str) -> None:
+        """A tier's description; the line is logged once every tier has reported."""
+        with self._lock:
+            self._parts.append(part)
+            self._missing -= 1
+            done = self._missing == 0
+        if done:
+            self._log()
+
+    def _log(self) -> None:
+        logger.info("kvtier: tiers: %s", "; ".join(self._parts))
+
+
+def report_to(offloading_spec: object, part: str) -> None:
+    """Give ``part`` to the spec's line, if the spec keeps one (vLLM's own spec does not)."""
+    line = getattr(offloading_spec, "startup_line", None)
+    if isinstance(line, StartupLine):
+        line.report(part)
+    else:
+        logger.info("kvtier: tier: %s", part)

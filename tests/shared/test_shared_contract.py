@@ -1,0 +1,94 @@
+"""SharedStore passes the shared store contract, on a standalone server and on a Cluster.
+
+Each ``make_store`` gets a namespace of its own, so the session's servers need no flushing.
+The store's byte cap is the server's maxmemory, not a cap of its own, so the contract's cap
+tests are bound to what the shared tier does cap: one record (``max_record_bytes``) and the
+in-memory view (``view_max_keys``, LRU). Server-side eviction is checked separately below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.store import BlockStore
+from kvtier.store.shared import SharedStore
+from tests.support.conformance import StoreContract
+from tests.support.redis_servers import RedisClusterServers, RedisServer
+from tests.support.store import PAYLOAD_BYTES, key_of, make_namespace, payload_of
+
+
+class _SharedContract(StoreContract):
+    url: str
+    new_namespace: Callable[[], Namespace]
+
+    def make_store(self, records: int = 8) -> BlockStore:
+        store = SharedStore(
+            self.url,
+            self.new_namespace(),
+            max_record_bytes=records * self.record_bytes(PAYLOAD_BYTES),
+            view_max_keys=records,
+        )
+        self._opened.append(store)
+        return store
+
+    def record_bytes(self, payload_len: int) -> int:
+        return HEADER_BYTES + payload_len
+
+    def test_cap_is_never_exceeded(self) -> None:
+        """Replaces the contract's: the view stays under its key bound; the server evicts,
+        not the store, so nothing is counted as this store's eviction."""
+        store = self.make_store(records=4)
+        for i in range(60):
+            assert store.put(key_of(i), payload_of(i, [1024, 4096, PAYLOAD_BYTES][i % 3]))
+            assert len(list(store.keys())) <= 4
+            assert store.used_bytes() <= 4 * self.record_bytes(PAYLOAD_BYTES)
+        assert store.stats().evictions == 0
+        # Keys that left the view are still on the server: a lookup finds them again.
+        assert self.read(store, key_of(0), 1024) == payload_of(0, 1024)
+
+
+class TestSharedStandalone(_SharedContract):
+    @pytest.fixture(autouse=True)
+    def _bind(
+        self, redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]
+    ) -> object:
+        self.url = redis_standalone.url
+        self.new_namespace = unique_namespace
+        self._opened: list[SharedStore] = []
+        yield
+        for store in self._opened:
+            store.close()
+
+
+class TestSharedCluster(_SharedContract):
+    @pytest.fixture(autouse=True)
+    def _bind(
+        self, redis_cluster: RedisClusterServers, unique_namespace: Callable[[], Namespace]
+    ) -> object:
+        self.url = redis_cluster.url
+        self.new_namespace = unique_namespace
+        self._opened: list[SharedStore] = []
+        yield
+        for store in self._opened:
+            store.close()
+
+
+def test_server_evicts_old_records_and_lookups_miss_cleanly(
+    fresh_server: Callable[..., RedisServer],
+) -> None:
+    """allkeys-lru: puts never fail when full; evicted keys are plain misses, never errors."""
+    server = fresh_server(maxmemory_bytes=8 * 2**20)
+    payload_len = 256 * 1024
+    with SharedStore(server.url, make_namespace(block_bytes=payload_len)) as store:
+        for i in range(80):  # 20 MiB of records into an 8 MiB server
+            assert store.put(key_of(i), payload_of(i, payload_len))
+        hits = sum(store.get(key_of(i)) == payload_of(i, payload_len) for i in range(80))
+        stats = store.stats()
+    assert 0 < hits < 80
+    assert stats.misses == 80 - hits and stats.corrupt == {} and stats.put_failures == 0
+    info = redis.Redis(port=server.port).info("memory")
+    assert info["used_memory"] <= info["maxmemory"] + payload_len + HEADER_BYTES

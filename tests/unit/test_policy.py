@@ -1,0 +1,460 @@
+"""kvtier.policy.RestorePolicy: restore only what beats recompute; deadlines; slow tiers recover.
+
+Fake clock and fake tiers throughout: a "tier" is only the numbers an adapter would report
+(bytes moved, seconds taken), so every scenario is exact and instant.
+"""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.errors import ConfigError
+from kvtier.policy import (
+    DeadlineRule,
+    PolicySettings,
+    PrefillCoefficients,
+    PrefillModel,
+    RestorePolicy,
+    RestorePrior,
+    TierHit,
+    attended_pairs,
+)
+
+KIB = 1 << 10
+GIB = 1 << 30
+#: Llama-3-8B KV in bf16: 32 layers x 2 x 8 heads x 128 dims x 2 bytes.
+TOKEN_BYTES = 128 * KIB
+#: An engine that prefills at 50 us/token plus attention (an 8B model on a big GPU, roughly).
+ENGINE = PrefillCoefficients(step_s=0.003, per_token_s=2.5e-5, per_pair_s=5e-10)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeTier:
+    """A tier that moves bytes at a fixed bandwidth after a fixed latency."""
+
+    def __init__(self, bandwidth: float, latency_s: float = 0.001) -> None:
+        self.bandwidth = bandwidth
+        self.latency_s = latency_s
+
+    def seconds(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth
+
+
+def truth_recompute_s(cached: int, new: int) -> float:
+    return ENGINE.per_token_s * new + ENGINE.per_pair_s * attended_pairs(cached, new)
+
+
+def trained_engine() -> PrefillModel:
+    """A prefill model that has seen a handful of the engine's prompt steps."""
+    model = PrefillModel()
+    for m, n in [(0, 512), (0, 2048), (0, 8192), (0, 32768), (8192, 8192), (30720, 2048)]:
+        assert model.observe_step([(m, n)], ENGINE.step_seconds([(m, n)]))
+    return model
+
+
+def policy_with(
+    tiers: dict[str, FakeTier], clock: FakeClock | None = None, **settings_kw: object
+) -> RestorePolicy:
+    policy = RestorePolicy(PolicySettings(**settings_kw), trained_engine(), clock or FakeClock())
+    for name, tier in tiers.items():
+        policy.add_tier(name)
+        for nbytes in (2 << 20, 32 << 20, 256 << 20, GIB):
+            policy.observe_load(name, nbytes, tier.seconds(nbytes))
+    return policy
+
+
+def run_load(policy: RestorePolicy, clock: FakeClock, tier: str, nbytes: int, seconds: float):
+    ticket = policy.begin_load(tier, nbytes)
+    clock.advance(seconds)
+    return ticket, policy.end_load(ticket)
+
+
+# -- the decision --------------------------------------------------------------------------
+
+
+@given(
+    cached=st.integers(0, 64_000),
+    tokens=st.integers(16, 64_000),  # at least one 16-token block
+)
+@settings(max_examples=200, deadline=None)
+def test_a_fast_tier_is_never_refused(cached, tokens):
+    policy = policy_with({"host": FakeTier(bandwidth=50e9, latency_s=0.0001)})
+    decision = policy.decide("host", cached, tokens, tokens * TOKEN_BYTES)
+    # 50 GB/s moves a token's KV in 2.6 us after 0.1 ms; the engine needs >= 25 us a token,
+    # so one block (16 tokens, 0.4 ms) already pays the latency with the safety factor.
+    assert decision.restore
+    assert decision.restore_tokens == tokens
+    assert decision.reason == "restore is faster"
+
+
+@given(cached=st.integers(0, 64_000), tokens=st.integers(1, 64_000))
+@settings(max_examples=200, deadline=None)
+def test_a_tier_slower_than_recompute_is_refused(cached, tokens):
+    # 0.5 GB/s: 262 us per token of KV, more than recomputing any token under 500k context.
+    policy = policy_with({"disk": FakeTier(bandwidth=0.5e9)})
+    decision = policy.decide("disk", cached, tokens, tokens * TOKEN_BYTES)
+    assert not decision.restore
+    assert decision.restore_tokens == 0
+    assert decision.plan_s == pytest.approx(decision.recompute_s)
+
+
+def test_the_same_tier_is_refused_for_short_contexts_and_used_for_long_ones():
+    # 2 GB/s (65 us per token) loses to recompute early in a prompt, wins late in it, where
+    # each recomputed token attends to tens of thousands of others.
+    policy = policy_with({"disk": FakeTier(bandwidth=2e9)})
+    early = policy.decide("disk", 0, 2048, 2048 * TOKEN_BYTES)
+    late = policy.decide("disk", 250_000, 2048, 2048 * TOKEN_BYTES)
+    assert not early.restore
+    assert late.restore
+    assert truth_recompute_s(250_000, 2048) > FakeTier(2e9).seconds(2048 * TOKEN_BYTES)
+
+
+def test_the_decision_matches_the_truth_once_measured():
+    tier = FakeTier(bandwidth=3e9, latency_s=0.002)
+    policy = policy_with({"disk": tier}, safety_factor=1.0)
+    for cached, tokens in [(0, 1024), (0, 16384), (32768, 2048), (100_000, 8192), (0, 200_000)]:
+        nbytes = tokens * TOKEN_BYTES
+        truth = tier.seconds(nbytes) < truth_recompute_s(cached, tokens)
+        margin = abs(tier.seconds(nbytes) / truth_recompute_s(cached, tokens) - 1)
+        if margin > 0.05:  # too close to call is left to the safety factor
+            assert policy.decide("disk", cached, tokens, nbytes).restore is truth
+
+
+def test_the_safety_factor_refuses_a_restore_that_wins_only_narrowly():
+    tier = FakeTier(bandwidth=3e9, latency_s=0.0)
+    cached, tokens = 0, 100_000
+    # Find where restore wins by 10%: then a factor of 1.2 refuses and 1.0 restores.
+    nbytes = int(truth_recompute_s(cached, tokens) / 1.1 * tier.bandwidth)
+    strict = policy_with({"disk": tier}, safety_factor=1.2)
+    loose = policy_with({"disk": tier}, safety_factor=1.0)
+    assert not strict.decide("disk", cached, tokens, nbytes).restore
+    assert loose.decide("disk", cached, tokens, nbytes).restore
+
+
+def test_the_prior_is_conservative():
+    # Never measured: a tier that is in truth fast enough (20 GB/s vs an engine at 25 us per
+    # token) is still refused, and the prefill prior predicts recompute faster than it is.
+    policy = RestorePolicy(PolicySettings(), PrefillModel(), FakeClock())
+    policy.add_tier("disk")
+    tokens = 8192
+    assert not policy.decide("disk", 0, tokens, tokens * TOKEN_BYTES).restore
+    assert policy.prefill.recompute_seconds(0, tokens) < truth_recompute_s(0, tokens)
+    assert policy.predict_restore_s("disk", tokens * TOKEN_BYTES) > FakeTier(20e9).seconds(
+        tokens * TOKEN_BYTES
+    )
+
+
+def test_the_first_measurements_replace_the_priors():
+    policy = RestorePolicy(PolicySettings(), PrefillModel(), FakeClock())
+    policy.add_tier("disk")
+    tier = FakeTier(bandwidth=20e9)
+    tokens = 8192
+    policy.observe_prefill([(0, tokens)], ENGINE.step_seconds([(0, tokens)]))
+    policy.observe_load("disk", tokens * TOKEN_BYTES, tier.seconds(tokens * TOKEN_BYTES))
+    assert policy.decide("disk", 0, tokens, tokens * TOKEN_BYTES).restore
+
+
+def test_the_decision_off_always_restores():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(bandwidth=0.1e9)}, clock, enabled=False)
+    policy.add_tier("never-measured")
+    ticket = policy.begin_load("disk", GIB)
+    clock.advance(ticket.deadline_s + 1)
+    policy.abandon_load(ticket)  # slow mark too
+    for tier in ("disk", "never-measured"):
+        decision = policy.decide(tier, 0, 4096, 4096 * TOKEN_BYTES)
+        assert decision.restore
+        assert decision.restore_tokens == 4096
+        assert decision.reason == "decision off"
+
+
+def test_the_decision_off_still_enforces_deadlines():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(bandwidth=1e9)}, clock, enabled=False)
+    ticket = policy.begin_load("disk", GIB)
+    clock.advance(ticket.deadline_s * 1.01)
+    assert policy.overdue(ticket)
+
+
+def test_an_empty_hit_restores_nothing():
+    policy = policy_with({"host": FakeTier(bandwidth=50e9)})
+    decision = policy.decide("host", 100, 0, 0)
+    assert not decision.restore
+    assert decision.reason == "no hit"
+
+
+def test_an_unknown_tier_is_an_error_naming_the_known_ones():
+    policy = policy_with({"host": FakeTier(bandwidth=50e9)})
+    with pytest.raises(ConfigError, match=r"unknown tier 'disk'; known: \['host'\]"):
+        policy.decide("disk", 0, 16, 16 * TOKEN_BYTES)
+
+
+def test_a_tier_added_twice_is_refused():
+    policy = RestorePolicy(clock=FakeClock())
+    policy.add_tier("disk")
+    with pytest.raises(ConfigError, match="added twice"):
+        policy.add_tier("disk")
+
+
+# -- chains of tiers -----------------------------------------------------------------------
+
+
+def test_a_chain_stops_at_the_first_tier_not_worth_restoring():
+    policy = policy_with({"host": FakeTier(50e9), "shared": FakeTier(0.2e9)})
+    hits = [TierHit("host", 4096, 4096 * TOKEN_BYTES), TierHit("shared", 4096, 4096 * TOKEN_BYTES)]
+    decision = policy.decide_chain(0, hits)
+    assert decision.restore_tiers == ("host",)
+    assert decision.restore_tokens == 4096
+
+
+def test_a_chain_restores_a_marginal_tier_that_a_fast_next_tier_makes_worth_it():
+    # The first tier alone is a little slower than recompute (refused on its own); the next
+    # covers many expensive late tokens cheaply, and only a restore of both can use it.
+    first = FakeTier(bandwidth=1.5e9, latency_s=0.0)
+    policy = policy_with({"disk": first, "host": FakeTier(50e9)}, safety_factor=1.0)
+    alone = policy.decide("disk", 0, 2048, 2048 * TOKEN_BYTES)
+    both = policy.decide_chain(
+        0,
+        [TierHit("disk", 2048, 2048 * TOKEN_BYTES), TierHit("host", 60_000, 60_000 * TOKEN_BYTES)],
+    )
+    assert not alone.restore
+    assert both.restore_tiers == ("disk", "host")
+
+
+def test_a_tier_via_another_pays_both_copies():
+    policy = policy_with({"host": FakeTier(5e9, latency_s=0.0)})
+    policy.add_tier("disk", via="host")
+    policy.observe_load("disk", GIB, 0.5)
+    assert policy.predict_restore_s("disk", GIB) == pytest.approx(0.5 + GIB / 5e9, rel=0.02)
+    assert policy.begin_load("disk", GIB).predicted_s == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_tier_via_an_unknown_tier_is_refused():
+    policy = RestorePolicy(clock=FakeClock())
+    with pytest.raises(ConfigError, match="via='host', which is not a tier yet; add it first"):
+        policy.add_tier("disk", via="host")
+
+
+def test_a_refused_tier_is_counted():
+    policy = policy_with({"disk": FakeTier(bandwidth=0.2e9)})
+    for _ in range(3):
+        policy.decide("disk", 0, 1024, 1024 * TOKEN_BYTES)
+    assert policy.snapshot().tiers["disk"].refused == 3
+
+
+# -- deadlines -----------------------------------------------------------------------------
+
+
+def test_a_load_gets_multiplier_times_its_predicted_time():
+    clock = FakeClock()
+    tier = FakeTier(bandwidth=2e9, latency_s=0.0)
+    policy = policy_with({"disk": tier}, clock, deadline=DeadlineRule(multiplier=3.0))
+    ticket = policy.begin_load("disk", GIB)
+    assert ticket.deadline_s == pytest.approx(3.0 * tier.seconds(GIB), rel=0.02)
+    assert ticket.deadline_at_s == pytest.approx(clock.now + ticket.deadline_s)
+
+
+@pytest.mark.parametrize(
+    ("predicted", "expected"),
+    [(0.0001, 0.05), (0.1, 0.4), (20.0, 30.0)],
+    ids=["floor", "multiplier", "ceiling"],
+)
+def test_the_deadline_rule_clamps_between_floor_and_ceiling(predicted, expected):
+    rule = DeadlineRule(ceiling_s=30.0, multiplier=4.0, floor_s=0.05)
+    assert rule.deadline_s(predicted) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ceiling_s": 0.0}, "ceiling_s=0.0"),
+        ({"multiplier": 0.5}, "multiplier=0.5; give >= 1"),
+        ({"floor_s": 40.0}, r"floor_s=40.0; give 0 <= floor_s <= ceiling_s \(30.0\)"),
+        ({"ceiling_s": math.inf}, "ceiling_s=inf"),
+    ],
+)
+def test_a_bad_deadline_rule_is_refused_with_the_fix(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        DeadlineRule(**kwargs)
+
+
+def test_a_load_is_overdue_only_after_its_deadline():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(2e9)}, clock)
+    ticket = policy.begin_load("disk", GIB)
+    clock.advance(ticket.deadline_s * 0.99)
+    assert not policy.overdue(ticket)
+    clock.advance(ticket.deadline_s * 0.02)
+    assert policy.overdue(ticket)
+
+
+def test_a_completed_or_abandoned_load_is_never_overdue():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(2e9)}, clock)
+    done, _ = run_load(policy, clock, "disk", GIB, 0.1)
+    gone = policy.begin_load("disk", GIB)
+    clock.advance(gone.deadline_s + 1)
+    policy.abandon_load(gone)
+    clock.advance(1000)
+    assert not policy.overdue(done)
+    assert not policy.overdue(gone)
+
+
+# -- overruns, the slow mark and recovery --------------------------------------------------
+
+
+def overrun(policy: RestorePolicy, clock: FakeClock, tier: str, nbytes: int) -> None:
+    ticket = policy.begin_load(tier, nbytes)
+    clock.advance(ticket.deadline_s * 1.01)
+    assert policy.overdue(ticket)
+    policy.abandon_load(ticket)
+
+
+def test_an_overrun_marks_the_tier_slow_and_inflates_its_estimate():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(10e9)}, clock)
+    before = policy.predict_restore_s("disk", GIB)
+    assert policy.decide("disk", 0, 65536, 65536 * TOKEN_BYTES).restore
+    overrun(policy, clock, "disk", GIB)
+    tier = policy.snapshot().tiers["disk"]
+    assert tier.slow
+    assert tier.overruns == 1
+    assert tier.inflation == PolicySettings().slow_inflation
+    assert policy.predict_restore_s("disk", GIB) > 4 * before
+    assert not policy.decide("disk", 0, 65536, 65536 * TOKEN_BYTES).restore
+
+
+def test_repeated_overruns_double_the_inflation_up_to_its_cap():
+    clock = FakeClock()
+    policy = policy_with(
+        {"disk": FakeTier(10e9)}, clock, slow_inflation=4.0, slow_inflation_max=10.0
+    )
+    factors = []
+    for _ in range(3):
+        overrun(policy, clock, "disk", GIB)
+        factors.append(policy.snapshot().tiers["disk"].inflation)
+    assert factors == [4.0, 8.0, 10.0]
+
+
+def test_a_slow_tier_recovers_after_enough_on_time_loads():
+    clock = FakeClock()
+    tier = FakeTier(10e9)
+    policy = policy_with({"disk": tier}, clock, recovery_loads=3)
+    overrun(policy, clock, "disk", GIB)
+    for i in range(3):
+        assert policy.snapshot().tiers["disk"].slow, f"recovered after only {i} loads"
+        _, on_time = run_load(policy, clock, "disk", GIB, tier.seconds(GIB))
+        assert on_time
+    assert not policy.snapshot().tiers["disk"].slow
+    assert policy.snapshot().tiers["disk"].inflation == 1.0
+    assert policy.decide("disk", 0, 65536, 65536 * TOKEN_BYTES).restore
+
+
+def test_a_late_load_restarts_the_recovery_count():
+    clock = FakeClock()
+    tier = FakeTier(10e9)
+    policy = policy_with({"disk": tier}, clock, recovery_loads=2)
+    overrun(policy, clock, "disk", GIB)
+    run_load(policy, clock, "disk", GIB, tier.seconds(GIB))
+    ticket = policy.begin_load("disk", GIB)
+    clock.advance(ticket.deadline_s * 2)
+    assert policy.end_load(ticket) is False  # completed late, never abandoned: an overrun
+    run_load(policy, clock, "disk", GIB, tier.seconds(GIB))
+    assert policy.snapshot().tiers["disk"].slow
+    run_load(policy, clock, "disk", GIB, tier.seconds(GIB))
+    assert not policy.snapshot().tiers["disk"].slow
+
+
+def test_an_abandoned_loads_late_completion_refines_the_estimate_but_does_not_recover():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(10e9)}, clock)
+    ticket = policy.begin_load("disk", GIB)
+    clock.advance(ticket.deadline_s * 1.01)
+    policy.abandon_load(ticket)
+    policy.abandon_load(ticket)  # idempotent
+    estimate_after_abandon = policy.predict_restore_s("disk", GIB)
+    clock.advance(5.0)  # the I/O finally returns, much later
+    assert policy.end_load(ticket) is False
+    tier = policy.snapshot().tiers["disk"]
+    assert tier.slow
+    assert tier.overruns == 1
+    assert policy.predict_restore_s("disk", GIB) > estimate_after_abandon
+
+
+def test_a_slow_tier_recovers_through_background_probes():
+    clock = FakeClock()
+    tier = FakeTier(10e9)
+    policy = policy_with({"disk": tier}, clock, probe_interval_s=10.0, recovery_loads=3)
+    overrun(policy, clock, "disk", GIB)
+    probes = 0
+    for _ in range(100):
+        clock.advance(1.0)
+        if policy.probe_due("disk"):
+            probes += 1
+            policy.observe_load("disk", 32 << 20, tier.seconds(32 << 20))
+        if not policy.snapshot().tiers["disk"].slow:
+            break
+    assert probes == 3
+    assert not policy.snapshot().tiers["disk"].slow
+
+
+def test_probes_are_due_for_never_measured_and_slow_tiers_only_once_per_interval():
+    clock = FakeClock()
+    policy = RestorePolicy(PolicySettings(probe_interval_s=10.0), clock=clock)
+    policy.add_tier("disk")
+    assert policy.probe_due("disk")  # never measured
+    assert not policy.probe_due("disk")  # claimed: not again within the interval
+    clock.advance(10.0)
+    assert policy.probe_due("disk")
+    policy.observe_load("disk", GIB, 0.3)
+    clock.advance(100.0)
+    assert not policy.probe_due("disk")  # measured and healthy: no probes
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+def test_settings_from_a_mapping_reject_unknown_keys_with_the_known_ones():
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['deadline_s'\]; known: \["):
+        PolicySettings.from_mapping({"deadline_s": 3})
+
+
+def test_settings_from_a_mapping_build_the_deadline_rule():
+    got = PolicySettings.from_mapping(
+        {"enabled": False, "deadline_ceiling_s": 5, "deadline_multiplier": 2, "safety_factor": 1.5}
+    )
+    assert got == PolicySettings(
+        enabled=False, safety_factor=1.5, deadline=DeadlineRule(ceiling_s=5.0, multiplier=2.0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"safety_factor": 0.9}, "safety_factor=0.9; give a number >= 1"),
+        ({"slow_inflation": 1.0}, "slow_inflation=1.0; give a number > 1"),
+        ({"recovery_loads": 0}, "recovery_loads=0; give an integer >= 1"),
+        ({"enabled": "yes"}, "enabled='yes'; give true or false"),
+        ({"probe_interval_s": -1.0}, "probe_interval_s=-1.0"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_fix(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        PolicySettings(**kwargs)
+
+
+def test_a_prior_with_no_bandwidth_is_refused():
+    with pytest.raises(ConfigError, match="bandwidth_bytes_per_s=0"):
+        RestorePrior(bandwidth_bytes_per_s=0, latency_s=0.001)

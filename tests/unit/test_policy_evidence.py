@@ -1,0 +1,121 @@
+"""The GPU evidence report: it feeds measurements to kvtier.policy and grades the picks honestly.
+
+Runs on synthetic raw results (no GPU): the report must label a restore that measured slower
+than recompute WRONG, a missed gain as missed, and agree where the estimates were right.
+"""
+
+import json
+
+import pytest
+
+from kvtier.devtools.bench import gpu_evidence
+from kvtier.policy import PrefillCoefficients
+
+MIB = 1 << 20
+GIB = 1 << 30
+PER_TOKEN = 128 << 10
+ENGINE = PrefillCoefficients(step_s=0.004, per_token_s=4e-5, per_pair_s=1e-10)
+SWEEP = 2 * GIB
+STEPS = [(0, 512), (0, 2048), (0, 4096), (0, 8192), (4096, 4096), (6144, 2048), (0, 16384)]
+STEPS += [(8192, 8192), (0, 32768), (16384, 16384), (1024, 1024)]
+
+
+def raw_results(disk_sweep_gbps: float, disk_restore_gbps: float) -> dict:
+    """Minimal raw results: one model, fast H2D, a disk whose sweep and restores may differ."""
+    steps = []
+    for m, n in STEPS:
+        t = ENGINE.step_seconds([(m, n)])
+        steps.append({"cached": m, "new": n, "model_s": t, "per_layer_median_s": t / 32})
+    sizes = sorted({PER_TOKEN * c // d for c in gpu_evidence.CONTEXTS for d in (1, 2)})
+    sweep_s = SWEEP / (disk_sweep_gbps * 1e9)
+    return {
+        "sections": {
+            "env": {"ok": True, "result": {"gpu": "fake"}},
+            "prefill": {
+                "ok": True,
+                "result": {
+                    "models": {
+                        "m": {
+                            "shape": {"layers": 32},
+                            "kv_bytes_per_token": PER_TOKEN,
+                            "steps": steps,
+                        }
+                    }
+                },
+            },
+            "h2d": {
+                "ok": True,
+                "result": {
+                    "bytes": GIB,
+                    "cases": {},
+                    "sizes": [{"bytes": b, "times_s": [b / 50e9]} for b in (MIB, 64 * MIB, GIB)],
+                },
+            },
+            "disk": {
+                "ok": True,
+                "result": {
+                    "record_sets": {
+                        gpu_evidence.RESTORE_RECORDS: {
+                            "record_bytes": 32 * MIB,
+                            "records": 320,
+                            "put_GBps": 1.0,
+                            "sweep_bytes": SWEEP,
+                            "threads": {"8": {"times_s": [sweep_s, sweep_s], "GBps": 1.0}},
+                            "plain sequential, buffered": {"GBps": 1.0},
+                            "plain sequential, O_DIRECT": {"GBps": 1.0},
+                        }
+                    },
+                    "restores": [
+                        {
+                            "bytes": b,
+                            "read_s": [b / (disk_restore_gbps * 1e9)],
+                            "h2d_s": [b / 50e9],
+                        }
+                        for b in sizes
+                    ],
+                },
+            },
+        }
+    }
+
+
+def rows_for(raw: dict, tier: str) -> list[dict]:
+    return [r for r in gpu_evidence.derive(raw)["rows"] if r["tier"] == tier]
+
+
+def test_estimates_that_match_the_restores_give_right_picks():
+    rows = rows_for(raw_results(disk_sweep_gbps=2.0, disk_restore_gbps=2.0), "disk")
+    assert rows
+    assert {r["right"] for r in rows} <= {"yes", "missed"}
+    assert all(r["right"] == "yes" for r in rows_for(raw_results(2.0, 2.0), "host"))
+
+
+def test_a_restore_slower_than_its_estimate_is_graded_wrong():
+    # The sweep promised 20 GB/s, the restores ran at 0.5: every restore pick is wrong.
+    rows = rows_for(raw_results(disk_sweep_gbps=20.0, disk_restore_gbps=0.5), "disk")
+    assert any(r["pick"] == "restore" for r in rows)
+    assert all(r["right"] == "WRONG" for r in rows if r["pick"] == "restore")
+
+
+def test_a_gain_refused_by_a_pessimistic_estimate_is_graded_missed():
+    rows = rows_for(raw_results(disk_sweep_gbps=0.5, disk_restore_gbps=20.0), "disk")
+    assert all(r["pick"] == "recompute" for r in rows)
+    assert any(r["right"] == "missed" for r in rows)
+
+
+def test_the_report_rereads_its_own_json(tmp_path, capsys):
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps(raw_results(2.0, 2.0)))
+    saved = tmp_path / "report.json"
+    gpu_evidence.main(["report", str(raw), "--json", str(saved)])
+    first = capsys.readouterr().out
+    gpu_evidence.main(["report", str(saved)])
+    assert capsys.readouterr().out == first
+    assert "| m | 2048 | 0 | host pool -> GPU |" in first
+
+
+def test_a_report_without_prefill_figures_says_so():
+    raw = raw_results(2.0, 2.0)
+    raw["sections"]["prefill"] = {"ok": False, "error": "boom"}
+    with pytest.raises(SystemExit, match="no prefill section"):
+        gpu_evidence.derive(raw)

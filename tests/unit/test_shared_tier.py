@@ -1,0 +1,148 @@
+"""The shared tier's vLLM side without a server: composite store, remote lookups, settings."""
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.tiering.base import TransferJob
+
+from kvtier.errors import ConfigError
+from kvtier.store import MemoryStore
+from kvtier.store.tiered import LocalThenShared
+from kvtier.vllm.shared_tier import KvtierSharedTier, redacted_url
+from tests.support.fake_remote import FakeRemoteStore
+from tests.support.tiers import offloading_config
+
+ROWS, ROW_BYTES = 8, 8192
+CTX = ReqContext(req_id="r")
+
+
+def key(i: int) -> bytes:
+    return bytes([i]) * 32 + (0).to_bytes(4, "big")
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_shared_hit_is_written_back_to_the_local_store():
+    local, shared = MemoryStore(1 << 20), FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    shared.put_from_another_replica(key(1), b"a" * 64)
+    assert not store.contains(key(1))
+    assert store.exists_many([key(1), key(2)]) == {key(1)}
+    out = bytearray(64)
+    assert store.get_into(key(1), memoryview(out)) and out == b"a" * 64
+    wait_until(lambda: local.contains(key(1)), "never written back")
+    assert store.written_back == 1
+    store.close()
+
+
+def test_puts_go_to_both_stores_and_local_is_read_first():
+    local, shared = MemoryStore(1 << 20), FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    assert store.put(key(2), b"b" * 64)
+    assert local.contains(key(2)) and shared.contains(key(2))
+    hits = shared.stats().hits
+    assert store.get(key(2)) == b"b" * 64
+    assert shared.stats().hits == hits, "a local hit never asks the server"
+    store.close()
+
+
+@pytest.fixture
+def tier(tmp_path):
+    init_none_hash(sha256)
+    remote = FakeRemoteStore()
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    made = KvtierSharedTier(
+        spec,
+        memoryview(pool),
+        "KvtierSharedTier",
+        url="redis://127.0.0.1:1",
+        store_factory=lambda settings, namespace: remote,
+        check=lambda settings, row_bytes: None,
+    )
+    yield made, remote, pool
+    made.shutdown()
+
+
+def test_a_key_another_replica_stored_is_found_by_asking_the_server(tier):
+    made, remote, _ = tier
+    wait_until(lambda: made.store is not None, "the store never opened")
+    remote.put_from_another_replica(key(5), bytes(ROW_BYTES))
+    assert made.lookup(key(5), CTX) is LookupResult.RETRY, "unknown: ask the server"
+    assert made.lookup(key(6), CTX) is LookupResult.RETRY
+    wait_until(lambda: made.lookup(key(5), CTX) is LookupResult.HIT, "never found")
+    wait_until(lambda: made.lookup(key(6), CTX) is LookupResult.MISS, "never answered")
+    asked = [k for batch in remote.asked for k in batch]
+    assert asked.count(key(5)) == 1 and asked.count(key(6)) == 1, "one question per key"
+
+
+def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path):
+    init_none_hash(sha256)
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    blocked = FakeRemoteStore()
+    release = []
+
+    def slow_put(k, payload):
+        wait_until(lambda: release, "test never released the store")
+        return FakeRemoteStore.put(blocked, k, payload)
+
+    blocked.put = slow_put  # type: ignore[method-assign]
+    made = KvtierSharedTier(
+        spec, memoryview(pool), "t", url="redis://127.0.0.1:1", max_queued_blocks=2,
+        store_factory=lambda s, n: blocked, check=lambda s, r: None,
+    )
+    try:
+        made.submit_store(TransferJob(1, [key(1), key(2)], np.array([0, 1]), False, CTX))
+        made.submit_store(TransferJob(2, [key(3)], np.array([2]), False, CTX))
+        assert made.counters.stores_dropped == 1
+        release.append(True)
+        made.drain_jobs()
+        results = {r.job_id: r.success for r in made.get_finished_jobs()}
+        assert results == {1: True, 2: False}
+    finally:
+        made.shutdown()
+
+
+def test_bad_shared_options_refuse_start_up(tmp_path):
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    with pytest.raises(ConfigError, match="op_timeout_s"):
+        KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", op_timeout_s=0)
+
+
+def test_an_unreachable_server_refuses_start_up(tmp_path):
+    def unreachable(settings, row_bytes):
+        raise ConfigError("shared tier: cannot reach url=redis://h:1")
+
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    with pytest.raises(ConfigError, match="url"):
+        KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", check=unreachable)
+
+
+def test_credentials_never_appear_in_the_tier_description():
+    assert redacted_url("redis://kv:s3cret@cache:6379/0") == "redis://cache:6379/0"
+    assert redacted_url("redis+cluster://a:1,b:2") == "redis+cluster://a:1,b:2"
+
+
+def test_a_composite_read_refused_by_its_claim_leaves_the_row_untouched():
+    local, shared = MemoryStore(1 << 20), FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    assert store.put(key(3), b"c" * 64)
+    row, bounce = bytearray(64), bytearray(64)
+    assert not store.get_into_when(key(3), memoryview(row), lambda: False, memoryview(bounce))
+    assert row == bytearray(64)
+    assert store.get_into_when(key(3), memoryview(row), lambda: True, memoryview(bounce))
+    assert row == b"c" * 64
+    store.close()

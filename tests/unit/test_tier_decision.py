@@ -1,0 +1,99 @@
+"""Per-request restore-or-recompute in a tier, with a fake clock (no engine)."""
+
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+
+from kvtier.policy import RestorePrior
+from kvtier.vllm.decision import MIN_PREFILL_EVIDENCE, TierDecider, make_policy
+
+TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(4, "big") * 9
+
+
+def request(n_keys: int, first: int = 0) -> ReqContext:
+    ctx = ReqContext(req_id=f"r{first}-{n_keys}")
+    for i in range(first, first + n_keys):
+        ctx.set_offload_key_position(key(i), (i + 1) * TOKENS)
+    return ctx
+
+
+def decider(clock: Clock, enabled: bool = True, tier_prior: RestorePrior | None = None):
+    policy = make_policy(enabled, clock)
+    if tier_prior is None:
+        policy.add_tier("disk", via="host")
+    else:
+        policy.add_tier("disk", tier_prior, via="host")
+    return TierDecider(policy, "disk", TOKENS, ROW, clock, observes_prefill=True)
+
+
+def measure_prefill(d: TierDecider, clock: Clock, seconds_per_token: float) -> None:
+    """Feed prefill chunks the way vLLM's store jobs reveal them."""
+    for r in range(int(MIN_PREFILL_EVIDENCE) + 2):
+        ctx = request(16, first=1000 * (r + 1))
+        d.on_lookup(ctx)
+        clock.now += 16 * TOKENS * seconds_per_token
+        d.on_store([key(1000 * (r + 1) + i) for i in range(16)], ctx)
+
+
+def ask(d: TierDecider, ctx: ReqContext, n_keys: int) -> list[LookupResult]:
+    return [d.hit(key(i), ctx) for i in range(n_keys)]
+
+
+def test_before_prefill_is_measured_hits_are_restored_at_once():
+    d = decider(Clock())
+    assert ask(d, request(8), 8) == [LookupResult.HIT] * 8
+    assert d.counts.unmeasured == 1
+
+
+def test_decision_off_restores_every_hit():
+    clock = Clock()
+    d = decider(clock, enabled=False)
+    measure_prefill(d, clock, 1e-6)
+    assert ask(d, request(8), 8) == [LookupResult.HIT] * 8
+    assert d.counts.off == 1
+
+
+def test_a_tier_slower_than_recompute_is_refused_for_the_whole_request():
+    clock = Clock()
+    slow = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)  # 1 MB/s
+    d = decider(clock, tier_prior=slow)
+    measure_prefill(d, clock, 1e-4)  # fast prefill: 0.1 ms a token
+    assert d.policy.prefill.evidence >= MIN_PREFILL_EVIDENCE
+    ctx = request(8)
+    assert ask(d, ctx, 8) == [LookupResult.RETRY] * 8, "collected, not yet decided"
+    d.end_step()
+    assert ask(d, ctx, 8) == [LookupResult.MISS] * 8
+    assert d.counts.recompute == 1
+
+
+def test_a_tier_faster_than_recompute_is_restored():
+    clock = Clock()
+    fast = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.001)
+    d = decider(clock, tier_prior=fast)
+    measure_prefill(d, clock, 4e-3)  # CPU-like prefill: 4 ms a token
+    ctx = request(8)
+    assert ask(d, ctx, 8) == [LookupResult.RETRY] * 8
+    d.end_step()
+    assert ask(d, ctx, 8) == [LookupResult.HIT] * 8
+    assert d.counts.restore == 1
+
+
+def test_store_jobs_of_single_blocks_are_not_prefill_evidence():
+    clock = Clock()
+    d = decider(clock)
+    ctx = request(4)
+    d.on_lookup(ctx)
+    for i in range(4):  # decode-time: one block at a time
+        clock.now += 1.0
+        d.on_store([key(i)], ctx)
+    assert d.policy.prefill.evidence == 0
