@@ -14,8 +14,9 @@ import pytest
 import redis
 
 from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.format.record import decode_header
 from kvtier.store import BlockStore
-from kvtier.store.shared import SharedStore
+from kvtier.store.shared import KEY_PREFIX, SharedStore
 from tests.support.conformance import StoreContract
 from tests.support.redis_servers import RedisClusterServers, RedisServer
 from tests.support.store import PAYLOAD_BYTES, key_of, make_namespace, payload_of
@@ -37,6 +38,45 @@ class _SharedContract(StoreContract):
 
     def record_bytes(self, payload_len: int) -> int:
         return HEADER_BYTES + payload_len
+
+    def ground_truth(self, store: BlockStore) -> dict[bytes, bytes]:
+        """Every value under the store's namespace prefix, read with the plain client (no
+        kvtier code on the read path) and decoded with kvtier.format."""
+        assert isinstance(store, SharedStore)
+        client = store._client  # redis-py's own client: SCAN and GET, no verification
+        prefix = KEY_PREFIX + store.namespace.digest_hex().encode() + b":"
+        truth: dict[bytes, bytes] = {}
+        for server_key in client.scan_iter(match=prefix + b"*", count=1000):
+            value = client.get(server_key)
+            if value is None:
+                continue
+            key = bytes.fromhex(server_key[len(prefix) :].decode())
+            header = decode_header(value, store.namespace.digest(), key)
+            assert header.payload_len == len(value) - HEADER_BYTES
+            truth[key] = bytes(value[HEADER_BYTES:])
+        return truth
+
+    def assert_truth(self, store: BlockStore, expected: dict[bytes, bytes | None]) -> None:
+        """As the contract's, except that the server may hold more keys than the store's
+        in-memory view lists (the view is an LRU of what this process stored or found)."""
+        truth = self.ground_truth(store)
+        assert set(store.keys()) <= set(truth)
+        for key, payload in expected.items():
+            assert truth.get(key) == payload, key.hex()[:16]
+        for key, payload in truth.items():  # sized reads: a key out of the view has no length
+            assert self.read(store, key, len(payload)) == payload, key.hex()[:16]
+
+    def test_least_recently_used_is_evicted_first(self) -> None:
+        """Replaces the contract's: the in-memory view drops its least recently used key;
+        the server (which evicts by its own policy) still serves it."""
+        store = self.make_store(records=4)
+        for i in range(4):
+            store.put(key_of(i), payload_of(i))
+        assert self.read(store, key_of(0)) == payload_of(0)
+        store.put(key_of(4), payload_of(4))
+        assert store.contains(key_of(0)) and store.contains(key_of(4))
+        assert not store.contains(key_of(1))
+        self.assert_truth(store, {key_of(0): payload_of(0), key_of(1): payload_of(1)})
 
     def test_cap_is_never_exceeded(self) -> None:
         """Replaces the contract's: the view stays under its key bound; the server evicts,
