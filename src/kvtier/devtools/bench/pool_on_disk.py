@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from kvtier.devtools.bench.report import median
+from kvtier.devtools.bench.report import median, summarize
 from kvtier.devtools.harness.inprocess import InProcessEngine
 from kvtier.devtools.harness.matrix import SOURCES, case_config, mem_available, pool_files
 from kvtier.devtools.models import tiny_model
@@ -82,6 +82,7 @@ def measure(kind: str, pool: str, folder: Path | None, prompts: int) -> dict[str
         "pool_resident_bytes_after_fill": pool_rss,
         "restored_tokens_from_host": from_host,
         "restore_s_median": median(restore_s),
+        "restore_s_summary": summarize(restore_s).as_dict(),
         "restore_s": restore_s,
     }
 

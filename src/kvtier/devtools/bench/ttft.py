@@ -21,7 +21,13 @@ from pathlib import Path
 
 import kvtier
 from kvtier.devtools.bench.common import BenchRun, bar_plot
-from kvtier.devtools.bench.report import drop_page_cache, markdown_table, median, median_range
+from kvtier.devtools.bench.report import (
+    drop_page_cache,
+    markdown_table,
+    median,
+    median_range,
+    summarize,
+)
 
 KINDS = {
     "cold": "cold prefill",
@@ -90,7 +96,11 @@ def run(
         host_pool=host_pool,
         page_cache_dropped_before_fresh_processes=all(dropped),
     )
-    report = {"samples": samples}
+    summary = {
+        n: {kind: summarize([s["ttft_s"] for s in runs]).as_dict() for kind, runs in kinds.items()}
+        for n, kinds in samples.items()
+    }
+    report = {"samples": samples, "summary_ttft_s": summary}
     markdown = table(samples, lengths)
     bench.write("ttft", report, markdown)
     plot(samples, lengths, out / "ttft.png")
