@@ -92,3 +92,20 @@ def test_reports_go_to_the_report_folder_and_only_publish_copies_them(
     assert (checkout / "docs" / "model-matrix.md").read_text() == "old matrix\n"
     assert done[checkout / "docs" / "model-matrix.md"] is None
     assert set(done) == {checkout / doc for doc in PUBLISHED.values()}
+
+
+def test_every_engine_driver_implements_the_whole_interface() -> None:
+    from kvtier.devtools.harness import Engine, EngineBase
+    from kvtier.devtools.harness.inprocess import InProcessEngine
+    from kvtier.devtools.harness.process import ProcessEngine
+    from kvtier.devtools.harness.server import ServerEngine
+
+    operations = ["generate", "reset_prefix_cache", "metrics", "close"]
+    for driver in (ProcessEngine, InProcessEngine, ServerEngine):
+        assert issubclass(driver, EngineBase)
+        missing = [op for op in operations if op not in vars(driver)]
+        assert missing == [], f"{driver.__name__} lacks {missing}"
+        assert all(callable(getattr(driver, op, None)) for op in [*operations, "generate_one"])
+    assert {"generate", "generate_one", "reset_prefix_cache", "metrics", "close"} <= set(
+        dir(Engine)
+    )
