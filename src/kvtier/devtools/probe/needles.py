@@ -23,6 +23,7 @@ import kvtier
 from kvtier.devtools.bench.report import markdown_table
 from kvtier.devtools.harness import Engine, EngineConfig, ProcessEngine
 from kvtier.devtools.probe.scoring import DEPTHS, Needle, classify, session_verdict
+from kvtier.devtools.prompts import random_prompt
 
 NAMES = [
     "amber",
@@ -145,10 +146,9 @@ def run(
             engine.generate_one(tokenizer.encode(session.question(session.needles[0])), 1)
         pool_tokens = engine_blocks * 128
         filler_tokens = 0
-        rng = random.Random(1)
         progress(f"evicting: pushing > {pool_tokens} filler tokens through the engine...")
         while filler_tokens <= pool_tokens:
-            prompt = [rng.randrange(100, 40000) for _ in range(session_tokens)]
+            prompt = random_prompt(1_000_000 + filler_tokens, session_tokens, 40000, low=100)
             engine.generate_one(prompt, 1)
             filler_tokens += len(prompt)
         for start in range(0, len(all_sessions), wave):
