@@ -223,6 +223,28 @@ def bench_pool_on_disk(
     typer.echo(pool_on_disk.write(report, out))
 
 
+@bench_app.command("shared")
+def bench_shared(
+    out: OutOption = Path("shared-bench"),
+    standalone_url: Annotated[
+        str | None, typer.Option(help="A standalone server (default: a throw-away one).")
+    ] = None,
+    cluster_url: Annotated[
+        str | None, typer.Option(help="A Cluster node (default: a throw-away 3-master one).")
+    ] = None,
+    passes: Annotated[int, typer.Option(help="Passes per case.")] = 5,
+) -> None:
+    """Shared tier: SharedStore put/get_into next to redis-py's plain SET/GET (needs redis).
+
+    Example: kvtier bench shared --out /tmp/shared-bench --passes 7
+    """
+    from kvtier.devtools.bench import shared_bench
+
+    typer.echo(
+        shared_bench.report(shared_bench.run(out, standalone_url, cluster_url, passes=passes))
+    )
+
+
 @bench_app.command("docs")
 def bench_docs(
     reports: Annotated[
