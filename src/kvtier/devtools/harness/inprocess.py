@@ -25,6 +25,7 @@ class InProcessEngine(EngineBase):
         from vllm import LLM
 
         self.config = config
+        _forget_kvtier_metrics()
         started = time.perf_counter()
         try:
             self.llm = LLM(**(engine_args if engine_args is not None else config.engine_args()))
@@ -106,6 +107,21 @@ def _result(output: Any) -> GenerateResult:
         result.decode_s = float(stats.last_token_ts - stats.first_token_ts)
         result.output_tokens = int(stats.num_generation_tokens)
     return result
+
+
+def _forget_kvtier_metrics() -> None:
+    """Unregister the ``kvtier:*`` collectors an earlier engine of this process left behind.
+
+    vLLM drops its own ``vllm:*`` collectors from prometheus_client's global registry when an
+    engine's stat logger starts (``unregister_vllm_metrics``), but not those a connector
+    declares: a second in-process engine would fail with ``DuplicateTimeseries``. One engine per
+    process (every real deployment) never needs this.
+    """
+    from prometheus_client import REGISTRY
+
+    for collector in list(REGISTRY._collector_to_names):
+        if str(getattr(collector, "_name", "")).startswith("kvtier:"):
+            REGISTRY.unregister(collector)
 
 
 def reset_after_failed_start() -> None:
