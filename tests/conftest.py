@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.devtools.harness import EngineConfig, EngineProcess
+from kvtier.devtools.harness import EngineConfig, ProcessEngine
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -36,12 +36,12 @@ def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def start_engine(engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
+def start_engine(engine_logs: Path) -> Iterator[Callable[..., ProcessEngine]]:
     """Start engines for one test module; every one still running is closed at module end."""
-    started: list[EngineProcess] = []
+    started: list[ProcessEngine] = []
 
-    def start(config: EngineConfig, name: str) -> EngineProcess:
-        engine = EngineProcess(config, engine_logs / f"{name}.log")
+    def start(config: EngineConfig, name: str) -> ProcessEngine:
+        engine = ProcessEngine(config, engine_logs / f"{name}.log")
         started.append(engine)
         return engine
 
@@ -51,9 +51,9 @@ def start_engine(engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
 
 
 @pytest.fixture(scope="session")
-def plain_engine(tiny_model: Path, engine_logs: Path) -> Iterator[EngineProcess]:
+def plain_engine(tiny_model: Path, engine_logs: Path) -> Iterator[ProcessEngine]:
     """The tiny model without offloading, shared by every module: the resume oracle's engine."""
-    engine = EngineProcess(
+    engine = ProcessEngine(
         EngineConfig(model=str(tiny_model), in_process=True), engine_logs / "plain.log"
     )
     yield engine

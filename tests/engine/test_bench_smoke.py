@@ -1,4 +1,5 @@
-"""Small, fast runs of every benchmark and the needle probe, so none of them can rot.
+"""Small, fast runs of every benchmark and the needle probe, so none of them can rot (the
+pool-on-disk bench starts two engines of its own: ``slow``).
 
 Figures from these runs mean nothing (tiny model, one repetition, engines in one process);
 the assertions check that each tool runs end to end and writes its table, data and plot.
@@ -93,3 +94,51 @@ def test_needle_probe_scores_every_session(tmp_path):
     assert all(a["cached_tokens"] > 0 for a in answers), "every revisit must be a restore"
     assert all("baseline_answer" in a for a in answers)
     assert result["identical_answers"] == sum(a["answer"] == a["baseline_answer"] for a in answers)
+
+
+def test_store_and_checksum_benches_run_as_commands(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvtier.cli.main import app
+
+    runner = CliRunner()
+    raw = tmp_path / "store.json"
+    small = ["--total-mib", "4", "--repeats", "1", "--open-records", "200", "--real-records", "20"]
+    store = runner.invoke(
+        app, ["bench", "store", "--dir", str(tmp_path), *small, "--no-cold", "--json", str(raw)]
+    )
+    assert store.exit_code == 0, store.output
+    assert "DiskStore default" in store.output and "contains() ns p50 / p99" in store.output
+    assert json.loads(raw.read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["store.json"], "its work folder is removed"
+    checksum = runner.invoke(app, ["bench", "checksum", "--repeats", "1"])
+    assert checksum.exit_code == 0, checksum.output
+    assert "| xxhash.xxh3_64 |" in checksum.output
+
+
+@pytest.mark.slow
+def test_pool_on_disk_bench_runs_as_a_command(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    out = tmp_path / "pool.json"
+    command = ["bench", "pool-on-disk", "--dir", str(tmp_path / "pool"), "--prompts", "2"]
+    command = [*command, "--disk-pool", "1GiB", "--ram-pool", "512MiB", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtier.cli", *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ram, disk = json.loads(out.read_text())
+    assert (ram["kind"], disk["kind"]) == ("ram", "disk")
+    assert all(r["restored_tokens_from_host"] > 0 for r in (ram, disk))
+    assert disk["pool_file"]["allocated"] < disk["pool_file"]["size"]
+    assert ram["restore_s_summary"]["count"] == 7

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.devtools.harness import EngineConfig, EngineProcess
+from kvtier.devtools.harness import EngineConfig, ProcessEngine
 from kvtier.devtools.harness.oracle import check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
@@ -31,7 +31,7 @@ def disk_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(start_engine, tiny_model, disk_dir) -> EngineProcess:
+def engine(start_engine, tiny_model, disk_dir) -> ProcessEngine:
     config = EngineConfig(
         model=str(tiny_model),
         kv_transfer_config=kvtier.kv_transfer_config(
@@ -54,7 +54,7 @@ def record_files(disk_dir: Path) -> set[Path]:
     return set((namespace_dir(disk_dir) / "blocks").rglob("*.kvb"))
 
 
-def store_on_disk_only(engine: EngineProcess, disk_dir: Path, prompt: list[int]) -> set[Path]:
+def store_on_disk_only(engine: ProcessEngine, disk_dir: Path, prompt: list[int]) -> set[Path]:
     """Serve ``prompt`` and return the record files it added, with only the disk holding them."""
     before = record_files(disk_dir)
     engine.generate_one(prompt, MAX_TOKENS)
@@ -64,7 +64,7 @@ def store_on_disk_only(engine: EngineProcess, disk_dir: Path, prompt: list[int])
     return added
 
 
-def cold_output(plain_engine: EngineProcess, prompt: list[int]) -> list[int]:
+def cold_output(plain_engine: ProcessEngine, prompt: list[int]) -> list[int]:
     result, _ = plain_engine.generate_one(prompt, MAX_TOKENS)
     assert result.num_cached_tokens == 0
     return result.token_ids

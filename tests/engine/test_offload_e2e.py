@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.devtools.harness import EngineConfig, EngineProcess
+from kvtier.devtools.harness import EngineConfig, ProcessEngine
 from kvtier.devtools.harness.oracle import ResumeReference, check_restore, resume_reference
 from kvtier.vllm.regions import SHM_DIR
 from tests.support.prompts import random_prompt
@@ -68,7 +68,7 @@ def kvtier_config(tiny_model: Path, disk_dir: Path, **env: str) -> EngineConfig:
 
 
 @pytest.fixture(scope="module")
-def first_engine(start_engine, tiny_model, disk_dir, references) -> EngineProcess:
+def first_engine(start_engine, tiny_model, disk_dir, references) -> ProcessEngine:
     return start_engine(kvtier_config(tiny_model, disk_dir), "kvtier-first")
 
 

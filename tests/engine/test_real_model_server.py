@@ -7,7 +7,7 @@ there; kvtier must not leak the host pool anyway.
 import pytest
 
 from kvtier.devtools.demo import build_prompt
-from kvtier.devtools.harness.server import ServerProcess
+from kvtier.devtools.harness.server import ServerEngine
 from kvtier.vllm.regions import SHM_DIR
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
@@ -25,7 +25,7 @@ def smollm2_dir():
 
 def test_served_real_model_restores_from_host_pool_and_stops_clean(smollm2_dir, engine_logs):
     prompt = build_prompt(smollm2_dir, 700)  # 5 full blocks and a tail
-    server = ServerProcess(
+    server = ServerEngine(
         smollm2_dir,
         engine_logs / "smollm2-server.log",
         host_pool="512MiB",
@@ -34,18 +34,16 @@ def test_served_real_model_restores_from_host_pool_and_stops_clean(smollm2_dir, 
         allow_small_tiers=True,
     )
     try:
-        client = server.client
-        client.complete_stream(prompt, 24)  # cold
-        reference = client.complete_stream(prompt, 24)  # engine prefix-cache hit
-        client.reset_prefix_cache()
-        before = client.metrics()
-        restored = client.complete_stream(prompt, 24)
-        after = client.metrics()
+        server.generate_one(prompt, 24)  # cold
+        reference, _ = server.generate_one(prompt, 24)  # engine prefix-cache hit
+        assert server.reset_prefix_cache()
+        restored, sources = server.measured(prompt, 24, {"host": FROM_HOST, "external": EXTERNAL})
     finally:
-        code = server.stop()
-    assert after[FROM_HOST] - before.get(FROM_HOST, 0) == 640
-    assert after[EXTERNAL] - before.get(EXTERNAL, 0) == 640
+        code = server.close()
+    assert sources == {"host": 640, "external": 640}
+    assert restored.num_cached_tokens == reference.num_cached_tokens == 640
+    assert restored.token_ids == reference.token_ids and len(restored.token_ids) == 24
     assert restored.text == reference.text
-    assert restored.text.strip(), "the model produced text"
+    assert (restored.text or "").strip(), "the model produced text"
     assert code is not None
     assert list(SHM_DIR.glob("vllm_offload_*")) == []

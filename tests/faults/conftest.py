@@ -3,9 +3,11 @@
 Every fault test takes the ``reliability`` fixture and records what it tried:
 ``reliability.record(fault, level, iterations, outcome)``, after its assertions passed. At the
 end of a session that ran the *whole* fault suite (every module of tests/faults collected,
-nothing deselected, no ``file::test`` selection), the table is written to docs/reliability.md.
-Partial runs (plain ``pytest`` skips the ``slow`` tests, ``-m "faults and not slow"``, ``-k``)
-only print it, so they never replace the complete table with a partial one.
+nothing deselected, no ``file::test`` selection), the table is written to ``reliability.md`` in
+the report folder (``kvtier.devtools.reports``: ``out/reports/``, never a tracked file);
+``kvtier bench docs`` publishes it as docs/reliability.md. Partial runs (plain ``pytest`` skips
+the ``slow`` tests, ``-m "faults and not slow"``, ``-k``) write ``reliability-partial.md``
+instead, so they never stand in for the complete table.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.devtools.reports import report_dir
 from tests.support.faults import Outside
 
 FAULTS_DIR = Path(__file__).resolve().parent
-REPO = FAULTS_DIR.parent.parent
-RELIABILITY_MD = REPO / "docs" / "reliability.md"
+RELIABILITY_REPORT = "reliability.md"
+PARTIAL_REPORT = "reliability-partial.md"
 REPRODUCE = "bash scripts/test.sh -m faults"
 REPRODUCE_FAST = 'bash scripts/test.sh -m "faults and not slow"'
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
@@ -192,11 +195,12 @@ def _table(collector: Reliability, wall_s: float, exitstatus: int) -> str:
     lines = [
         "# kvtier reliability: every fault tried, how often, and what happened",
         "",
-        "Written by the fault suite itself (`tests/faults/conftest.py`) at the end of a run that",
-        "selected the whole suite; do not edit by hand. To reproduce:",
+        "Written by the fault suite itself (`tests/faults/conftest.py`) to the report folder",
+        "(`out/reports/`) at the end of a run that selected the whole suite, and copied here by",
+        "`kvtier bench docs`; do not edit by hand. To reproduce:",
         "",
         "```bash",
-        f"{REPRODUCE}                      # the whole suite, slow tests included",
+        f"{REPRODUCE} && kvtier bench docs   # the whole suite, slow tests included",
         f"{REPRODUCE_FAST}   # the part CI runs by default",
         "```",
         "",
@@ -210,9 +214,10 @@ def _table(collector: Reliability, wall_s: float, exitstatus: int) -> str:
         "the CPUs.",
         "",
         "Checked in every row unless it says otherwise: requests complete and the engine keeps "
-        "serving; every restored output equals the resume oracle (`kvtier.devtools.harness.oracle`) or, "
-        "where a block must not be served, the cold output; a bad block is a miss and is "
-        "quarantined with the reason named; `verify()` finds nothing left to repair; no temp, "
+        "serving; every restored output equals the resume oracle "
+        "(`kvtier.devtools.harness.oracle`) or, where a block must not be served, the cold "
+        "output; a bad block is a miss and is quarantined with the reason named; `verify()` "
+        "finds nothing left to repair; no temp, "
         "orphan or `/dev/shm/vllm_offload_*` file stays behind; a sibling folder and the parent "
         "of the cache folder are unchanged.",
         "",
@@ -241,9 +246,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     text = _table(collector, time.monotonic() - collector.started, int(exitstatus))
     target = os.environ.get("KVTIER_RELIABILITY_OUT")
-    if _complete(session, collector):
-        RELIABILITY_MD.write_text(text)
-        session.config._kvtier_reliability_written = RELIABILITY_MD  # type: ignore[attr-defined]
+    complete = _complete(session, collector)
+    written = report_dir() / (RELIABILITY_REPORT if complete else PARTIAL_REPORT)
+    written.write_text(text)
+    session.config._kvtier_reliability_written = (written, complete)  # type: ignore[attr-defined]
     if target:
         Path(target).write_text(text)
     session.config._kvtier_reliability_text = text  # type: ignore[attr-defined]
@@ -253,13 +259,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     text = getattr(config, "_kvtier_reliability_text", None)
     if text is None:
         return
-    written = getattr(config, "_kvtier_reliability_written", None)
+    written, complete = config._kvtier_reliability_written  # type: ignore[attr-defined]
     terminalreporter.section("kvtier reliability")
     terminalreporter.write(text)
-    if written:
-        terminalreporter.write_line(f"written to {written}")
+    if complete:
+        terminalreporter.write_line(
+            f"written to {written}; `kvtier bench docs` publishes it as docs/reliability.md"
+        )
     else:
         terminalreporter.write_line(
-            "partial fault run: docs/reliability.md left as it is "
-            f"(run `{REPRODUCE}` to rewrite it)"
+            f"partial fault run: written to {written} only "
+            f"(run `{REPRODUCE}` for the complete table)"
         )

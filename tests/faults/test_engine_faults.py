@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.devtools.harness import EngineConfig, EngineError, EngineProcess
+from kvtier.devtools.harness import EngineConfig, EngineError, ProcessEngine
 from kvtier.vllm.regions import SHM_DIR
 from tests.support.engine import (
     DISK_CAP_BYTES,
@@ -96,7 +96,7 @@ def guard(mount: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def oracle(plain_engine: EngineProcess) -> Oracle:
+def oracle(plain_engine: ProcessEngine) -> Oracle:
     return Oracle(plain_engine)
 
 
@@ -126,7 +126,7 @@ def record_ids(folder: Path) -> list[int]:
 
 
 def kill_during_stores(
-    engine: EngineProcess, prompts: list[list[int]], folder: Path, stores: int
+    engine: ProcessEngine, prompts: list[list[int]], folder: Path, stores: int
 ) -> tuple[int, float, bool]:
     """Send ``prompts`` as one batch and SIGKILL the engine (its whole process group) as soon
     as ``stores`` new block records are published under ``folder``, i.e. with the batch's
@@ -174,7 +174,7 @@ def crash(start_engine, tiny_model: Path, guard: Outside) -> Crash:  # type: ign
 
 
 @pytest.fixture(scope="module")
-def engine(crash: Crash, start_engine, tiny_model: Path, guard: Outside) -> EngineProcess:  # type: ignore[no-untyped-def]
+def engine(crash: Crash, start_engine, tiny_model: Path, guard: Outside) -> ProcessEngine:  # type: ignore[no-untyped-def]
     """The restart after the crash; the module's engine from then on (floor 0: real ENOSPC)."""
     engine_id = unique_engine_id("main")
     started = start_engine(
@@ -186,11 +186,11 @@ def engine(crash: Crash, start_engine, tiny_model: Path, guard: Outside) -> Engi
 
 
 @pytest.fixture(scope="module")
-def ns_dir(engine: EngineProcess, guard: Outside, tiny_model: Path) -> Path:
+def ns_dir(engine: ProcessEngine, guard: Outside, tiny_model: Path) -> Path:
     return wait_for_namespace_dir(guard.cache, tiny_model)
 
 
-def assert_folder_sound(engine: EngineProcess, ns: Path, guard: Outside) -> None:
+def assert_folder_sound(engine: ProcessEngine, ns: Path, guard: Outside) -> None:
     """After draining the engine: no temp file, index and files agree, cap held, nothing outside
     the cache folder touched, the engine's process tree holds no leaked host-pool file."""
     assert engine.reset_prefix_cache(reset_connector=True)  # waits for in-flight stores
@@ -207,7 +207,7 @@ def assert_folder_sound(engine: EngineProcess, ns: Path, guard: Outside) -> None
 
 
 def test_sigkill_while_storing_then_restart_serves_the_oracle(
-    engine: EngineProcess, crash: Crash, oracle: Oracle, ns_dir: Path, guard: Outside, reliability
+    engine: ProcessEngine, crash: Crash, oracle: Oracle, ns_dir: Path, guard: Outside, reliability
 ) -> None:
     cached: Counter[int] = Counter()
     for prompt in crash.prompts:
@@ -239,7 +239,7 @@ def damage_param(name: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def other_namespace(engine: EngineProcess, ns_dir: Path, guard: Outside):  # type: ignore[no-untyped-def]
+def other_namespace(engine: ProcessEngine, ns_dir: Path, guard: Outside):  # type: ignore[no-untyped-def]
     """A store of another namespace in the same root, same record size: a copy source."""
     from kvtier.store import DiskStore
 
@@ -252,7 +252,7 @@ def other_namespace(engine: EngineProcess, ns_dir: Path, guard: Outside):  # typ
 
 @pytest.mark.parametrize("kind", [damage_param(name) for name in sorted(DAMAGES)])
 def test_damaged_block_files_are_recomputed_then_served_again(
-    engine: EngineProcess,
+    engine: ProcessEngine,
     ns_dir: Path,
     oracle: Oracle,
     guard: Outside,
@@ -309,7 +309,7 @@ def test_damaged_block_files_are_recomputed_then_served_again(
 
 
 def test_block_files_deleted_under_the_engine_are_clean_misses(
-    engine: EngineProcess, ns_dir: Path, oracle: Oracle, guard: Outside, reliability
+    engine: ProcessEngine, ns_dir: Path, oracle: Oracle, guard: Outside, reliability
 ) -> None:
     prompt = random_prompt(5100, PROMPT_LEN)
     files = store_on_disk_only(engine, ns_dir, prompt)
@@ -333,7 +333,7 @@ def test_block_files_deleted_under_the_engine_are_clean_misses(
 
 
 def test_a_full_disk_under_the_engine_degrades_to_recompute(
-    engine: EngineProcess, ns_dir: Path, oracle: Oracle, guard: Outside, mount: Path, reliability
+    engine: ProcessEngine, ns_dir: Path, oracle: Oracle, guard: Outside, mount: Path, reliability
 ) -> None:
     # A cache at its cap makes room by evicting its own files, which frees space for the
     # next put even on a full disk; start well under the cap so puts really meet ENOSPC.
@@ -375,7 +375,7 @@ def test_a_full_disk_under_the_engine_degrades_to_recompute(
 
 
 def test_a_read_only_folder_under_the_engine_degrades_to_recompute(
-    engine: EngineProcess, ns_dir: Path, oracle: Oracle, guard: Outside, reliability
+    engine: ProcessEngine, ns_dir: Path, oracle: Oracle, guard: Outside, reliability
 ) -> None:
     stored = random_prompt(5300, PROMPT_LEN)
     store_on_disk_only(engine, ns_dir, stored)
@@ -413,7 +413,7 @@ def test_a_read_only_folder_under_the_engine_degrades_to_recompute(
 
 
 def test_eviction_racing_restores_serves_only_the_oracle(
-    engine: EngineProcess, ns_dir: Path, oracle: Oracle, guard: Outside, reliability
+    engine: ProcessEngine, ns_dir: Path, oracle: Oracle, guard: Outside, reliability
 ) -> None:
     rng = random.Random(54)
     before = quarantined(ns_dir)
@@ -449,7 +449,7 @@ def test_eviction_racing_restores_serves_only_the_oracle(
 
 
 def soak(
-    engine: EngineProcess, ns: Path, oracle: Oracle | None, requests: int, seed: int
+    engine: ProcessEngine, ns: Path, oracle: Oracle | None, requests: int, seed: int
 ) -> dict[str, object]:
     """Serve ``requests`` over shared prefixes; check the cap after every batch and a share of
     outputs against the oracle (none if ``oracle`` is None); measure fds and RSS from /proc."""
@@ -516,7 +516,7 @@ def grew(got: dict[str, object], role: str) -> int:
     "requests", [pytest.param(100, id="100"), pytest.param(600, id="600", marks=pytest.mark.slow)]
 )
 def test_soak_over_shared_prefixes_stays_bounded_and_flat(
-    engine: EngineProcess,
+    engine: ProcessEngine,
     ns_dir: Path,
     oracle: Oracle,
     start_engine,
@@ -564,7 +564,7 @@ def test_soak_over_shared_prefixes_stays_bounded_and_flat(
 
 @pytest.mark.slow
 def test_second_engine_on_the_folder_killed_mid_store_while_the_first_serves(
-    engine: EngineProcess,
+    engine: ProcessEngine,
     ns_dir: Path,
     oracle: Oracle,
     guard: Outside,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.harness import EngineConfig, EngineProcess, GenerateResult
+from kvtier.devtools.harness import Engine, EngineConfig, GenerateResult
 from kvtier.devtools.harness.oracle import ResumeReference, check_restore
 from kvtier.format import Namespace
 from kvtier.store import DiskStore
@@ -61,7 +61,7 @@ class Oracle:
     run). Results are memoised.
     """
 
-    plain: EngineProcess
+    plain: Engine
     max_tokens: int = MAX_TOKENS
     _memo: dict[tuple[tuple[int, ...], int], ResumeReference] = field(default_factory=dict)
 
@@ -111,7 +111,7 @@ def record_files(ns_dir: Path) -> set[Path]:
     return set((ns_dir / "blocks").rglob("*.kvb"))
 
 
-def store_on_disk_only(engine: EngineProcess, ns_dir: Path, prompt: list[int]) -> list[Path]:
+def store_on_disk_only(engine: Engine, ns_dir: Path, prompt: list[int]) -> list[Path]:
     """Serve ``prompt``; return the record files it added, with only the disk holding them."""
     before = record_files(ns_dir)
     engine.generate_one(prompt, MAX_TOKENS)
@@ -143,7 +143,7 @@ def disk_usage(ns_dir: Path) -> int:
     return sum(os.lstat(p).st_size for p in record_files(ns_dir))
 
 
-def metric(engine: EngineProcess, name: str) -> float:
+def metric(engine: Engine, name: str) -> float:
     return engine.metrics().get(name, 0.0)
 
 

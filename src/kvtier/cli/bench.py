@@ -1,4 +1,7 @@
-"""``kvtier bench`` and ``kvtier probe``: benchmarks and probes that drive real engines."""
+"""``kvtier bench`` and ``kvtier probe``: benchmarks, probes and the reports they publish.
+
+Every command imports ``kvtier.devtools`` lazily, inside its body.
+"""
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,6 +140,139 @@ def bench_bandwidth(
     with _progress("bandwidth") as report:
         bandwidth.run(out, reps=reps, progress=report)
     _print_result(out, "bandwidth")
+
+
+@bench_app.command("store")
+def bench_store(
+    folder: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Folder on the disk to measure (default: TMPDIR)."),
+    ] = None,
+    total_mib: Annotated[int, typer.Option(help="MiB written per pass.")] = 192,
+    repeats: Annotated[int, typer.Option(help="Passes per case.")] = 3,
+    open_records: Annotated[int, typer.Option(help="Records indexed for open()/contains().")] = (
+        100_000
+    ),
+    real_records: Annotated[int, typer.Option(help="Small records put for open().")] = 5_000,
+    cold: Annotated[bool, typer.Option(help="Cold reads (drop_caches, root only).")] = True,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write raw per-pass figures here.")
+    ] = None,
+    read_ab_only: Annotated[
+        bool, typer.Option("--read-ab-only", help="Only the O_DIRECT vs buffered read A/B.")
+    ] = False,
+) -> None:
+    """DiskStore throughput, latency and index figures next to plain file I/O (no engine).
+
+    Example: kvtier bench store --json /tmp/store_bench.json
+    """
+    from kvtier.devtools.bench import store_bench
+
+    store_bench.run(
+        folder,
+        total_mib=total_mib,
+        repeats=repeats,
+        open_records=open_records,
+        real_records=real_records,
+        cold=cold,
+        json_path=json_path,
+        read_ab_only=read_ab_only,
+        emit=typer.echo,
+    )
+
+
+@bench_app.command("checksum")
+def bench_checksum(
+    repeats: Annotated[int, typer.Option(help="Timed runs per cell.")] = 7,
+) -> None:
+    """GB/s of candidate payload checksums over realistic block sizes (no engine).
+
+    Example: kvtier bench checksum --repeats 7
+    """
+    from kvtier.devtools.bench import checksum_bench
+
+    typer.echo(checksum_bench.run(repeats))
+
+
+@bench_app.command("pool-on-disk")
+def bench_pool_on_disk(
+    folder: Annotated[Path, typer.Option("--dir", help="Folder for the pool file.")],
+    disk_pool: Annotated[str, typer.Option(help="Size of the pool on disk.")] = "32GiB",
+    ram_pool: Annotated[str, typer.Option(help="Size of the pool in /dev/shm.")] = "2GiB",
+    prompts: Annotated[int, typer.Option(help="Distinct 1024-token prompts.")] = 120,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON report here.")] = None,
+) -> None:
+    """What a host pool costs in RAM (/dev/shm) against a sparse file (host_pool_dir).
+
+    Runs one in-process engine per pool kind (tiny Llama). vLLM logs to stdout; the report is
+    the last JSON printed.
+
+    Example: kvtier bench pool-on-disk --dir /var/tmp/kvtier-pool-measure --out pool.json
+    """
+    from kvtier.devtools.bench import pool_on_disk
+    from kvtier.errors import ConfigError
+    from kvtier.units import parse_size
+
+    try:
+        for value, name in ((disk_pool, "--disk-pool"), (ram_pool, "--ram-pool")):
+            parse_size(value, name)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    report = pool_on_disk.run(folder, disk_pool, ram_pool, prompts)
+    typer.echo(pool_on_disk.write(report, out))
+
+
+@bench_app.command("shared")
+def bench_shared(
+    out: OutOption = Path("shared-bench"),
+    standalone_url: Annotated[
+        str | None, typer.Option(help="A standalone server (default: a throw-away one).")
+    ] = None,
+    cluster_url: Annotated[
+        str | None, typer.Option(help="A Cluster node (default: a throw-away 3-master one).")
+    ] = None,
+    passes: Annotated[int, typer.Option(help="Passes per case.")] = 5,
+) -> None:
+    """Shared tier: SharedStore put/get_into next to redis-py's plain SET/GET (needs redis).
+
+    Example: kvtier bench shared --out /tmp/shared-bench --passes 7
+    """
+    from kvtier.devtools.bench import shared_bench
+
+    typer.echo(
+        shared_bench.report(shared_bench.run(out, standalone_url, cluster_url, passes=passes))
+    )
+
+
+@bench_app.command("docs")
+def bench_docs(
+    reports: Annotated[
+        Path | None,
+        typer.Option(help="Report folder (default: $KVTIER_REPORT_DIR or out/reports)."),
+    ] = None,
+    checkout: Annotated[
+        Path | None, typer.Option(help="Source checkout whose docs/ to update.")
+    ] = None,
+) -> None:
+    """Copy the reports of the last runs into docs/ (reliability.md, model-matrix.md).
+
+    Test runs write their reports to the report folder only; this is the deliberate step that
+    puts them in the tracked docs.
+
+    Example: bash scripts/test.sh -m faults && kvtier bench docs
+    """
+    from kvtier.devtools.reports import checkout_dir, publish, report_dir
+
+    found = False
+    for doc, source in publish(reports or report_dir(), checkout or checkout_dir()):
+        if source is None:
+            typer.echo(f"{doc}: no report, left as it is")
+        else:
+            found = True
+            typer.echo(f"{doc}: from {source}")
+    if not found:
+        raise typer.Exit(1)
 
 
 @probe_app.command("needles")

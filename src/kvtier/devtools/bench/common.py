@@ -1,7 +1,6 @@
 """Shared pieces of the engine benchmarks: prompts, engines, output folder, plots."""
 
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -10,13 +9,8 @@ from typing import Any
 
 import kvtier
 from kvtier.devtools.bench.report import environment_line
-from kvtier.devtools.harness import EngineConfig, EngineProcess
-
-
-def random_prompt(length: int, seed: int, vocab: int = 49000) -> list[int]:
-    """Random token ids below ``vocab``; distinct seeds never share a prefix block in practice."""
-    rng = random.Random(seed)
-    return [rng.randrange(min(100, vocab // 2), vocab) for _ in range(length)]
+from kvtier.devtools.harness import EngineConfig, ProcessEngine
+from kvtier.devtools.prompts import random_prompt
 
 
 def model_vocab(model: str, default: int = 49000) -> int:
@@ -59,7 +53,11 @@ class BenchRun:
             "VLLM_CPU_NUM_OF_RESERVED_CPU=0 on every engine so all use both cores",
         )
 
-    def engine(self, name: str, transfer_config: dict | None, **kw: Any) -> EngineProcess:
+    def prompt(self, seed: int, length: int) -> list[int]:
+        """A random prompt inside the model's vocabulary, clear of its first 100 ids."""
+        return random_prompt(seed, length, self.vocab, low=min(100, self.vocab // 2))
+
+    def engine(self, name: str, transfer_config: dict | None, **kw: Any) -> ProcessEngine:
         self.engines += 1
         config = EngineConfig(
             model=self.model,
@@ -70,7 +68,7 @@ class BenchRun:
             **kw,
         )
         self.config.setdefault("engines", {})[name] = config.engine_args()
-        return EngineProcess(config, self.out / f"engine-{self.engines}-{name}.log")
+        return ProcessEngine(config, self.out / f"engine-{self.engines}-{name}.log")
 
     def write(self, stem: str, report: dict[str, Any], markdown: str) -> None:
         report = {"config": self.config, **report}

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.bench.common import BenchRun, bar_plot, random_prompt
-from kvtier.devtools.bench.report import markdown_table
-from kvtier.devtools.bench.stats import median
+from kvtier.devtools.bench.common import BenchRun, bar_plot
+from kvtier.devtools.bench.report import markdown_table, median
 
 
 def run(
@@ -33,18 +32,15 @@ def run(
     config = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=out / "disk-concurrent")
     rows = []
     with bench.engine("kvtier", config) as engine:
-        engine.generate_one(random_prompt(256, 2, vocab=bench.vocab))  # warm-up
+        engine.generate_one(bench.prompt(2, 256))  # warm-up
         for n in counts:
-            prompts = [
-                random_prompt(prompt_len, 7_000_000 + n * 100 + i, vocab=bench.vocab)
-                for i in range(n)
-            ]
+            prompts = [bench.prompt(7_000_000 + n * 100 + i, prompt_len) for i in range(n)]
             cold, cold_s = engine.generate(prompts)
             if any(r.num_cached_tokens for r in cold):
                 raise RuntimeError(f"N={n}: a cold prefill was a cache hit")
             # vLLM submits a step's stores at the start of the next step: one small unrelated
             # request makes sure every block of the batch is offloaded before the reset.
-            engine.generate_one(random_prompt(64, 8_000_000 + n, vocab=bench.vocab))
+            engine.generate_one(bench.prompt(8_000_000 + n, 64))
             engine.reset_prefix_cache(reset_connector=True)
             restored, restore_s = engine.generate(prompts)
             if any(r.num_cached_tokens == 0 for r in restored):

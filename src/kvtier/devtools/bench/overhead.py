@@ -30,10 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.bench.common import BenchRun, random_prompt
-from kvtier.devtools.bench.report import markdown_table
-from kvtier.devtools.bench.stats import median
-from kvtier.devtools.harness import EngineProcess, GenerateResult
+from kvtier.devtools.bench.common import BenchRun
+from kvtier.devtools.bench.report import markdown_table, median, median_range
+from kvtier.devtools.harness import Engine, GenerateResult
 from kvtier.devtools.harness.cpu import session_cpu
 
 
@@ -44,7 +43,7 @@ def _tpot(result: GenerateResult) -> float | None:
 
 
 def _one_pass(
-    engine: EngineProcess,
+    engine: Engine,
     prompts: list[list[int]],
     batch: list[list[int]],
     output_len: int,
@@ -91,13 +90,12 @@ def run(
     engines = {name: bench.engine(f"overhead-{name}", cfg) for name, cfg in configs.items()}
     try:
         for engine in engines.values():
-            engine.generate_one(random_prompt(128, 3, vocab=bench.vocab), max_tokens=4)  # warm-up
+            engine.generate_one(bench.prompt(3, 128), max_tokens=4)  # warm-up
         seed = 9_000_000
         for p in range(passes):
             for name, engine in engines.items():
                 prompts = [
-                    random_prompt(prompt_len, seed + i, vocab=bench.vocab)
-                    for i in range(latency_requests + requests)
+                    bench.prompt(seed + i, prompt_len) for i in range(latency_requests + requests)
                 ]
                 seed += len(prompts)
                 figures = _one_pass(
@@ -121,8 +119,7 @@ def run(
         raise RuntimeError("a request hit a cache: the overhead run must have zero reuse")
 
     def figure(name: str, key: str, scale: float) -> str:
-        values = [r[key] * scale for r in results[name]]
-        return f"{median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+        return median_range([r[key] * scale for r in results[name]], digits=1)
 
     rows = []
     for key, label, scale in (

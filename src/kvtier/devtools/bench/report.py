@@ -1,4 +1,8 @@
-"""Small helpers the benchmarks share: timing repeats, quantiles and markdown tables."""
+"""Statistics and reports every benchmark shares: summaries of repeated measurements,
+markdown tables, the environment line, timing repeats and the page-cache drop.
+
+A summary is a median with its spread (p90, p99, max, count), never a lone mean.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,68 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank; the median for 0.5.
+
+    Raises ``ValueError`` on an empty sequence.
+    """
+    if not values:
+        raise ValueError("quantile of no values")
+    if q == 0.5:
+        return statistics.median(values)
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def median(values: Sequence[float]) -> float:
+    return quantile(values, 0.5)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median, tail and extremes of one series of measurements."""
+
+    count: int
+    median: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """The summary of a non-empty series (``ValueError`` on an empty one)."""
+    return Summary(
+        count=len(values),
+        median=quantile(values, 0.5),
+        p90=quantile(values, 0.9),
+        p99=quantile(values, 0.99),
+        min=min(values),
+        max=max(values),
+    )
+
+
+def median_range(values: Sequence[float], digits: int = 3) -> str:
+    """``1.230 (1.100–1.400)``: median and min–max; a single value alone; ``–`` for none."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def p50_p99(values: Sequence[float], digits: int = 2) -> str:
+    """``0.12 / 0.40``: median and p99 (``n/a`` for no values)."""
+    if not values:
+        return "n/a"
+    return f"{quantile(values, 0.5):.{digits}f} / {quantile(values, 0.99):.{digits}f}"
 
 
 def repeat_s(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -19,14 +84,6 @@ def repeat_s(fn: Callable[[], object], repeats: int) -> list[float]:
         fn()
         times.append(time.perf_counter() - start)
     return times
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` by nearest rank; the median for 0.5."""
-    if q == 0.5:
-        return statistics.median(values)
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -14,12 +14,11 @@ Figures are payload GB/s (1e9 bytes/s), the median of ``passes`` passes, with th
 Without URLs it starts throw-away servers on loopback (kvtier.devtools.redis_servers), so the
 client and the servers share this machine's cores: on a small box every figure is CPU-bound.
 
-Run: ``python -m kvtier.devtools.bench.shared_bench --out /tmp/shared-bench``.
+Run: ``kvtier bench shared --out /tmp/shared-bench``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -32,8 +31,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from kvtier.devtools.bench.report import environment_line, markdown_table
-from kvtier.devtools.bench.stats import median, median_range
+from kvtier.devtools.bench.report import environment_line, markdown_table, median, median_range
 from kvtier.devtools.redis_servers import start_cluster, start_standalone
 from kvtier.format import Namespace
 from kvtier.store.shared import SharedStore, parse_url
@@ -210,13 +208,3 @@ def report(results: dict[str, Any]) -> str:
         + "; "
         + results["environment"]
     )
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("shared-bench"))
-    parser.add_argument("--standalone-url", default=None)
-    parser.add_argument("--cluster-url", default=None)
-    parser.add_argument("--passes", type=int, default=5)
-    args = parser.parse_args()
-    print(report(run(args.out, args.standalone_url, args.cluster_url, passes=args.passes)))

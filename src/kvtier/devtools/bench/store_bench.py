@@ -1,6 +1,6 @@
 """DiskStore throughput and latency next to plain file I/O on the same disk.
 
-Run: ``python -m kvtier.devtools.bench.store_bench [--dir DIR] [--total-mib 192] [--repeats 3]``.
+Run: ``kvtier bench store [--dir DIR] [--total-mib 192] [--repeats 3]``.
 
 Four tables:
 
@@ -23,14 +23,12 @@ Everything is written under a temporary folder in ``--dir`` and removed at the e
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import mmap
 import os
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +39,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.devtools.bench.report import drop_page_cache, environment_line, markdown_table, quantile
+from kvtier.devtools.bench.report import (
+    drop_page_cache,
+    environment_line,
+    markdown_table,
+    median,
+    p50_p99,
+)
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
 from kvtier.threads import usable_cpus
@@ -206,7 +210,7 @@ CASES: dict[str, Callable[[Path, int, int, bool], Pass]] = {
 
 
 def gbps(total: int, seconds: list[float]) -> str:
-    return f"{total / statistics.median(seconds) / 1e9:.2f}" if seconds else "n/a"
+    return f"{total / median(seconds) / 1e9:.2f}" if seconds else "n/a"
 
 
 def throughput(work: Path, total_mib: int, repeats: int, cold: bool) -> tuple[str, dict]:
@@ -231,9 +235,9 @@ def throughput(work: Path, total_mib: int, repeats: int, cold: bool) -> tuple[st
                     gbps(total, [p.write_s + p.sync_s for p in passes]),
                     gbps(total, colds),
                     gbps(total, [p.warm_s for p in passes]),
-                    f"{quantile(puts, 0.5):.2f} / {quantile(puts, 0.99):.2f}",
-                    f"{quantile(gets, 0.5):.2f} / {quantile(gets, 0.99):.2f}",
-                    f"{statistics.median(p.resident for p in passes):.0%}",
+                    p50_p99(puts),
+                    p50_p99(gets),
+                    f"{median([p.resident for p in passes]):.0%}",
                 ]
             )
             raw[f"{name} @ {block}"] = [p.__dict__ for p in passes]
@@ -306,7 +310,7 @@ def _cold_read_rows(work: Path, total_mib: int, rounds: int, cpus: str) -> list[
         for store in stores.values():
             store.close()
         shutil.rmtree(folder)
-        rate = {c: count * block / statistics.median(v) / 1e9 for c, v in seconds.items()}
+        rate = {c: count * block / median(v) / 1e9 for c, v in seconds.items()}
         for n in (1, AB_THREADS):
             rows.append(
                 [
@@ -402,8 +406,8 @@ def index_figures(work: Path, records: int, real_records: int) -> str:
     rows.append(
         [
             f"{records:,} (bulk-seeded index)",
-            f"{statistics.median(opens):.3f}",
-            f"{quantile(latencies, 0.5):.0f} / {quantile(latencies, 0.99):.0f}",
+            f"{median(opens):.3f}",
+            p50_p99(latencies, digits=0),
             "n/a",
         ]
     )
@@ -422,7 +426,7 @@ def index_figures(work: Path, records: int, real_records: int) -> str:
     rows.append(
         [
             f"{real_records:,} (real puts of {block} B)",
-            f"{statistics.median(opens):.3f}",
+            f"{median(opens):.3f}",
             "-",
             f"{real_records / put_s:,.0f}",
         ]
@@ -436,39 +440,35 @@ def index_figures(work: Path, records: int, real_records: int) -> str:
     return markdown_table(header, rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--dir", default=None, help="folder on the disk to measure (default: TMPDIR)"
-    )
-    parser.add_argument("--total-mib", type=int, default=192, help="MiB written per pass")
-    parser.add_argument("--repeats", type=int, default=3, help="passes per case")
-    parser.add_argument("--open-records", type=int, default=100_000)
-    parser.add_argument("--real-records", type=int, default=5_000)
-    parser.add_argument("--no-cold", action="store_true", help="skip drop_caches cold reads")
-    parser.add_argument("--json", type=Path, help="also write raw per-pass figures here")
-    parser.add_argument(
-        "--read-ab-only", action="store_true", help="only the O_DIRECT vs buffered read A/B"
-    )
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=args.dir))
+def run(
+    folder: Path | None = None,
+    total_mib: int = 192,
+    repeats: int = 3,
+    open_records: int = 100_000,
+    real_records: int = 5_000,
+    cold: bool = True,
+    json_path: Path | None = None,
+    read_ab_only: bool = False,
+    emit: Callable[[str], None] = print,
+) -> None:
+    """Every table (or only the read A/B), each passed to ``emit`` as soon as it is measured.
+
+    Works under a temporary folder in ``folder`` (default: TMPDIR), removed at the end.
+    """
+    work = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=folder))
     try:
-        if args.read_ab_only:
-            print(cold_read_ab(work, args.total_mib, 2 * args.repeats + 1))
-            print(f"{args.total_mib} MiB per pass; {environment_line()}")
+        if read_ab_only:
+            emit(cold_read_ab(work, total_mib, 2 * repeats + 1))
+            emit(f"{total_mib} MiB per pass; {environment_line()}")
             return
-        table, raw = throughput(work, args.total_mib, args.repeats, not args.no_cold)
-        print(table, end="\n\n", flush=True)
-        if not args.no_cold:
-            print(cold_read_ab(work, args.total_mib, 2 * args.repeats + 1), end="\n\n", flush=True)
-        print(threads(work, args.total_mib), end="\n\n", flush=True)
-        print(index_figures(work, args.open_records, args.real_records), end="\n\n")
-        print(f"{args.total_mib} MiB per pass, {args.repeats} passes; {environment_line()}")
-        if args.json:
-            args.json.write_text(json.dumps(raw))
+        table, raw = throughput(work, total_mib, repeats, cold)
+        emit(table + "\n")
+        if cold:
+            emit(cold_read_ab(work, total_mib, 2 * repeats + 1) + "\n")
+        emit(threads(work, total_mib) + "\n")
+        emit(index_figures(work, open_records, real_records) + "\n")
+        emit(f"{total_mib} MiB per pass, {repeats} passes; {environment_line()}")
+        if json_path is not None:
+            json_path.write_text(json.dumps(raw))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()

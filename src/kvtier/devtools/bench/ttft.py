@@ -20,9 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.bench.common import BenchRun, bar_plot, random_prompt
-from kvtier.devtools.bench.report import drop_page_cache, markdown_table
-from kvtier.devtools.bench.stats import median, median_range
+from kvtier.devtools.bench.common import BenchRun, bar_plot
+from kvtier.devtools.bench.report import (
+    drop_page_cache,
+    markdown_table,
+    median,
+    median_range,
+    summarize,
+)
 
 KINDS = {
     "cold": "cold prefill",
@@ -55,11 +60,7 @@ def run(
         disk_dir=fs_dir, disk_tier="fs"
     )["kv_connector_extra_config"]["secondary_tiers"]
     samples: dict[str, dict[str, list[dict]]] = {str(n): {k: [] for k in KINDS} for n in lengths}
-    prompts = {
-        (n, r): random_prompt(n, n * 1000 + r, vocab=bench.vocab)
-        for n in lengths
-        for r in range(reps)
-    }
+    prompts = {(n, r): bench.prompt(n * 1000 + r, n) for n in lengths for r in range(reps)}
 
     def record(n: int, kind: str, result, elapsed: float) -> None:
         samples[str(n)][kind].append({"ttft_s": elapsed, "cached": result.num_cached_tokens})
@@ -68,7 +69,7 @@ def run(
         )
 
     with bench.engine("writer-both-tiers", both) as engine:
-        engine.generate_one(random_prompt(256, 1, vocab=bench.vocab))  # warm-up
+        engine.generate_one(bench.prompt(1, 256))  # warm-up
         for (n, _), prompt in prompts.items():
             cold, t = engine.generate_one(prompt)
             if cold.num_cached_tokens:
@@ -95,7 +96,11 @@ def run(
         host_pool=host_pool,
         page_cache_dropped_before_fresh_processes=all(dropped),
     )
-    report = {"samples": samples}
+    summary = {
+        n: {kind: summarize([s["ttft_s"] for s in runs]).as_dict() for kind, runs in kinds.items()}
+        for n, kinds in samples.items()
+    }
+    report = {"samples": samples, "summary_ttft_s": summary}
     markdown = table(samples, lengths)
     bench.write("ttft", report, markdown)
     plot(samples, lengths, out / "ttft.png")

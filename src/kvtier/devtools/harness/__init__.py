@@ -1,10 +1,27 @@
-"""Drive real vLLM engines in child processes (tests, demo, benchmarks, probes).
+"""Drive real vLLM engines (tests, demo, benchmarks, probes) through one interface, ``Engine``.
 
-An engine lives in its own process so that a test can restart it, kill it, or run two at once,
-and so that one engine can serve many tests. ``EngineProcess`` is the parent-side handle;
-``kvtier.devtools.harness.child`` is the program the child runs.
+Drivers: ``ProcessEngine`` (a child process), ``InProcessEngine`` (this process) and
+``ServerEngine`` (``kvtier serve`` over HTTP); see ``kvtier.devtools.harness.engine``. Only the
+interface and the process driver are imported here; the others import vLLM or the server's
+plumbing and are imported from their modules.
 """
 
-from kvtier.devtools.harness.client import EngineConfig, EngineError, EngineProcess, GenerateResult
+from kvtier.devtools.harness.engine import (
+    Engine,
+    EngineBase,
+    EngineConfig,
+    EngineError,
+    GenerateResult,
+    open_engine,
+)
+from kvtier.devtools.harness.process import ProcessEngine
 
-__all__ = ["EngineConfig", "EngineError", "EngineProcess", "GenerateResult"]
+__all__ = [
+    "Engine",
+    "EngineBase",
+    "EngineConfig",
+    "EngineError",
+    "GenerateResult",
+    "ProcessEngine",
+    "open_engine",
+]

@@ -1,60 +1,16 @@
-"""The engine child: hosts one ``vllm.LLM`` and answers ``EngineProcess`` requests.
+"""The engine child of ``ProcessEngine``: hosts one ``InProcessEngine`` and answers requests.
 
-Run as ``python -m kvtier.devtools.harness.child <reply_fd>`` with the engine arguments as the first JSON
-line on stdin.
+Run as ``python -m kvtier.devtools.harness.child <reply_fd>`` with the engine arguments as the
+first JSON line on stdin.
 """
 
 import os
 import sys
-import time
 import traceback
 from typing import Any
 
-from kvtier.devtools.harness.protocol import decode, encode
-
-
-def _metrics(llm: Any) -> dict[str, float]:
-    """Flatten ``LLM.get_metrics()`` into ``{"name{k=v,...}": value}`` (counters and gauges)."""
-    flat: dict[str, float] = {}
-    for metric in llm.get_metrics():
-        value = getattr(metric, "value", None)
-        if not isinstance(value, int | float):
-            continue
-        labels = ",".join(
-            f"{k}={v}"
-            for k, v in sorted(metric.labels.items())
-            if k not in ("model_name", "engine")
-        )
-        flat[f"{metric.name}{{{labels}}}"] = float(value)
-    return flat
-
-
-def _timings(output: Any) -> dict[str, float]:
-    """Engine-side time to first token and decode time of one request, when vLLM kept them."""
-    stats = getattr(output, "metrics", None)
-    if stats is None or not stats.first_token_ts:
-        return {}
-    return {
-        "ttft_s": float(stats.first_token_latency),
-        "decode_s": float(stats.last_token_ts - stats.first_token_ts),
-        "output_tokens": int(stats.num_generation_tokens),
-    }
-
-
-def _settle(llm: Any, timeout_s: float = 60.0) -> None:
-    """In-process engines step only when called: keep stepping while the connector has work.
-
-    A multi-process EngineCore runs its own loop and keeps stepping while the offloading
-    connector has store jobs in flight; an in-process one stops when ``generate`` returns, which
-    would leave the last request's blocks unstored until the next call.
-    """
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
-    scheduler = getattr(core, "scheduler", None)
-    if scheduler is None:
-        return  # multi-process engine: its own loop settles
-    deadline = time.monotonic() + timeout_s
-    while scheduler.has_requests() and time.monotonic() < deadline:
-        llm.llm_engine.step()
+from kvtier.devtools.harness.engine import EngineConfig
+from kvtier.devtools.harness.process import decode, encode, result_message
 
 
 def _die_with_parent() -> None:
@@ -77,21 +33,18 @@ def _die_with_parent() -> None:
 
 def main() -> None:
     _die_with_parent()
-    reply_fd = int(sys.argv[1])
-    replies = os.fdopen(reply_fd, "wb", buffering=0)
+    replies = os.fdopen(int(sys.argv[1]), "wb", buffering=0)
     stdin = sys.stdin.buffer
 
     def reply(**message: Any) -> None:
         replies.write(encode(message))
 
-    engine_args = decode(stdin.readline())
     try:
-        from vllm import LLM, SamplingParams
-        from vllm.inputs import TokensPrompt
+        from kvtier.devtools.harness.inprocess import InProcessEngine
 
-        started = time.perf_counter()
-        llm = LLM(**engine_args)
-        reply(ok=True, start_s=time.perf_counter() - started, pid=os.getpid())
+        args = decode(stdin.readline())  # computed by the parent from its EngineConfig
+        engine = InProcessEngine(EngineConfig(model=args["model"]), engine_args=args)
+        reply(ok=True, start_s=engine.start_s, pid=os.getpid())
     except BaseException:
         reply(ok=False, error=traceback.format_exc())
         raise
@@ -101,37 +54,14 @@ def main() -> None:
         op = request["op"]
         try:
             if op == "generate":
-                params = SamplingParams(
-                    temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True, seed=0
+                results, elapsed = engine.generate(
+                    request["prompts"], request["max_tokens"], request.get("cache_salt")
                 )
-                prompts = [TokensPrompt(prompt_token_ids=p) for p in request["prompts"]]
-                extra = {}
-                if request.get("cache_salt") is not None:
-                    prompts = [
-                        TokensPrompt(prompt_token_ids=p, cache_salt=request["cache_salt"])
-                        for p in request["prompts"]
-                    ]
-                t0 = time.perf_counter()
-                outputs = llm.generate(prompts, params, use_tqdm=False, **extra)
-                elapsed = time.perf_counter() - t0
-                _settle(llm)
-                reply(
-                    ok=True,
-                    elapsed_s=elapsed,
-                    results=[
-                        {
-                            "token_ids": list(o.outputs[0].token_ids),
-                            "num_cached_tokens": o.num_cached_tokens or 0,
-                            **_timings(o),
-                        }
-                        for o in outputs
-                    ],
-                )
+                reply(ok=True, elapsed_s=elapsed, results=[result_message(r) for r in results])
             elif op == "reset_prefix_cache":
-                done = llm.reset_prefix_cache(reset_connector=request.get("reset_connector", False))
-                reply(ok=True, result=bool(done))
+                reply(ok=True, result=engine.reset_prefix_cache(request["reset_connector"]))
             elif op == "metrics":
-                reply(ok=True, result=_metrics(llm))
+                reply(ok=True, result=engine.metrics())
             elif op == "shutdown":
                 reply(ok=True)
                 break
@@ -140,7 +70,7 @@ def main() -> None:
         except Exception:
             reply(ok=False, error=traceback.format_exc())
     # Let vLLM shut its engine down the normal way (worker cleanup runs).
-    del llm
+    del engine
 
 
 if __name__ == "__main__":

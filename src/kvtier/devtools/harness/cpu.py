@@ -2,14 +2,16 @@
 
 An engine child runs in its own session (``start_new_session``), so its processes are the ones
 whose session id is the child's pid. kvtier names its threads ``kvtier-...`` for the kernel
-(kvtier.threads); everything else is vLLM, torch and Python.
+(kvtier.threads); everything else is vLLM, torch and Python. psutil gives the processes and
+their threads' CPU times; only the thread names are read from /proc, which psutil does not
+expose.
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-_TICK = os.sysconf("SC_CLK_TCK")
+import psutil
 
 
 @dataclass(frozen=True)
@@ -22,35 +24,30 @@ class CpuSplit:
         return self.kvtier_s / self.total_s if self.total_s else 0.0
 
 
-def _stat_fields(path: Path) -> list[str] | None:
-    """Fields of a /proc stat file after the ``(comm)`` field, or None if it vanished."""
+def _thread_name(pid: int, tid: int) -> str:
+    """The kernel's name of a thread ('' if it is gone)."""
     try:
-        text = path.read_text()
+        with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().rstrip("\n")
     except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()
+        return ""
 
 
 def session_cpu(session_id: int) -> CpuSplit:
     """User + system CPU seconds of the processes in ``session_id`` (all their threads, ended
     ones included) and of the live ``kvtier-...`` threads among them."""
     kvtier = total = 0.0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        fields = _stat_fields(proc / "stat")
-        if fields is None or int(fields[3]) != session_id:  # field 6: session
-            continue
-        total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-        try:
-            tasks = list((proc / "task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                comm = (task / "comm").read_text()
-            except OSError:
+    for proc in psutil.process_iter():
+        # A process can end between listing and reading: it then counts for nothing.
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getsid(proc.pid) != session_id:
                 continue
-            if comm.startswith("kvtier") and (task_fields := _stat_fields(task / "stat")):
-                kvtier += (int(task_fields[11]) + int(task_fields[12])) / _TICK
+            times = proc.cpu_times()
+            threads = proc.threads()
+            total += times.user + times.system
+            kvtier += sum(
+                t.user_time + t.system_time
+                for t in threads
+                if _thread_name(proc.pid, t.id).startswith("kvtier")
+            )
     return CpuSplit(kvtier, total)

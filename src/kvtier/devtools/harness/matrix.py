@@ -7,7 +7,8 @@ this process and a tiny model's engine starts in ~5 s, so one process can run a 
 Restarts still need a fresh process: phase ``serve`` stores blocks to a disk tier per case,
 phase ``restart`` (another process) restores them.
 
-Usage: ``python -m kvtier.devtools.harness.matrix PHASE CASES_JSON RESULTS_JSON``. Each case is a dict:
+Usage: ``python -m kvtier.devtools.harness.matrix PHASE CASES_JSON RESULTS_JSON`` (a runner
+the model-matrix test starts, not a user command). Each case is a dict:
 ``name``, ``model`` (folder), ``dtype``, ``kv_cache_dtype``, ``disk_dir``, ``prompts`` (name ->
 token ids), ``max_tokens``, optional ``kvtier`` (extra ``kv_transfer_config`` arguments),
 ``engine`` (extra engine arguments), ``env`` / ``unset_env`` (environment during the case),
@@ -18,8 +19,6 @@ whose engine refuses to start records ``error_stage`` ("plain" or "kvtier") and 
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import os
 import sys
@@ -28,21 +27,27 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from kvtier.devtools.harness.engine import EngineConfig, GenerateResult
+from kvtier.devtools.harness.inprocess import InProcessEngine
+
 ENGINE_KV_BYTES = 256 * 2**20
-FROM_HOST = "vllm:prompt_tokens_cached_by_source{source=host}"
-FROM_DISK = "vllm:prompt_tokens_cached_by_source{source=disk}"
+#: Prompt tokens restored per tier (metric deltas a restore is measured by).
+SOURCES = {
+    "from_host": "vllm:prompt_tokens_cached_by_source{source=host}",
+    "from_disk": "vllm:prompt_tokens_cached_by_source{source=disk}",
+}
 
 
-def _mem_available() -> int:
-    with open("/proc/meminfo", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+def mem_available() -> int:
+    """The kernel's MemAvailable, in bytes."""
+    return int(psutil.virtual_memory().available)
 
 
-def _pool_files() -> list[dict[str, Any]]:
-    """Host-pool files this process maps (deleted ones included): size and blocks used."""
+def pool_files() -> list[dict[str, Any]]:
+    """Host-pool files this process holds open (deleted ones included): size and bytes
+    allocated on disk (psutil lists open files but not their allocation: read /proc/self/fd)."""
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -55,113 +60,56 @@ def _pool_files() -> list[dict[str, Any]]:
     return found
 
 
-class _Engine:
-    """One in-process ``vllm.LLM`` plus the helpers a case needs."""
+def case_config(case: dict[str, Any], kvtier_on: bool) -> EngineConfig:
+    """The in-process engine of a case, with kvtier (host pool, disk tier) or without."""
+    import kvtier
 
-    def __init__(self, case: dict[str, Any], kvtier_on: bool) -> None:
-        from vllm import LLM
-
-        import kvtier
-
-        args: dict[str, Any] = {
-            "model": case["model"],
-            "dtype": case.get("dtype", "float32"),
+    transfer = None
+    if kvtier_on:
+        options = {
+            "host_pool": "384MiB",
+            "disk_dir": case["disk_dir"],
+            "disk_capacity": "1GiB",
+            **case.get("kvtier", {}),
+        }
+        transfer = kvtier.kv_transfer_config(**options)
+    return EngineConfig(
+        model=case["model"],
+        kv_transfer_config=transfer,
+        dtype=case.get("dtype", "float32"),
+        max_model_len=2048,
+        max_num_seqs=4,
+        in_process=True,
+        extra_args={
             "kv_cache_dtype": case.get("kv_cache_dtype", "auto"),
-            "max_model_len": 2048,
-            "max_num_seqs": 4,
-            "enforce_eager": True,
-            "enable_prefix_caching": True,
-            "skip_tokenizer_init": True,
-            "disable_log_stats": False,
-            "seed": 0,
             "kv_cache_memory_bytes": ENGINE_KV_BYTES,
-            "distributed_executor_backend": "uni",
             **case.get("engine", {}),
-        }
-        if kvtier_on:
-            options = {
-                "host_pool": "384MiB",
-                "disk_dir": case["disk_dir"],
-                "disk_capacity": "1GiB",
-                **case.get("kvtier", {}),
-            }
-            args["kv_transfer_config"] = kvtier.kv_transfer_config(**options)
-        started = time.perf_counter()
-        self.llm = LLM(**args)
-        self.start_s = time.perf_counter() - started
-
-    def generate(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
-        (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
-        return {
-            "token_ids": list(out.outputs[0].token_ids),
-            "num_cached_tokens": out.num_cached_tokens or 0,
-        }
-
-    def metrics(self) -> dict[str, float]:
-        from kvtier.devtools.harness.child import _metrics
-
-        return _metrics(self.llm)
-
-    def measured(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-        """Generate and report where the cached tokens came from (metric deltas)."""
-        before = self.metrics()
-        result = self.generate(prompt, max_tokens)
-        after = self.metrics()
-        for key, label in ((FROM_HOST, "from_host"), (FROM_DISK, "from_disk")):
-            result[label] = after.get(key, 0.0) - before.get(key, 0.0)
-        return result
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.llm.llm_engine.engine_core.shutdown()
-        del self.llm
-        gc.collect()
+        },
+    )
 
 
-def _kv_groups(llm: Any) -> list[dict[str, Any]]:
-    """The engine's KV cache groups (spec type, layers), when the engine runs in-process."""
-    with contextlib.suppress(AttributeError):
-        core = llm.llm_engine.engine_core.engine_core
-        return [
-            {"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names)}
-            for g in core.scheduler.kv_cache_config.kv_cache_groups
-        ]
-    return []
+def _outcome(result: GenerateResult, sources: dict[str, float] | None = None) -> dict[str, Any]:
+    return {
+        "token_ids": result.token_ids,
+        "num_cached_tokens": result.num_cached_tokens,
+        **(sources or {}),
+    }
 
 
 class StartError(Exception):
     """An engine refused to start; the message names which one ("plain" or "kvtier")."""
 
 
-def _reset_after_failed_start() -> None:
-    """Drop what a half-initialised in-process engine left in vLLM's module globals.
-
-    A refused start can leave the worker's KV connector registered (``ensure_kv_transfer_
-    initialized`` returns early for every later engine of the process, which then runs with
-    the wrong one) and the parallel groups initialised.
-    """
-    from vllm.distributed import parallel_state
-    from vllm.distributed.kv_transfer import kv_transfer_state
-
-    with contextlib.suppress(Exception):
-        kv_transfer_state.ensure_kv_transfer_shutdown()
-    with contextlib.suppress(Exception):
-        parallel_state.destroy_model_parallel()
-    with contextlib.suppress(Exception):
-        parallel_state.destroy_distributed_environment()
-    gc.collect()
-
-
-def _start(case: dict[str, Any], kvtier_on: bool) -> _Engine:
+def _start(case: dict[str, Any], kvtier_on: bool) -> InProcessEngine:
     try:
-        return _Engine(case, kvtier_on)
+        return InProcessEngine(case_config(case, kvtier_on))
     except Exception as exc:
-        _reset_after_failed_start()
         raise StartError("kvtier" if kvtier_on else "plain") from exc
+
+
+def _restored(engine: InProcessEngine, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """Generate and report where the cached tokens came from (metric deltas)."""
+    return _outcome(*engine.measured(prompt, max_tokens, SOURCES))
 
 
 def _run_case(case: dict[str, Any], phase: str) -> dict[str, Any]:
@@ -171,51 +119,55 @@ def _run_case(case: dict[str, Any], phase: str) -> dict[str, Any]:
     result: dict[str, Any] = {
         "name": case["name"],
         "phase": phase,
-        "mem_available_at_case_start": _mem_available(),
+        "mem_available_at_case_start": mem_available(),
     }
     if "plain" in steps:
         plain = _start(case, kvtier_on=False)
         try:
             result["plain"] = {
                 name: {
-                    "cold": plain.generate(prompt, max_tokens),
-                    "resume": plain.generate(prompt, max_tokens),
+                    "cold": _outcome(plain.generate_one(prompt, max_tokens)[0]),
+                    "resume": _outcome(plain.generate_one(prompt, max_tokens)[0]),
                 }
                 for name, prompt in prompts.items()
             }
             result["plain_start_s"] = plain.start_s
         finally:
             plain.close()
-    mem_before = _mem_available()
+    mem_before = mem_available()
     engine = _start(case, kvtier_on=True)
     result["start_s"] = engine.start_s
-    result["kv_groups"] = _kv_groups(engine.llm)
+    result["kv_groups"] = engine.kv_groups()
     try:
         if "start" in steps:
-            result["started"] = {"cold": engine.generate(prompts["host"], max_tokens)}
+            result["started"] = {
+                "cold": _outcome(engine.generate_one(prompts["host"], max_tokens)[0])
+            }
         if "host" in steps:
-            cold = engine.generate(prompts["host"], max_tokens)
-            engine.llm.reset_prefix_cache()
+            cold, _ = engine.generate_one(prompts["host"], max_tokens)
+            engine.reset_prefix_cache()
             result["host"] = {
-                "cold": cold,
-                "restored": engine.measured(prompts["host"], max_tokens),
+                "cold": _outcome(cold),
+                "restored": _restored(engine, prompts["host"], max_tokens),
             }
         if "disk" in steps:
-            cold = engine.generate(prompts["disk"], max_tokens)
-            engine.llm.reset_prefix_cache(reset_connector=True)
+            cold, _ = engine.generate_one(prompts["disk"], max_tokens)
+            engine.reset_prefix_cache(reset_connector=True)
             result["disk"] = {
-                "cold": cold,
-                "restored": engine.measured(prompts["disk"], max_tokens),
+                "cold": _outcome(cold),
+                "restored": _restored(engine, prompts["disk"], max_tokens),
             }
         if "store" in steps:
-            result["store"] = {"cold": engine.generate(prompts["restart"], max_tokens)}
+            result["store"] = {
+                "cold": _outcome(engine.generate_one(prompts["restart"], max_tokens)[0])
+            }
         if "restore" in steps:
-            result["restart"] = {"restored": engine.measured(prompts["restart"], max_tokens)}
-        result["pool_files"] = _pool_files()
-        result["mem_available_drop"] = mem_before - _mem_available()
+            result["restart"] = {"restored": _restored(engine, prompts["restart"], max_tokens)}
+        result["pool_files"] = pool_files()
+        result["mem_available_drop"] = mem_before - mem_available()
     finally:
         engine.close()
-    result["pool_files_after_close"] = _pool_files()
+    result["pool_files_after_close"] = pool_files()
     return result
 
 

@@ -9,7 +9,7 @@ must match it token for token (see shared/research/reference-systems.md).
 
 from dataclasses import dataclass
 
-from kvtier.devtools.harness.client import EngineProcess, GenerateResult
+from kvtier.devtools.harness.engine import Engine, GenerateResult
 from kvtier.errors import KvtierError
 
 
@@ -25,7 +25,7 @@ class ResumeReference:
     num_cached_tokens: int
 
 
-def resume_reference(engine: EngineProcess, prompt: list[int], max_tokens: int) -> ResumeReference:
+def resume_reference(engine: Engine, prompt: list[int], max_tokens: int) -> ResumeReference:
     """Serve ``prompt`` twice on ``engine``; the second run resumes from its own prefix cache.
 
     ``engine`` should have no offloading, or at least must not have been reset in between, so

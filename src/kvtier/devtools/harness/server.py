@@ -1,13 +1,18 @@
-"""``ServerProcess``: ``kvtier serve`` (vLLM's OpenAI-compatible server) on loopback."""
+"""``ServerEngine``: ``kvtier serve`` (vLLM's OpenAI-compatible server) on loopback, over HTTP."""
+
+from __future__ import annotations
 
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kvtier.cli.serve import serve_env
+from kvtier.devtools.harness.engine import EngineBase, GenerateResult
 from kvtier.devtools.openai_client import ServerClient
 
 
@@ -17,8 +22,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class ServerProcess:
-    """One ``kvtier serve`` process; ``stop()`` sends SIGTERM like a service manager would."""
+class ServerEngine(EngineBase):
+    """One ``kvtier serve`` process; ``close()`` sends SIGTERM like a service manager would.
+
+    ``generate`` streams each prompt (concurrently for a batch): ``ttft_s`` is client-side (request
+    sent -> first chunk), ``text`` is set, and ``num_cached_tokens`` comes from the usage the
+    server reports (``--enable-prompt-tokens-details``). ``ignore_eos``: stop at EOS or not
+    (the other drivers never stop early; the demo wants the model's own answer).
+    """
 
     def __init__(
         self,
@@ -30,8 +41,10 @@ class ServerProcess:
         max_model_len: int = 8192,
         ready_timeout_s: float = 600,
         allow_small_tiers: bool = False,
+        ignore_eos: bool = True,
     ) -> None:
         self.port = port or free_port()
+        self.ignore_eos = ignore_eos
         env = serve_env()
         # A development server: offline unless the caller says otherwise (`kvtier serve` itself
         # passes the user's environment through).
@@ -70,10 +83,12 @@ class ServerProcess:
             "float32",
             "--max-num-seqs",
             "4",
+            "--enable-prompt-tokens-details",
         ]
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(log, "ab")  # noqa: SIM115 - closed in close()
+        started = time.perf_counter()
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -81,11 +96,40 @@ class ServerProcess:
         try:
             self.client.wait_ready(ready_timeout_s, lambda: self.proc.poll() is None)
         except BaseException:
-            self.stop()
+            self.close()
             raise
+        self.start_s = time.perf_counter() - started
 
-    def stop(self, timeout_s: float = 60) -> int:
-        """SIGTERM the server; SIGKILL its whole session if it does not exit in time."""
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int = 1, cache_salt: str | None = None
+    ) -> tuple[list[GenerateResult], float]:
+        def one(prompt: list[int]) -> GenerateResult:
+            out = self.client.complete_stream(prompt, max_tokens, cache_salt, self.ignore_eos)
+            return GenerateResult(
+                token_ids=out.token_ids,
+                num_cached_tokens=out.cached_tokens or 0,
+                ttft_s=out.ttft_s,
+                output_tokens=len(out.token_ids),
+                text=out.text,
+            )
+
+        started = time.perf_counter()
+        if len(prompts) == 1:
+            results = [one(prompts[0])]
+        else:
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                results = list(pool.map(one, prompts))
+        return results, time.perf_counter() - started
+
+    def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
+        return self.client.reset_prefix_cache(reset_external=reset_connector)
+
+    def metrics(self) -> dict[str, float]:
+        return self.client.metrics()
+
+    def close(self, timeout_s: float = 60) -> int:  # type: ignore[override]
+        """SIGTERM the server; SIGKILL its whole session if it does not exit in time. Returns
+        the server's exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

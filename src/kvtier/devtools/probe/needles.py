@@ -9,8 +9,8 @@
    through it, so a revisit can only come from kvtier's tiers.
 4. Restores in concurrent waves of ``wave`` sessions (all five questions of a session at once);
    each request's ``num_cached_tokens`` shows it was restored.
-5. Scoring (kvtier.devtools.probe.scoring): truncated restore, cross-session mix-up and model miss told
-   apart; the probe passes when every needle the baseline found is found after restore.
+5. Scoring (kvtier.devtools.probe.scoring): truncated restore, cross-session mix-up and model
+   miss told apart; the probe passes when every needle the baseline found is found after restore.
 """
 
 import json
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import kvtier
 from kvtier.devtools.bench.report import markdown_table
-from kvtier.devtools.harness import EngineConfig, EngineProcess
+from kvtier.devtools.harness import Engine, EngineConfig, ProcessEngine
 from kvtier.devtools.probe.scoring import DEPTHS, Needle, classify, session_verdict
+from kvtier.devtools.prompts import random_prompt
 
 NAMES = [
     "amber",
@@ -87,7 +88,7 @@ def build_sessions(count: int, approx_tokens: int, seed: int = 0) -> list[Sessio
     return sessions
 
 
-def _ask(engine: EngineProcess, tokenizer, sessions: list[Session], max_tokens: int):
+def _ask(engine: Engine, tokenizer, sessions: list[Session], max_tokens: int):
     prompts, index = [], []
     for session in sessions:
         for needle in session.needles:
@@ -127,7 +128,7 @@ def run(
     }
     baseline: dict[str, dict[float, str]] = {}
     baseline_text: dict[tuple[str, float], str] = {}
-    with EngineProcess(EngineConfig(**common), out / "probe-baseline.log") as engine:
+    with ProcessEngine(EngineConfig(**common), out / "probe-baseline.log") as engine:
         progress("model-only baseline...")
         for s, n, answer, _ in _ask(engine, tokenizer, all_sessions, max_tokens):
             baseline.setdefault(s.name, {})[n.depth] = classify(answer, n, all_needles)
@@ -137,7 +138,7 @@ def run(
     )
     restored: dict[str, dict[float, str]] = {}
     answers: list[dict] = []
-    with EngineProcess(
+    with ProcessEngine(
         EngineConfig(kv_transfer_config=transfer, **common), out / "probe-kvtier.log"
     ) as engine:
         progress("storing every session...")
@@ -145,10 +146,9 @@ def run(
             engine.generate_one(tokenizer.encode(session.question(session.needles[0])), 1)
         pool_tokens = engine_blocks * 128
         filler_tokens = 0
-        rng = random.Random(1)
         progress(f"evicting: pushing > {pool_tokens} filler tokens through the engine...")
         while filler_tokens <= pool_tokens:
-            prompt = [rng.randrange(100, 40000) for _ in range(session_tokens)]
+            prompt = random_prompt(1_000_000 + filler_tokens, session_tokens, 40000, low=100)
             engine.generate_one(prompt, 1)
             filler_tokens += len(prompt)
         for start in range(0, len(all_sessions), wave):

@@ -1,0 +1,13 @@
+"""Where kvtier keeps files of its own: one answer for every caller."""
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Root of kvtier's caches: ``$KVTIER_CACHE_DIR``, or ``~/.cache/kvtier`` when it is unset.
+
+    An empty ``KVTIER_CACHE_DIR`` counts as unset (``VAR= cmd`` is how shells clear a
+    variable); it never means the current folder.
+    """
+    return Path(os.environ.get("KVTIER_CACHE_DIR") or Path.home() / ".cache" / "kvtier")
