@@ -131,6 +131,14 @@ class TierDecider:
         plan.verdict = restore
         setattr(self.counts, why, getattr(self.counts, why) + 1)
 
+    def load_deadline_s(self, ticket_deadline_s: float) -> float:
+        """Seconds a load may take: the policy's, or its ceiling while this tier has no
+        measured load (the prior knows nothing of this disk or server yet)."""
+        estimate = self.policy.snapshot().tiers.get(self.tier)
+        if estimate is None or estimate.loads == 0:
+            return self.policy.settings.deadline.ceiling_s
+        return ticket_deadline_s
+
     def on_store(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
         """vLLM stores blocks it just computed: measure the prefill chunk they close."""
         if not self._observes_prefill or not keys:
@@ -166,10 +174,16 @@ class _PlanSlot:
 HOST_COPY_PRIOR_BYTES_PER_S = 4e9
 
 
+#: No load is abandoned sooner than this: on a busy host a load waits for I/O threads and
+#: for the engine's next step (when vLLM polls jobs) for tens to hundreds of milliseconds.
+DEADLINE_FLOOR_S = 1.0
+
+
 def make_policy(enabled: bool, clock: Callable[[], float]) -> RestorePolicy:
     """An engine's policy with the host pool registered (tiers add themselves ``via`` it)."""
-    from kvtier.policy import PolicySettings, RestorePrior
+    from kvtier.policy import DeadlineRule, PolicySettings, RestorePrior
 
-    policy = RestorePolicy(PolicySettings(enabled=enabled), clock=clock)
+    settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))
+    policy = RestorePolicy(settings, clock=clock)
     policy.add_tier("host", RestorePrior(HOST_COPY_PRIOR_BYTES_PER_S, 0.0005))
     return policy

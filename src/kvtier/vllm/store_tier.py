@@ -388,7 +388,7 @@ class StoreTier(SecondaryTierManager):
         allowed = (
             self._load_deadline_s(nbytes)
             if self._explicit_deadline
-            else ticket.deadline_s
+            else self.decider.load_deadline_s(ticket.deadline_s)
         )
         self._jobs[job_metadata.job_id] = _Job(
             job_metadata.job_id,
