@@ -66,15 +66,33 @@ def bench_ttft(
         str, typer.Option(help="Prompt lengths, comma separated.")
     ] = "2048,4096,8000",
     reps: Annotated[int, typer.Option(help="Distinct prompts per length (>= 3 for medians).")] = 3,
+    shared: Annotated[
+        str,
+        typer.Option(
+            help="Also restore from the shared tier in a fresh process with an empty disk: "
+            "'standalone', 'cluster' or both, comma separated (throw-away loopback servers; "
+            "needs redis-server). Empty: no shared tier."
+        ),
+    ] = "",
 ) -> None:
     """Cold prefill vs host-pool restore vs disk restore (kvtier and stock fs), one run.
 
-    Example: kvtier bench ttft --lengths 2048,4096,8000 --reps 3
+    Example: kvtier bench ttft --lengths 2048,4096,8000 --reps 3 --shared standalone,cluster
     """
     from kvtier.devtools.bench import ttft
 
+    topologies = [t.strip() for t in shared.split(",") if t.strip()]
+    if set(topologies) - set(ttft.TOPOLOGIES):
+        raise typer.BadParameter(f"--shared takes {', '.join(ttft.TOPOLOGIES)}; got {shared!r}")
     with _progress("ttft") as report:
-        ttft.run(_model(model), [int(x) for x in lengths.split(",")], reps, out, progress=report)
+        ttft.run(
+            _model(model),
+            [int(x) for x in lengths.split(",")],
+            reps,
+            out,
+            progress=report,
+            shared=topologies,
+        )
     _print_result(out, "ttft")
 
 

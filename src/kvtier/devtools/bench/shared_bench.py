@@ -58,7 +58,8 @@ def _namespace(block_bytes: int) -> Namespace:
     )
 
 
-def _plain_client(url: str) -> redis.Redis | RedisCluster:
+def plain_client(url: str) -> redis.Redis | RedisCluster:
+    """redis-py's default client (hiredis parser when installed) on the URL's first host."""
     server = parse_url(url)
     host, port = server.hosts[0]
     if server.cluster:
@@ -76,7 +77,7 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
     payload = memoryview(bytearray(os.urandom(payload_len)))
     out = memoryview(bytearray(payload_len))
     store = SharedStore(url, _namespace(payload_len), op_timeout_s=10.0)
-    plain = _plain_client(url)
+    plain = plain_client(url)
     keys = [i.to_bytes(32, "big") + bytes(4) for i in range(count)]
     plain_keys = [b"bench:plain:" + k.hex().encode() for k in keys]
     runs: dict[str, list[float]] = {"put": [], "get_into": [], "plain_set": [], "plain_get": []}
@@ -131,7 +132,7 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
 def _versions(url: str) -> dict[str, str]:
     import hiredis
 
-    client = _plain_client(url)
+    client = plain_client(url)
     try:
         server = str(client.info("server").get("redis_version", "?"))
     finally:
