@@ -102,18 +102,33 @@ def bench_concurrent(
     model: ModelOption = None,
     prompt_len: Annotated[int, typer.Option(help="Tokens per prompt.")] = 2048,
     counts: Annotated[str, typer.Option(help="Values of N, comma separated.")] = "1,2,4,8",
+    source: Annotated[
+        str,
+        typer.Option(
+            help="Where restores come from: 'disk' (kvtier's disk tier, same engine), "
+            "'standalone' or 'cluster' (the shared tier on a throw-away loopback server, "
+            "restored by a fresh engine with an empty disk folder; needs redis-server)."
+        ),
+    ] = "disk",
 ) -> None:
-    """N concurrent disk restores vs N concurrent cold prefills of the same size.
+    """N concurrent restores vs N concurrent cold prefills of the same size.
 
-    Example: kvtier bench concurrent --prompt-len 2048 --counts 1,2,4,8
+    Example: kvtier bench concurrent --prompt-len 2048 --counts 1,2,4,8 --source standalone
     """
     from kvtier.devtools.bench import concurrent
 
+    if source not in concurrent.SOURCES:
+        raise typer.BadParameter(f"--source takes {', '.join(concurrent.SOURCES)}; got {source!r}")
     with _progress("concurrent") as report:
         concurrent.run(
-            _model(model), prompt_len, [int(x) for x in counts.split(",")], out, progress=report
+            _model(model),
+            prompt_len,
+            [int(x) for x in counts.split(",")],
+            out,
+            progress=report,
+            source=source,
         )
-    _print_result(out, "concurrent")
+    _print_result(out, "concurrent" if source == "disk" else f"concurrent-{source}")
 
 
 @bench_app.command("overhead")
