@@ -35,6 +35,7 @@ from typing import Any
 _TIER_WORDS = {"primary": "host pool", "KvtierDiskTier": "disk", "KvtierSharedTier": "shared"}
 #: Order of rows: nearest the engine first.
 _ORDER = ("host pool", "disk", "shared")
+_QUERIES = "vllm:kv_offload_tiering_chunk_queries"
 POLICY_SOURCE = "kvtier:prefill_seconds_per_token"
 HISTOGRAM_SOURCE = (
     "vllm:request_prefill_time_seconds_sum / vllm:request_prefill_kv_computed_tokens_sum"
@@ -48,8 +49,15 @@ class MetricsFormatError(ValueError):
 class Samples:
     """Samples of one exposition by name; counters under their own name (no ``_total``)."""
 
-    def __init__(self, by_name: Mapping[str, list[tuple[dict[str, str], float]]]) -> None:
+    def __init__(
+        self,
+        by_name: Mapping[str, list[tuple[dict[str, str], float]]],
+        families: frozenset[str] = frozenset(),
+    ) -> None:
         self._by_name = by_name
+        #: Every family the text declares, with samples or not (a labelled counter has no
+        #: sample before its first increment).
+        self.families = families | frozenset(by_name)
 
     def names(self) -> set[str]:
         return set(self._by_name)
@@ -81,8 +89,10 @@ def parse(text: str) -> Samples:
     from prometheus_client.parser import text_string_to_metric_families
 
     by_name: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    families: set[str] = set()
     try:
         for family in text_string_to_metric_families(text):
+            families.add(family.name)
             for sample in family.samples:
                 if sample.name.endswith("_created"):
                     continue
@@ -90,7 +100,7 @@ def parse(text: str) -> Samples:
                 by_name[name].append((dict(sample.labels), float(sample.value)))
     except ValueError as exc:  # the parser's only complaint about bad text
         raise MetricsFormatError(f"not a Prometheus exposition: {exc}") from None
-    return Samples(dict(by_name))
+    return Samples(dict(by_name), frozenset(families))
 
 
 @dataclass
@@ -130,6 +140,8 @@ class View:
     prefill_source: str | None  # POLICY_SOURCE or HISTOGRAM_SOURCE
     tokens_restored: float
     prefill_saved_s: float | None
+    #: The server declares vLLM's tiering metrics (False: offloading is off, not kvtier).
+    offloading: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,10 +246,7 @@ def _kvtier_words(samples: Samples) -> list[str]:
 
 def build_view(samples: Samples) -> View:
     """The per-tier view of one exposition (see the module docstring for each figure)."""
-    tiers = [
-        _vllm_tier(samples, label)
-        for label in samples.label_values("vllm:kv_offload_tiering_chunk_queries", "tier")
-    ]
+    tiers = [_vllm_tier(samples, label) for label in samples.label_values(_QUERIES, "tier")]
     by_word = {t.tier: t for t in tiers}
     for word in _kvtier_words(samples):
         if word not in by_word:  # e.g. a shared tier behind the disk tier
@@ -262,6 +271,7 @@ def build_view(samples: Samples) -> View:
         prefill_source=source,
         tokens_restored=restored,
         prefill_saved_s=None if per_token is None else restored * per_token,
+        offloading=_QUERIES in samples.families,
     )
 
 

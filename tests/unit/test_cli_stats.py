@@ -225,13 +225,22 @@ def test_shared_tier_behind_the_disk_gets_a_row_of_its_own() -> None:
 
 
 def test_a_server_without_offloading_warns_on_stderr() -> None:
-    expo = Exposition()
-    expo.tokens(local_compute=10)
-    with served_by(expo.text) as base:
+    registry = CollectorRegistry()
+    tokens = Counter("vllm:prompt_tokens_by_source", "", ("source",), registry=registry)
+    tokens.labels("local_compute").inc(10)
+    with served_by(lambda: generate_latest(registry).decode()) as base:
         result = kvtier("stats", base, "--json")
     assert result.exit_code == 0
     assert json.loads(result.stdout)["tiers"] == []
-    assert "no offloading tiers" in result.stderr
+    assert "no offloading metrics" in result.stderr
+
+
+def test_a_kvtier_server_before_its_first_lookup_is_not_warned_about() -> None:
+    expo = Exposition()  # the tiering families are declared, without samples yet
+    with served_by(expo.text) as base:
+        result = kvtier("stats", base)
+    assert result.exit_code == 0 and result.stderr == ""
+    assert "no tier has been asked" in result.stdout
 
 
 def test_a_server_that_cannot_be_read_exits_3_with_the_reason() -> None:

@@ -127,6 +127,8 @@ def render(view: View, url: str) -> Any:
     )
     for label, cell in _ROWS:
         table.add_row(label, *(cell(t) for t in view.tiers))
+    if not view.tiers:
+        table.add_row("(no tier has been asked for a block yet)")
     p = view.prompt_tokens
     lines = [
         f"prompt tokens: computed {_num(p.get('local_compute'))}, engine cache "
@@ -179,9 +181,9 @@ def _fail(message: str, code: int) -> None:
 
 
 def _warn_if_empty(view: View, url: str) -> None:
-    if not view.tiers:
+    if not view.offloading:
         typer.echo(
-            f"kvtier: {metrics_url(url)} shows no offloading tiers: is the server running "
+            f"kvtier: {metrics_url(url)} shows no offloading metrics: is the server running "
             "with kvtier (kvtier serve)?",
             err=True,
         )
