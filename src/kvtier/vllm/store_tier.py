@@ -482,6 +482,8 @@ class StoreTier(SecondaryTierManager):
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
             store.close()
+        # Our view of the host pool pins its mmap: release it so the pool can be unmapped.
+        self._pool_bytes.release()
 
     def _maybe_probe(self, store: BlockStore) -> None:
         """A refused or never-measured tier gets a timed read of one stored record off any
