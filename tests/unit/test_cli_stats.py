@@ -358,3 +358,25 @@ def test_dashboard_panels_use_only_known_metrics() -> None:
     used = {m for e in exprs for m in re.findall(r"kvtier:[a-z_]+", e)}
     assert used, "the dashboard shows kvtier's own metrics"
     assert {re.sub(r"_total$", "", m) for m in used} <= known
+
+
+def test_watch_reports_a_failed_read_once_and_keeps_reading(
+    expo: Exposition, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = {"now": False}
+    run = tmp_path / "run.jsonl"
+    calls: list[float] = []
+
+    def sleep(seconds: float) -> None:  # good, broken, broken, good again, Ctrl-C
+        calls.append(seconds)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        broken["now"] = len(calls) in (1, 2)
+
+    monkeypatch.setattr("kvtier.cli.stats.time.sleep", sleep)
+    with served_by(lambda: "<html>down</html>\n" if broken["now"] else expo.text()) as base:
+        result = kvtier("stats", base, "--watch", "1", "--record", run)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("retrying every 1 s") == 1
+    assert "reading again" in result.stderr
+    assert len(run.read_text().splitlines()) == 3  # the first read and two after recovery
