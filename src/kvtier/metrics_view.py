@@ -228,12 +228,11 @@ def _add_kvtier(samples: Samples, figures: TierFigures, word: str) -> None:
     figures.used_bytes = samples.mean("kvtier:tier_used_bytes", tier=word)
     capacity = samples.mean("kvtier:tier_capacity_bytes", tier=word)
     figures.capacity_bytes = capacity or None  # 0: the shared server's own business
-    reasons = samples.label_values("kvtier:tier_records_quarantined", "reason")
-    figures.quarantined = {
-        reason: samples.total("kvtier:tier_records_quarantined", tier=word, reason=reason) or 0.0
-        for reason in reasons
-        if samples.total("kvtier:tier_records_quarantined", tier=word, reason=reason) is not None
-    }
+    figures.quarantined = {}
+    for reason in samples.label_values("kvtier:tier_records_quarantined", "reason"):
+        count = samples.total("kvtier:tier_records_quarantined", tier=word, reason=reason)
+        if count is not None:
+            figures.quarantined[reason] = count
 
 
 def _kvtier_words(samples: Samples) -> list[str]:

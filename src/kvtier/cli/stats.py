@@ -14,6 +14,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -73,7 +74,8 @@ def _failures(t: TierFigures) -> str:
     return ", ".join(parts) or "0"
 
 
-_ROWS: list[tuple[str, Any]] = [
+#: The table's rows: label, cell of one tier.
+_ROWS: list[tuple[str, Callable[[TierFigures], str]]] = [
     ("vLLM tier", lambda t: t.vllm_tier or "(inside disk)"),
     (
         "hit rate (chunk hits / queries)",
