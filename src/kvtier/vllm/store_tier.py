@@ -500,7 +500,12 @@ class StoreTier(SecondaryTierManager):
                 seconds = time.perf_counter() - started
                 self.decider.policy.observe_load(self.metric_tier, self._row_bytes, seconds)
 
-        self._read_pool.submit(probe)
+        if self._stopping.is_set():
+            return
+        try:
+            self._read_pool.submit(probe)
+        except RuntimeError:  # shut down between the check and the submit
+            return
 
     # -- metrics -------------------------------------------------------------------------
     @classmethod
