@@ -244,9 +244,8 @@ def other_namespace(engine: ProcessEngine, ns_dir: Path, guard: Outside):  # typ
     from kvtier.store import DiskStore
 
     row_bytes = next(iter(record_files(ns_dir))).stat().st_size - 4096
-    with DiskStore(
-        guard.cache, make_namespace("faults/another-model", row_bytes), 8 * (row_bytes + 4096)
-    ) as store:
+    # No cap of its own: the cap is the folder's setting (the engine's), adopted here.
+    with DiskStore(guard.cache, make_namespace("faults/another-model", row_bytes), None) as store:
         yield store
 
 
