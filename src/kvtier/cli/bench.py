@@ -66,6 +66,9 @@ def bench_ttft(
         str, typer.Option(help="Prompt lengths, comma separated.")
     ] = "2048,4096,8000",
     reps: Annotated[int, typer.Option(help="Distinct prompts per length (>= 3 for medians).")] = 3,
+    restore_decision: Annotated[
+        bool, typer.Option(help="kvtier's restore-or-recompute decision (off: restore every hit).")
+    ] = True,
 ) -> None:
     """Cold prefill vs host-pool restore vs disk restore (kvtier and stock fs), one run.
 
@@ -74,7 +77,14 @@ def bench_ttft(
     from kvtier.devtools.bench import ttft
 
     with _progress("ttft") as report:
-        ttft.run(_model(model), [int(x) for x in lengths.split(",")], reps, out, progress=report)
+        ttft.run(
+            _model(model),
+            [int(x) for x in lengths.split(",")],
+            reps,
+            out,
+            progress=report,
+            restore_decision=restore_decision,
+        )
     _print_result(out, "ttft")
 
 

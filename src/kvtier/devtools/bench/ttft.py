@@ -50,12 +50,15 @@ def run(
     host_pool: str = "4GiB",
     progress: Progress = print,
     in_process: bool = False,
+    restore_decision: bool = True,
 ) -> dict:
     bench = BenchRun(
         out, model, max_model_len=max(lengths) + 64, max_num_seqs=1, in_process=in_process
     )
     kv_dir, fs_dir = out / "disk-kvtier", out / "disk-fs"
-    both = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=kv_dir)
+    both = kvtier.kv_transfer_config(
+        host_pool=host_pool, disk_dir=kv_dir, restore_decision=restore_decision
+    )
     both["kv_connector_extra_config"]["secondary_tiers"] += kvtier.kv_transfer_config(
         disk_dir=fs_dir, disk_tier="fs"
     )["kv_connector_extra_config"]["secondary_tiers"]
@@ -84,7 +87,12 @@ def run(
         ("fs", fs_dir, "fs_fresh", "fs_warm"),
     ):
         dropped.append(drop_page_cache())
-        config = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=disk_dir, disk_tier=tier)
+        config = kvtier.kv_transfer_config(
+            host_pool=host_pool,
+            disk_dir=disk_dir,
+            disk_tier=tier,
+            restore_decision=restore_decision,
+        )
         with bench.engine(f"reader-{tier}", config) as engine:
             for (n, _), prompt in prompts.items():
                 record(n, fresh, *engine.generate_one(prompt))
@@ -94,6 +102,7 @@ def run(
         lengths=lengths,
         reps=reps,
         host_pool=host_pool,
+        restore_decision=restore_decision,
         page_cache_dropped_before_fresh_processes=all(dropped),
     )
     summary = {
