@@ -54,12 +54,15 @@ class InProcessEngine(EngineBase):
         return bool(self.llm.reset_prefix_cache(reset_connector=reset_connector))
 
     def metrics(self) -> dict[str, float]:
-        """Counters and gauges of ``LLM.get_metrics()`` (histograms left out)."""
+        """Counters and gauges of ``LLM.get_metrics()`` (histograms left out), and kvtier's
+        own ``kvtier:*`` counters and gauges, which ``get_metrics()`` leaves out (it keeps
+        ``vllm:*`` only) but ``/metrics`` serves."""
         flat: dict[str, float] = {}
         for metric in self.llm.get_metrics():
             value = getattr(metric, "value", None)
             if isinstance(value, int | float):
                 flat[metric_key(metric.name, metric.labels)] = float(value)
+        flat.update(_kvtier_metrics())
         return flat
 
     def kv_groups(self) -> list[dict[str, Any]]:
@@ -107,6 +110,21 @@ def _result(output: Any) -> GenerateResult:
         result.decode_s = float(stats.last_token_ts - stats.first_token_ts)
         result.output_tokens = int(stats.num_generation_tokens)
     return result
+
+
+def _kvtier_metrics() -> dict[str, float]:
+    """``kvtier:*`` counter and gauge samples of prometheus_client's global registry, keyed as
+    ``metric_key`` does (counters under their own name, without ``_total``)."""
+    from prometheus_client import REGISTRY
+
+    flat: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        if not family.name.startswith("kvtier:") or family.type not in ("counter", "gauge"):
+            continue
+        for sample in family.samples:
+            if sample.name in (family.name, family.name + "_total"):
+                flat[metric_key(family.name, sample.labels)] = float(sample.value)
+    return flat
 
 
 def _forget_kvtier_metrics() -> None:
