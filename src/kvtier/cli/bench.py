@@ -101,7 +101,7 @@ def bench_slow_tier(
     warm_prompts: Annotated[int, typer.Option(help="Cold prompts served first per engine.")] = 3,
     warm_restores: Annotated[
         int, typer.Option(help="Warm-up restores per engine and disk speed.")
-    ] = 2,
+    ] = 3,
 ) -> None:
     """TTFT of a disk-only prefix on a throttled and an unthrottled disk: restore decision
     off vs on vs cold prefill, one run (root: loop device + cgroup v1 blkio throttle).

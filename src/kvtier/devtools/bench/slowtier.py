@@ -7,13 +7,14 @@ reads a cgroup v1 blkio throttle slows for the engine processes only:
 2. the read limit is chosen from it: the largest length's KV bytes over ``slowdown`` times its
    cold prefill (so a restore takes about ``slowdown`` x a cold prefill there, more at the
    shorter lengths, whose prefill costs less per token);
-3. one kvtier engine per decision setting (``restore_decision=False``, then ``True``), with its
-   disk tier on the loop device and every process of the engine moved into the cgroup. Each
-   first serves a few cold prompts (the decision learns the engine's prefill cost from its own
-   store jobs). Then, for the unthrottled and then the throttled disk: a few warm-up restores
-   (the decision learns the tier's bandwidth), and per length one measured request whose
-   prefix is only on the disk (served once, then ``reset_prefix_cache(reset_connector=True)``
-   empties the engine's cache and the host pool).
+3. for the unthrottled and then the throttled disk, one fresh kvtier engine per decision
+   setting (``restore_decision=False``, then ``True``), its disk tier on the loop device and
+   every process of the engine moved into the cgroup. Each first serves a few cold prompts
+   (the decision learns the engine's prefill cost from its own store jobs), then a few
+   warm-up restores (it learns the disk's bandwidth), then per length the measured request,
+   whose prefix is only on the disk (served once, then
+   ``reset_prefix_cache(reset_connector=True)`` empties the engine's cache and the host pool).
+   The measured prompts are the same for every engine.
 
 TTFT is the wall time of a ``max_tokens=1`` generate call. Reported per length: decision off,
 on, min(restore, recompute) with restore = decision off and recompute = the cold prefill,
@@ -24,7 +25,6 @@ Run: ``kvtier bench slow-tier --out slowtier-out`` (root; tiny random Llama by d
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -84,8 +84,8 @@ def run(
     out: Path,
     slowdown: float = 3.0,
     warm_prompts: int = 3,
-    warm_restores: int = 2,
-    host_pool: str = "1GiB",
+    warm_restores: int = 3,
+    host_pool: str = "512MiB",
     progress: Progress = print,
 ) -> dict[str, Any]:
     reason = unavailable()
@@ -114,12 +114,14 @@ def run(
     progress(f"read limit {rate / 1e6:.2f} MB/s ({per_token} KV bytes per token)")
 
     with slow_disk(out / "slowdisk", size=DISK_SIZE) as disk:
-        for word, decision in DECISIONS.items():
-            report[word] = _one_engine(
-                bench, disk, word, decision, host_pool, lengths, measured, prompt, rate,
-                warm_prompts, warm_restores, progress,
-            )  # fmt: skip
-            report["load_average"].append(os.getloadavg())
+        for phase in PHASES:
+            for word, decision in DECISIONS.items():
+                report.setdefault(word, {})[phase] = _one_engine(
+                    bench, disk, word, phase, decision, host_pool, lengths, measured, prompt,
+                    rate if phase == "throttled" else None, warm_prompts, warm_restores,
+                    progress,
+                )  # fmt: skip
+                report["load_average"].append(os.getloadavg())
     bench.config.update(
         lengths=lengths,
         slowdown=slowdown,
@@ -135,70 +137,63 @@ def _one_engine(
     bench: BenchRun,
     disk: SlowDisk,
     word: str,
+    phase: str,
     decision: bool,
     host_pool: str,
     lengths: list[int],
     measured: dict[int, list[int]],
     prompt: Callable[[int], list[int]],
-    rate: int,
+    rate: int | None,
     warm_prompts: int,
     warm_restores: int,
     progress: Progress,
 ) -> dict[str, Any]:
+    """One fresh kvtier engine on one disk speed: it learns prefill and this disk, then serves
+    every measured prompt from the disk only."""
     config = kvtier.kv_transfer_config(
         host_pool=host_pool,
-        disk_dir=disk.mount / f"tier-{word}",
+        disk_dir=disk.mount / f"tier-{word}-{phase}",
         disk_capacity=DISK_CAP,
         restore_decision=decision,
     )
-    result: dict[str, Any] = {}
+    rows: dict[str, Any] = {"warm_up": []}
     disk.throttle(None)
     blocks = {"num_gpu_blocks_override": engine_blocks(max(lengths))}
-    with bench.engine(f"decision-{word}", config, env=LONG_ENV, extra_args=blocks) as engine:
-        moved = disk.add_session(engine.pid)
-        result["pids_in_cgroup"] = moved
+    name = f"decision-{word}-{phase}"
+    with bench.engine(name, config, env=LONG_ENV, extra_args=blocks) as engine:
+        rows["pids_in_cgroup"] = disk.add_session(engine.pid)
+        disk.throttle(rate)
         for _ in range(warm_prompts):  # prefill evidence for the decision
             engine.generate_one(prompt(max(lengths)))
-        for phase in PHASES:
-            disk.throttle(rate if phase == "throttled" else None)
-            with contextlib.suppress(Exception):
-                disk.add_session(engine.pid)  # processes forked since start
-            rows: dict[str, Any] = {"warm_up": []}
-            for _ in range(warm_restores):  # the decision learns this tier's bandwidth
-                p = prompt(min(lengths))
-                _store_on_disk_only(engine, p)
-                r, t = engine.generate_one(p)
-                rows["warm_up"].append({"ttft_s": t, "cached": r.num_cached_tokens})
-            for n in lengths:
-                p = measured[n] if phase == "throttled" else prompt(n)
-                _store_on_disk_only(engine, p)
-                before = engine.metrics()
-                read_before = disk.bytes_read()
-                r, t = engine.generate_one(p)
-                after = engine.metrics()
-                said = {
-                    k: v - verdicts(before).get(k, 0.0)
-                    for k, v in verdicts(after).items()
-                    if v - verdicts(before).get(k, 0.0)
-                }
-                rows[str(n)] = {
-                    "ttft_s": t,
-                    "cached": r.num_cached_tokens,
-                    "verdicts": said,
-                    "abandoned": counter(after, "kvtier:tier_loads_abandoned")
-                    - counter(before, "kvtier:tier_loads_abandoned"),
-                    "device_bytes_read": disk.bytes_read() - read_before,
-                }
-                progress(
-                    f"{n:>5} tok  decision {word:<3} {phase:<11} {t:8.3f} s  "
-                    f"cached={r.num_cached_tokens} verdicts={said}"
-                )
-            rows["metrics_end"] = {
-                k: v for k, v in engine.metrics().items() if k.startswith("kvtier:")
+        for _ in range(warm_restores):  # the decision learns this disk's bandwidth
+            p = prompt(min(lengths))
+            _store_on_disk_only(engine, p)
+            r, t = engine.generate_one(p)
+            rows["warm_up"].append({"ttft_s": t, "cached": r.num_cached_tokens})
+        for n in lengths:
+            p = measured[n]
+            _store_on_disk_only(engine, p)
+            before = engine.metrics()
+            read_before = disk.bytes_read()
+            r, t = engine.generate_one(p)
+            after = engine.metrics()
+            was = verdicts(before)
+            said = {k: v - was.get(k, 0.0) for k, v in verdicts(after).items()}
+            rows[str(n)] = {
+                "ttft_s": t,
+                "cached": r.num_cached_tokens,
+                "verdicts": {k: v for k, v in said.items() if v},
+                "abandoned": counter(after, "kvtier:tier_loads_abandoned")
+                - counter(before, "kvtier:tier_loads_abandoned"),
+                "device_bytes_read": disk.bytes_read() - read_before,
             }
-            result[phase] = rows
+            progress(
+                f"{n:>5} tok  decision {word:<3} {phase:<11} {t:8.3f} s  "
+                f"cached={r.num_cached_tokens} verdicts={rows[str(n)]['verdicts']}"
+            )
+        rows["metrics_end"] = {k: v for k, v in engine.metrics().items() if "kvtier:" in k}
         disk.throttle(None)  # lets every queued read finish before the engine closes
-    return result
+    return rows
 
 
 def _store_on_disk_only(engine: Any, p: list[int]) -> None:
