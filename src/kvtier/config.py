@@ -52,6 +52,7 @@ def kv_transfer_config(
     shared_tls_cert_file: str | os.PathLike[str] | None = None,
     shared_tls_key_file: str | os.PathLike[str] | None = None,
     extra: dict[str, Any] | None = None,
+    platform: str = "cpu",
 ) -> dict[str, Any]:
     """Build vLLM's ``kv_transfer_config`` dict for kvtier.
 
@@ -86,6 +87,12 @@ def kv_transfer_config(
     extra: upstream ``OffloadingConnector`` options passed through unchanged
         (one of ``PASSTHROUGH_KEYS``).
 
+    platform: ``"cpu"`` (default): kvtier's CPU spec runs the host pool (vLLM's CPU build).
+        ``"cuda"``: vLLM's own ``TieringOffloadingSpec`` runs the host pool on a CUDA build and
+        kvtier contributes its disk and shared tiers (each tier then keeps its own
+        restore-or-recompute policy, always on). Untested end to end here: this project's
+        machines have no GPU for vLLM (docs/gpu-evidence.md says what was measured on one).
+
     Every value is validated here by ``kvtier.settings`` (the same code the engine runs on the
     dict); a bad one raises ``ConfigError`` naming the option and the fix.
     """
@@ -105,13 +112,18 @@ def kv_transfer_config(
             "restore_decision": restore_decision,
         }
     )
-    connector_extra: dict[str, Any] = {
-        "spec_name": SPEC_NAME,
-        "spec_module_path": SPEC_MODULE,
-        **pool.to_extra_config(),
-        "secondary_tiers": [],
-        **extra,
-    }
+    if platform not in ("cpu", "cuda"):
+        raise ConfigError(f"platform={platform!r}; use 'cpu' (default) or 'cuda'")
+    if platform == "cuda":
+        if host_pool_dir is not None or allow_small_tiers or not restore_decision:
+            raise ConfigError(
+                "host_pool_dir, allow_small_tiers and restore_decision=False need kvtier's CPU "
+                "spec; on platform='cuda' vLLM's own spec runs the host pool: remove them"
+            )
+        spec = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": pool.host_pool_bytes}
+    else:
+        spec = {"spec_name": SPEC_NAME, "spec_module_path": SPEC_MODULE, **pool.to_extra_config()}
+    connector_extra: dict[str, Any] = {**spec, "secondary_tiers": [], **extra}
     shared_settings = None
     if shared is not None:
         shared_settings = SharedTierSettings.parse(

@@ -133,4 +133,4 @@ def test_disk_usage_stays_under_the_cap(engine, disk_dir):
     total = sum(p.stat().st_size for p in record_files(disk_dir))
     assert 0 < total <= 512 * 2**20
     assert not any(namespace_dir(disk_dir).joinpath("tmp").iterdir()), "no temp file left"
-    assert os.access(namespace_dir(disk_dir) / "index.sqlite3", os.R_OK)
+    assert os.access(disk_dir / "index.sqlite3", os.R_OK), "one index per disk folder"

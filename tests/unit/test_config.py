@@ -118,3 +118,30 @@ def test_shared_alone_is_the_shared_tier():
 def test_bad_shared_options_say_what_to_do(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         kvtier.kv_transfer_config(**kwargs)
+
+
+def test_cuda_platform_uses_vllms_own_spec_with_kvtiers_tiers(tmp_path):
+    """vLLM's CUDA build: its TieringOffloadingSpec runs the host pool, kvtier adds tiers."""
+    cfg = kvtier.kv_transfer_config(
+        host_pool="8GiB", disk_dir=tmp_path, shared="redis://127.0.0.1:6390", platform="cuda"
+    )
+    extra = cfg["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec"
+    assert "spec_module_path" not in extra and "kvtier" not in extra
+    assert extra["cpu_bytes_to_use"] == 8 * 2**30
+    (tier,) = extra["secondary_tiers"]
+    assert tier["type"] == "KvtierDiskTier" and tier["module_path"] == "kvtier.vllm.disk_tier"
+    assert tier["shared"]["url"] == "redis://127.0.0.1:6390"
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    assert "TieringOffloadingSpec" in OffloadingSpecFactory._registry
+    json.dumps(cfg)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"platform": "rocm"}, {"platform": "cuda", "host_pool_dir": "/p"}],
+)
+def test_cuda_refuses_what_only_kvtiers_cpu_spec_does(kwargs):
+    with pytest.raises(ConfigError, match="platform"):
+        kvtier.kv_transfer_config(**kwargs)

@@ -9,34 +9,19 @@ import pytest
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.errors import ConfigError
 from kvtier.store import MemoryStore
 from kvtier.vllm.disk_tier import REFRESH_INTERVAL_S, KvtierDiskTier
+from tests.support.tiers import offloading_config as tier_config
 
 ROWS, ROW_BYTES = 8, 8192
 CTX = ReqContext(req_id="r")
 
 
-def offloading_config(model_dir) -> OffloadingConfig:
-    return OffloadingConfig(
-        groups=(OffloadingGroupConfig(128, ("layer.0",), 0),),
-        worker_kv_bytes_per_block=ROW_BYTES,
-        enable_kv_cache_events=False,
-        extra_config={},
-        engine_id="test",
-        model=OffloadingModelConfig(name=str(model_dir), dtype="float32"),
-        cache=OffloadingCacheConfig(tokens_per_hash=128, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, None, True),
-    )
+def offloading_config(model_dir):
+    return tier_config(model_dir, ROW_BYTES)
 
 
 @pytest.fixture

@@ -200,10 +200,12 @@ def size(
 def _register_subcommands() -> None:
     from kvtier.cli.bench import bench_app, probe_app
     from kvtier.cli.ops import register as register_ops
+    from kvtier.cli.stats import register as register_stats
 
     app.add_typer(bench_app, name="bench")
     app.add_typer(probe_app, name="probe")
     register_ops(app)
+    register_stats(app)
 
 
 _register_subcommands()

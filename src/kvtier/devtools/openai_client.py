@@ -119,14 +119,13 @@ class ServerClient:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """``{metric_key: value}`` of a Prometheus text exposition (prometheus_client's parser)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """``{metric_key: value}`` of a Prometheus text exposition (the library's parser,
+    ``kvtier.metrics_view.parse``, which ``kvtier stats`` uses too)."""
+    from kvtier.metrics_view import parse
 
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            name = family.name if sample.name == f"{family.name}_total" else sample.name
-            samples[metric_key(name, sample.labels)] = float(sample.value)
-    return samples
+    parsed = parse(text)
+    return {
+        metric_key(name, labels): value
+        for name in parsed.names()
+        for labels, value in parsed.rows(name)
+    }

@@ -482,6 +482,8 @@ class StoreTier(SecondaryTierManager):
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
             store.close()
+        # Our view of the host pool pins its mmap: release it so the pool can be unmapped.
+        self._pool_bytes.release()
 
     def _maybe_probe(self, store: BlockStore) -> None:
         """A refused or never-measured tier gets a timed read of one stored record off any
@@ -498,7 +500,12 @@ class StoreTier(SecondaryTierManager):
                 seconds = time.perf_counter() - started
                 self.decider.policy.observe_load(self.metric_tier, self._row_bytes, seconds)
 
-        self._read_pool.submit(probe)
+        if self._stopping.is_set():
+            return
+        try:
+            self._read_pool.submit(probe)
+        except RuntimeError:  # shut down between the check and the submit
+            return
 
     # -- metrics -------------------------------------------------------------------------
     @classmethod

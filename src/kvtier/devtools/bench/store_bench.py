@@ -48,6 +48,7 @@ from kvtier.devtools.bench.report import (
 )
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
+from kvtier.store.root import INDEX_ALLOWANCE_BYTES
 from kvtier.threads import usable_cpus
 
 BLOCK_SIZES = (512 << 10, 5_898_240)
@@ -68,6 +69,13 @@ class Pass:
     #: Share of the written bytes still in the page cache after the pass and a sync.
     resident: float
 
+
+
+def capacity_for(count: int, block: int) -> int:
+    """A folder cap that holds ``count`` records of ``block`` bytes with no eviction: the
+    records, the eviction watermark's headroom, and the index files the cap also charges."""
+    records = (count + 1) * (block + HEADER_BYTES)
+    return int(records / 0.9) + 2 * INDEX_ALLOWANCE_BYTES
 
 def resident_share(paths: list[Path]) -> float:
     """Share of the pages of ``paths`` that sit in the page cache (``mincore``)."""
@@ -130,7 +138,7 @@ def store_pass(folder: Path, block: int, count: int, io: RecordIO, cold: bool) -
     store = DiskStore(
         folder,
         namespace(block),
-        (count + 1) * (block + HEADER_BYTES),
+        capacity_for(count, block),
         free_space_floor_bytes=0,
         io=io,
     )
@@ -288,7 +296,7 @@ def _cold_read_rows(work: Path, total_mib: int, rounds: int, cpus: str) -> list[
     for block in BLOCK_SIZES:
         count = max(4, (total_mib << 20) // block)
         folder = work / f"ab-{block}"
-        capacity = (count + 1) * (block + HEADER_BYTES)
+        capacity = capacity_for(count, block)
         stores = {
             "O_DIRECT": DiskStore(folder, namespace(block), capacity, 0, io=RecordIO()),
             "buffered": DiskStore(
@@ -349,7 +357,7 @@ def threads(work: Path, total_mib: int) -> str:
     for n_threads in (1, 4):
         folder = work / f"threads-{n_threads}"
         store = DiskStore(
-            folder, namespace(block), (count + 1) * (block + HEADER_BYTES), free_space_floor_bytes=0
+            folder, namespace(block), capacity_for(count, block), free_space_floor_bytes=0
         )
         payload = aligned(block, os.urandom(4096))
         keys = [i.to_bytes(36, "big") for i in range(count)]
@@ -370,14 +378,15 @@ def threads(work: Path, total_mib: int) -> str:
 def seed_index(folder: Path, records: int, block: int) -> None:
     """Bulk-insert ready rows (no files), as a store with ``records`` records would hold."""
     store = DiskStore(folder, namespace(block), 1 << 50, free_space_floor_bytes=0)
-    db = store.namespace_dir / "index.sqlite3"
+    db = folder / "index.sqlite3"  # one index per folder (schema 2), rows keyed by namespace
+    ns = namespace(block).digest_hex()
     store.close()
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(
-        "INSERT INTO records(key, state, record_bytes, access_ns, session) "
-        "VALUES (?, 1, ?, ?, 'seed')",
-        ((i.to_bytes(36, "big"), HEADER_BYTES + block, i) for i in range(records)),
+        "INSERT INTO records(ns, key, state, record_bytes, access_ns, session) "
+        "VALUES (?, ?, 1, ?, ?, 'seed')",
+        ((ns, i.to_bytes(36, "big"), HEADER_BYTES + block, i) for i in range(records)),
     )
     conn.execute("COMMIT")
     conn.close()
