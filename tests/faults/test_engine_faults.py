@@ -36,7 +36,7 @@ from tests.support.engine import (
     MAX_TOKENS,
     PROMPT_LEN,
     Oracle,
-    disk_usage,
+    charged_usage,
     kvtier_engine,
     quarantined,
     reasons,
@@ -199,7 +199,7 @@ def assert_folder_sound(engine: ProcessEngine, ns: Path, guard: Outside) -> None
         problems = store.verify()
         assert problems == [], problems
         assert store.used_bytes() <= DISK_CAP_BYTES
-        assert disk_usage(ns) == store.used_bytes()
+        assert charged_usage(ns.parent) == store.used_bytes()
     guard.assert_untouched()
 
 

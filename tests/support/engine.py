@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,18 @@ def reasons(names: set[str]) -> list[str]:
 
 def disk_usage(ns_dir: Path) -> int:
     return sum(os.lstat(p).st_size for p in record_files(ns_dir))
+
+
+def charged_usage(root: Path) -> int:
+    """What the folder's index should charge: every record, trashed and quarantined file of
+    every namespace under ``root``, each rounded up to 4 KiB (kvtier.store.schema)."""
+    entries = [
+        os.lstat(p)
+        for sub in ("blocks", "quarantine", "tmp")
+        for p in root.glob(f"*/{sub}/**/*")
+    ]
+    # Everything but folders: a quarantined symlink or FIFO is charged too (by its lstat size).
+    return sum(-(-e.st_size // 4096) * 4096 for e in entries if not stat.S_ISDIR(e.st_mode))
 
 
 def metric(engine: Engine, name: str) -> float:

@@ -97,3 +97,27 @@ def test_store_jobs_of_single_blocks_are_not_prefill_evidence():
         clock.now += 1.0
         d.on_store([key(i)], ctx)
     assert d.policy.prefill.evidence == 0
+
+
+def test_store_jobs_bunched_at_the_end_of_a_chunked_prefill_still_measure_it():
+    """vLLM's store jobs reach a tier late (after the host pool cascades them): the jobs of
+    both chunks of a two-chunk prefill can arrive together at its end. The measured prefill
+    cost must still be that of the whole prompt, not 4,096 tokens in milliseconds."""
+    clock = Clock()
+    fast = RestorePrior(bandwidth_bytes_per_s=1e9, latency_s=0.001)
+    d = decider(clock, tier_prior=fast)
+    per_token = 1e-3  # 1 ms a token: 8k tokens in ~8 s
+    for r in range(int(MIN_PREFILL_EVIDENCE) + 2):
+        ctx = request(64, first=1000 * (r + 1))
+        d.on_lookup(ctx)
+        clock.now += 64 * TOKENS * per_token  # both chunks computed
+        d.on_store([key(1000 * (r + 1) + i) for i in range(32)], ctx)
+        clock.now += 0.01
+        d.on_store([key(1000 * (r + 1) + i) for i in range(32, 64)], ctx)
+        d.end_step()
+    predicted = d.policy.prefill.recompute_seconds(0, 16 * TOKENS)
+    assert predicted >= 0.25 * 16 * TOKENS * per_token, f"recompute of 2k tokens: {predicted}"
+    ctx = request(16)
+    ask(d, ctx, 16)
+    d.end_step()
+    assert ask(d, ctx, 16) == [LookupResult.HIT] * 16, "a 1 GB/s tier beats a 2 s prefill"

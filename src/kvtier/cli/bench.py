@@ -74,6 +74,9 @@ def bench_ttft(
             "needs redis-server). Empty: no shared tier."
         ),
     ] = "",
+    restore_decision: Annotated[
+        bool, typer.Option(help="kvtier's restore-or-recompute decision (off: restore every hit).")
+    ] = True,
 ) -> None:
     """Cold prefill vs host-pool restore vs disk restore (kvtier and stock fs), one run.
 
@@ -92,8 +95,48 @@ def bench_ttft(
             out,
             progress=report,
             shared=topologies,
+            restore_decision=restore_decision,
         )
     _print_result(out, "ttft")
+
+
+@bench_app.command("slow-tier")
+def bench_slow_tier(
+    out: OutOption = Path("slowtier-out"),
+    model: Annotated[
+        str | None, typer.Option(help="HF model folder (default: the tiny random Llama).")
+    ] = None,
+    lengths: Annotated[str, typer.Option(help="Prompt lengths, comma separated.")] = "2048,8000",
+    slowdown: Annotated[
+        float, typer.Option(help="Throttled restore / cold prefill at the largest length.")
+    ] = 3.0,
+    warm_prompts: Annotated[int, typer.Option(help="Cold prompts served first per engine.")] = 3,
+    warm_restores: Annotated[
+        int, typer.Option(help="Warm-up restores per engine and disk speed.")
+    ] = 3,
+) -> None:
+    """TTFT of a disk-only prefix on a throttled and an unthrottled disk: restore decision
+    off vs on vs cold prefill, one run (root: loop device + cgroup v1 blkio throttle).
+
+    Example: kvtier bench slow-tier --out slowtier-out --lengths 2048,8000
+    """
+    from kvtier.devtools.bench import slowtier
+
+    if model is None:
+        from kvtier.devtools.models import tiny_llama
+
+        model = str(tiny_llama())
+    with _progress("slow-tier") as report:
+        slowtier.run(
+            model,
+            [int(x) for x in lengths.split(",")],
+            out,
+            slowdown=slowdown,
+            warm_prompts=warm_prompts,
+            warm_restores=warm_restores,
+            progress=report,
+        )
+    _print_result(out, "slowtier")
 
 
 @bench_app.command("concurrent")

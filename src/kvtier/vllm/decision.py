@@ -16,9 +16,10 @@ engine's prefill cost has been measured (a fresh engine) there is nothing to wei
 against: hits are restored at once, and the load deadline bounds what a slow tier can cost.
 
 Prefill evidence comes from the engine's own work, seen from the scheduler: vLLM hands a
-tier the blocks it has just computed (store jobs, with their positions), so the time between
-two store jobs of one request, and the tokens between their positions, measure a prefill
-chunk. Jobs of fewer than ``MIN_EVIDENCE_KEYS`` keys are skipped (decode-time blocks). With
+tier the blocks it has computed (store jobs, with their positions), so the time from a
+request's last lookup to a store job, and the tokens stored by then, measure its prefill so far
+(not chunk by chunk: jobs arrive late and bunched, see ``on_store``). Jobs of fewer than
+``MIN_EVIDENCE_KEYS`` keys are skipped (decode-time blocks). With
 several requests per step the time is shared and the fit leans towards slower prefill, i.e.
 towards restoring; deadlines still bound a slow tier.
 """
@@ -45,9 +46,10 @@ class _Plan:
 
     keys: dict[OffloadKey, int] = field(default_factory=dict)
     verdict: bool | None = None
-    #: Prefill evidence: end of the last stored key and when it arrived.
+    #: Prefill evidence: where and when the request's prefill began (its first stored key's
+    #: start, its last lookup), and the end of the last stored key.
+    prefill_from: tuple[int, float | None] | None = None
     stored_end: int | None = None
-    stored_at: float = 0.0
     last_lookup: float | None = None
 
 
@@ -140,7 +142,16 @@ class TierDecider:
         return ticket_deadline_s
 
     def on_store(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
-        """vLLM stores blocks it just computed: measure the prefill chunk they close."""
+        """vLLM stores blocks it just computed: measure the request's prefill so far.
+
+        Each observation spans the request's whole prefill up to this job (from its last
+        lookup, over every token stored since), not the chunk between two jobs: store jobs
+        reach a tier when the host pool cascades them, a step or more after the chunk was
+        computed, so the jobs of a chunked prefill can arrive together at its end. Timed
+        between jobs, an 8k prompt (two chunks, 3.6 s) read as 4,096 tokens in 3.6 s and
+        3,840 tokens in 10 ms, and the fit then predicted recompute ~100x too cheap and
+        refused every restore of a fast disk.
+        """
         if not self._observes_prefill or not keys:
             return
         positions = [p for k in keys if (p := ctx.get_offload_key_position(k)) is not None]
@@ -149,13 +160,12 @@ class TierDecider:
         now = self._clock()
         plan = self._plan(ctx)
         end = max(positions)
-        start = min(positions) - self.tokens_per_key
-        if plan.stored_end is None:
-            began, cached = plan.last_lookup, max(start, 0)
-        else:
-            began, cached = plan.stored_at, plan.stored_end
-        plan.stored_end, plan.stored_at = end, now
-        new = end - cached
+        if plan.prefill_from is None:
+            start = min(positions) - self.tokens_per_key
+            plan.prefill_from = (max(start, 0), plan.last_lookup)
+        cached, began = plan.prefill_from
+        plan.stored_end = max(end, plan.stored_end or 0)
+        new = plan.stored_end - cached
         if began is None or len(keys) < MIN_EVIDENCE_KEYS or new <= 0:
             return
         self.policy.observe_prefill([(cached, new)], now - began)

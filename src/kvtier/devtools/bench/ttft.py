@@ -78,6 +78,7 @@ def run(
     progress: Progress = print,
     in_process: bool = False,
     shared: Sequence[str] = (),
+    restore_decision: bool = True,
 ) -> dict:
     """Measure every kind of ``KINDS`` (and ``SHARED_KINDS`` of the ``shared`` topologies) per
     length; write ``ttft.json``, ``ttft.md`` and ``ttft.png`` under ``out``."""
@@ -85,7 +86,9 @@ def run(
     if unknown:
         raise ValueError(f"unknown shared topology {sorted(unknown)}; use {TOPOLOGIES}")
     with servers(shared) as urls:
-        return _run(model, lengths, reps, out, host_pool, progress, in_process, urls)
+        return _run(
+            model, lengths, reps, out, host_pool, progress, in_process, urls, restore_decision
+        )
 
 
 @contextmanager
@@ -151,13 +154,16 @@ def _run(
     progress: Progress,
     in_process: bool,
     urls: dict[str, str],
+    restore_decision: bool,
 ) -> dict:
     kinds = {**KINDS, **{k: v for k, v in SHARED_KINDS.items() if k.split("_")[0] in urls}}
     bench = BenchRun(
         out, model, max_model_len=max(lengths) + 64, max_num_seqs=1, in_process=in_process
     )
     kv_dir, fs_dir = out / "disk-kvtier", out / "disk-fs"
-    both = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=kv_dir)
+    both = kvtier.kv_transfer_config(
+        host_pool=host_pool, disk_dir=kv_dir, restore_decision=restore_decision
+    )
     both["kv_connector_extra_config"]["secondary_tiers"] += kvtier.kv_transfer_config(
         disk_dir=fs_dir, disk_tier="fs"
     )["kv_connector_extra_config"]["secondary_tiers"]
@@ -190,7 +196,12 @@ def _run(
         ("fs", fs_dir, "fs_fresh", "fs_warm"),
     ):
         dropped.append(drop_page_cache())
-        config = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=disk_dir, disk_tier=tier)
+        config = kvtier.kv_transfer_config(
+            host_pool=host_pool,
+            disk_dir=disk_dir,
+            disk_tier=tier,
+            restore_decision=restore_decision,
+        )
         with bench.engine(f"reader-{tier}", config) as engine:
             for (n, _), prompt in prompts.items():
                 record(n, fresh, *engine.generate_one(prompt))
@@ -200,7 +211,10 @@ def _run(
     seeded = {t: copy_values(*urls.values()) for t in list(urls)[1:]}
     for topology, url in urls.items():
         config = kvtier.kv_transfer_config(
-            host_pool=host_pool, disk_dir=out / f"disk-shared-{topology}", shared=url
+            host_pool=host_pool,
+            disk_dir=out / f"disk-shared-{topology}",
+            shared=url,
+            restore_decision=restore_decision,
         )
         with bench.engine(f"reader-shared-{topology}", config) as engine:
             if any((out / f"disk-shared-{topology}").rglob("*.kvb")):
@@ -219,6 +233,7 @@ def _run(
         lengths=lengths,
         reps=reps,
         host_pool=host_pool,
+        restore_decision=restore_decision,
         page_cache_dropped_before_fresh_processes=all(dropped),
     )
     summary = {

@@ -54,8 +54,9 @@ class InProcessEngine(EngineBase):
         return bool(self.llm.reset_prefix_cache(reset_connector=reset_connector))
 
     def metrics(self) -> dict[str, float]:
-        """Counters and gauges of ``LLM.get_metrics()`` (histograms left out), and kvtier's own
-        ``kvtier:*`` counters and gauges (``get_metrics()`` returns only ``vllm:*`` ones)."""
+        """Counters and gauges of ``LLM.get_metrics()`` (histograms left out), and kvtier's
+        own ``kvtier:*`` counters and gauges, which ``get_metrics()`` leaves out (it keeps
+        ``vllm:*`` only) but ``/metrics`` serves."""
         flat: dict[str, float] = {}
         for metric in self.llm.get_metrics():
             value = getattr(metric, "value", None)
@@ -112,8 +113,8 @@ def _result(output: Any) -> GenerateResult:
 
 
 def _kvtier_metrics() -> dict[str, float]:
-    """``kvtier:*`` counter and gauge samples of prometheus_client's registry, keyed like
-    ``metrics()`` (a counter under its family name, without ``_total``)."""
+    """``kvtier:*`` counter and gauge samples of prometheus_client's global registry, keyed as
+    ``metric_key`` does (counters under their own name, without ``_total``)."""
     from prometheus_client import REGISTRY
 
     flat: dict[str, float] = {}
@@ -121,9 +122,8 @@ def _kvtier_metrics() -> dict[str, float]:
         if not family.name.startswith("kvtier:") or family.type not in ("counter", "gauge"):
             continue
         for sample in family.samples:
-            if sample.name in (family.name, f"{family.name}_total"):
-                key = metric_key(family.name, sample.labels)
-                flat[key] = flat.get(key, 0.0) + float(sample.value)
+            if sample.name in (family.name, family.name + "_total"):
+                flat[metric_key(family.name, sample.labels)] = float(sample.value)
     return flat
 
 
