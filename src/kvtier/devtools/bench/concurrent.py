@@ -104,7 +104,9 @@ def _shared_rows(
     if any(disk.rglob("*.kvb")):
         raise RuntimeError(f"{disk} is not empty; the restores would not come from the server")
     rows = []
-    reader = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=disk, shared=url)
+    reader = kvtier.kv_transfer_config(
+        host_pool=host_pool, disk_dir=disk, shared=url, restore_decision=False
+    )
     with bench.engine("reader-shared", reader) as engine:
         engine.generate_one(bench.prompt(3, 256))  # warm-up (a prompt the writer never saw)
         for n in counts:
@@ -122,7 +124,10 @@ def _disk_rows(
     host_pool: str,
     progress: Callable[[str], None],
 ) -> list[dict]:
-    config = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=out / "disk-concurrent")
+    # N concurrent *restores* are measured: the decision is off so every hit is restored.
+    config = kvtier.kv_transfer_config(
+        host_pool=host_pool, disk_dir=out / "disk-concurrent", restore_decision=False
+    )
     rows = []
     with bench.engine("kvtier", config) as engine:
         engine.generate_one(bench.prompt(2, 256))  # warm-up
