@@ -29,7 +29,10 @@ def run(
     bench = BenchRun(
         out, model, max_model_len=prompt_len + 64, max_num_seqs=max(counts), in_process=in_process
     )
-    config = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=out / "disk-concurrent")
+    # N concurrent *restores* are measured: the decision is off so every hit is restored.
+    config = kvtier.kv_transfer_config(
+        host_pool=host_pool, disk_dir=out / "disk-concurrent", restore_decision=False
+    )
     rows = []
     with bench.engine("kvtier", config) as engine:
         engine.generate_one(bench.prompt(2, 256))  # warm-up
