@@ -35,6 +35,7 @@ def engine(start_engine, tiny_model, disk_dir) -> ProcessEngine:
     config = EngineConfig(
         model=str(tiny_model),
         kv_transfer_config=kvtier.kv_transfer_config(
+            restore_decision=False,  # the data path is under test: restore every hit
             host_pool="128MiB",
             disk_dir=disk_dir,
             disk_capacity="512MiB",

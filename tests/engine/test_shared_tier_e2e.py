@@ -45,6 +45,7 @@ def replica(start_engine, tiny_model: Path, url: str, disk: Path, name: str) -> 
     config = EngineConfig(
         model=str(tiny_model),
         kv_transfer_config=kvtier.kv_transfer_config(
+            restore_decision=False,  # the data path is under test: restore every hit
             host_pool="128MiB",
             disk_dir=disk,
             disk_capacity="512MiB",

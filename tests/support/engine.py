@@ -35,8 +35,10 @@ def kvtier_engine(
     model: Path, disk_dir: Path, engine_id: str, free_space_floor_bytes: int | None = None
 ) -> EngineConfig:
     """A kvtier engine on ``disk_dir`` whose host-pool file is named after ``engine_id``."""
+    # The data path is under test: every hit is restored (with the tiny model recompute is
+    # about as fast as a restore, so the decision may rightly refuse one).
     transfer = kvtier.kv_transfer_config(
-        host_pool=HOST_POOL, disk_dir=disk_dir, disk_capacity=DISK_CAP
+        host_pool=HOST_POOL, disk_dir=disk_dir, disk_capacity=DISK_CAP, restore_decision=False
     )
     transfer["engine_id"] = engine_id
     if free_space_floor_bytes is not None:

@@ -70,6 +70,9 @@ def case_config(case: dict[str, Any], kvtier_on: bool) -> EngineConfig:
             "host_pool": "384MiB",
             "disk_dir": case["disk_dir"],
             "disk_capacity": "1GiB",
+            # restore correctness is under test: every hit is restored (tiny models recompute
+            # about as fast as they restore, so the decision may rightly refuse one)
+            "restore_decision": False,
             **case.get("kvtier", {}),
         }
         transfer = kvtier.kv_transfer_config(**options)
