@@ -17,6 +17,7 @@ from typing import NamedTuple
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.format.namespace import Namespace
 from kvtier.store import layout
+from kvtier.store.inspect import read_namespace
 from kvtier.store.root import open_index
 from kvtier.store.session import reap_dead_sessions
 
@@ -46,7 +47,7 @@ def list_namespaces(root: Path | str) -> list[NamespaceUsage]:
             found.append(
                 NamespaceUsage(
                     entry.name,
-                    _read_namespace(Path(entry.path)),
+                    read_namespace(Path(entry.path)),
                     _bytes_under(Path(entry.path) / layout.BLOCKS),
                 )
             )
@@ -84,20 +85,6 @@ def remove_namespace(root: Path | str, digest_hex: str) -> int:
         finally:
             index.close()
     return freed
-
-
-def _read_namespace(folder: Path) -> Namespace | None:
-    try:
-        fd = layout.open_private_file(folder / layout.NAMESPACE_FILE, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        return Namespace.from_json(os.read(fd, 1 << 20).decode("utf-8", "replace"))
-    except ConfigError:
-        return None
-    finally:
-        os.close(fd)
-
 
 def _bytes_under(folder: Path) -> int:
     total = 0

@@ -79,7 +79,6 @@ class KvtierDiskTier(StoreTier):
     ) -> None:
         self.settings = DiskTierSettings.parse(options)
         check_root(self.settings.root_dir)
-        self._tokens_per_row = _tokens_per_row(offloading_spec)
         super().__init__(
             offloading_spec,
             primary_kv_view,
@@ -107,7 +106,7 @@ class KvtierDiskTier(StoreTier):
         records = capacity // record
         line = (
             f"disk {self.settings.root_dir}: cap {format_size(capacity)} ({capacity:,} B) = "
-            f"{records:,} records = {records * self._tokens_per_row:,} tokens, namespace "
+            f"{records:,} records = {records * self.tokens_per_row:,} tokens, namespace "
             f"{namespace.digest_hex()[:12]}, fsync {self.settings.fsync}"
         )
         if self.settings.shared is not None:
@@ -117,9 +116,3 @@ class KvtierDiskTier(StoreTier):
             )
         return line
 
-
-def _tokens_per_row(offloading_spec: Any) -> int:
-    """Tokens of one host-pool row (one chunk of blocks of the first KV group)."""
-    config = offloading_spec.config
-    tokens = config.groups[0].tokens_per_block if config.groups else 0
-    return tokens * int(getattr(config.cache, "blocks_per_chunk", 1) or 1)

@@ -158,6 +158,11 @@ class StoreTier(SecondaryTierManager):
         self._spec = offloading_spec
         self._spec_config = offloading_spec.config
         self._row_bytes = self.block_size_bytes
+        config = self._spec_config
+        #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
+        self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * int(
+            getattr(config.cache, "blocks_per_chunk", 1) or 1
+        )
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
         self._pool_bytes = primary_kv_view.cast("B")
         self._bounce = BounceBuffers(self._row_bytes)
@@ -204,11 +209,13 @@ class StoreTier(SecondaryTierManager):
             spec.prefill_observer = self.metric_tier  # one tier feeds the prefill model
             observes_prefill = True
         policy.add_tier(self.metric_tier, via="host")
-        config = self._spec_config
-        tokens = config.groups[0].tokens_per_block if config.groups else 0
-        tokens *= int(getattr(config.cache, "blocks_per_chunk", 1) or 1)
         return TierDecider(
-            policy, self.metric_tier, tokens, self._row_bytes, self._clock, observes_prefill
+            policy,
+            self.metric_tier,
+            self.tokens_per_row,
+            self._row_bytes,
+            self._clock,
+            observes_prefill,
         )
 
     # -- store lifecycle -----------------------------------------------------------------
