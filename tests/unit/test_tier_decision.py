@@ -76,16 +76,37 @@ def test_a_tier_slower_than_recompute_is_refused_for_the_whole_request():
     assert d.counts.recompute == 1
 
 
-def test_a_tier_faster_than_recompute_is_restored():
+def test_a_tier_faster_than_recompute_is_restored_without_losing_a_step():
+    """When one block alone is worth restoring the whole hit is (restore cost per token is
+    flat, recompute cost grows with position): HIT at the first lookup, no RETRY step."""
     clock = Clock()
     fast = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.001)
     d = decider(clock, tier_prior=fast)
     measure_prefill(d, clock, 4e-3)  # CPU-like prefill: 4 ms a token
     ctx = request(8)
-    assert ask(d, ctx, 8) == [LookupResult.RETRY] * 8
-    d.end_step()
     assert ask(d, ctx, 8) == [LookupResult.HIT] * 8
     assert d.counts.restore == 1
+    d.end_step()
+    assert ask(d, ctx, 8) == [LookupResult.HIT] * 8
+    assert d.counts.restore == 1, "one verdict per request"
+
+
+def test_a_hit_worth_restoring_only_as_a_whole_is_collected_then_restored():
+    """A tier whose fixed latency outweighs one block's recompute, but not the whole hit's:
+    the first block alone would be refused, so the hit is collected for a step and decided
+    as a whole (restored)."""
+    clock = Clock()
+    laggy = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)  # 50 ms per load
+    d = decider(clock, tier_prior=laggy)
+    measure_prefill(d, clock, 1e-4)  # 0.1 ms a token: one block recomputes in ~13 ms
+    one = d.policy.decide("disk", 0, TOKENS, ROW, count=False)
+    assert not one.restore, one
+    ctx = request(64)
+    assert ask(d, ctx, 64) == [LookupResult.RETRY] * 64
+    d.end_step()
+    assert ask(d, ctx, 64) == [LookupResult.HIT] * 64
+    assert d.counts.restore == 1
+    assert d.policy.snapshot().tiers["disk"].refused == 0, "the look-ahead is not a verdict"
 
 
 def test_store_jobs_of_single_blocks_are_not_prefill_evidence():

@@ -252,12 +252,22 @@ class RestorePolicy:
 
     # -- the decision ---------------------------------------------------------------------
 
-    def decide(self, tier: str, cached_tokens: int, hit_tokens: int, hit_bytes: int) -> Decision:
+    def decide(
+        self, tier: str, cached_tokens: int, hit_tokens: int, hit_bytes: int, *, count: bool = True
+    ) -> Decision:
         """Restore a hit of ``hit_tokens`` (``hit_bytes``) after ``cached_tokens``, or not."""
-        return self.decide_chain(cached_tokens, [TierHit(tier, hit_tokens, hit_bytes)])
+        return self.decide_chain(
+            cached_tokens, [TierHit(tier, hit_tokens, hit_bytes)], count=count
+        )
 
-    def decide_chain(self, cached_tokens: int, hits: Sequence[TierHit]) -> Decision:
-        """The best prefix of a chain of tier hits to restore (see the module docstring)."""
+    def decide_chain(
+        self, cached_tokens: int, hits: Sequence[TierHit], *, count: bool = True
+    ) -> Decision:
+        """The best prefix of a chain of tier hits to restore (see the module docstring).
+
+        ``count=False``: a look-ahead, not a verdict (refusals are not counted in the
+        tiers' ``refused``).
+        """
         if cached_tokens < 0:
             raise ValueError(f"policy: cached_tokens={cached_tokens} must be >= 0")
         for hit in hits:
@@ -287,7 +297,7 @@ class RestorePolicy:
                 cost = self.settings.safety_factor * restored_s + rest
                 if cost < best_cost:
                     best_j, best_cost, best_plan = j, cost, restored_s + rest
-            for est in estimates[best_j:]:
+            for est in estimates[best_j:] if count else ():
                 est.refused += 1
         chosen = hits[:best_j]
         return Decision(
