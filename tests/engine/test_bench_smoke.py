@@ -23,7 +23,7 @@ def test_ttft_bench_runs_every_kind_and_writes_table_data_and_plot(tiny_model, t
         host_pool="2GiB",
         progress=lambda _: None,
         in_process=True,
-        restore_decision=False,  # the tiny model recomputes about as fast as it restores
+        decisions=(False,),  # the tiny model recomputes about as fast as it restores
     )
     data = json.loads((tmp_path / "ttft.json").read_text())
     for kind in ttft.KINDS:

@@ -77,10 +77,18 @@ def bench_ttft(
     restore_decision: Annotated[
         bool, typer.Option(help="kvtier's restore-or-recompute decision (off: restore every hit).")
     ] = True,
+    compare_decision: Annotated[
+        bool,
+        typer.Option(
+            help="Run every kvtier reader twice, decision on and off, side by side (adds "
+            "'decision off' rows and on/off ratios)."
+        ),
+    ] = False,
 ) -> None:
     """Cold prefill vs host-pool restore vs disk restore (kvtier and stock fs), one run.
 
     Example: kvtier bench ttft --lengths 2048,4096,8000 --reps 3 --shared standalone,cluster
+    --compare-decision
     """
     from kvtier.devtools.bench import ttft
 
@@ -95,7 +103,7 @@ def bench_ttft(
             out,
             progress=report,
             shared=topologies,
-            restore_decision=restore_decision,
+            decisions=(True, False) if compare_decision else (restore_decision,),
         )
     _print_result(out, "ttft")
 

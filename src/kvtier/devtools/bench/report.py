@@ -112,3 +112,14 @@ def drop_page_cache() -> bool:
     except OSError:
         return False
     return True
+
+
+def decision_verdicts(metrics: dict[str, float]) -> dict[str, float]:
+    """``kvtier:restore_decisions`` of one engine summed over its tiers, by verdict."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key.startswith("kvtier:restore_decisions{"):
+            labels = dict(p.split("=", 1) for p in key[key.index("{") + 1 : -1].split(","))
+            verdict = labels.get("verdict", "?").strip('"')
+            out[verdict] = out.get(verdict, 0.0) + value
+    return out

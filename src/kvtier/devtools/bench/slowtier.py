@@ -33,7 +33,7 @@ from typing import Any
 
 import kvtier
 from kvtier.devtools.bench.common import BenchRun
-from kvtier.devtools.bench.report import markdown_table
+from kvtier.devtools.bench.report import decision_verdicts, markdown_table
 from kvtier.devtools.slowdisk import SlowDisk, slow_disk, unavailable
 
 Progress = Callable[[str], None]
@@ -61,17 +61,6 @@ def kv_bytes_per_token(model: str, dtype: str = "float32") -> int:
     heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     return int(cfg["num_hidden_layers"] * 2 * heads * head_dim * DTYPE_BYTES[dtype])
-
-
-def verdicts(metrics: dict[str, float]) -> dict[str, float]:
-    """``kvtier:restore_decisions`` summed over tiers, by verdict."""
-    out: dict[str, float] = {}
-    for key, value in metrics.items():
-        if key.startswith("kvtier:restore_decisions{"):
-            labels = dict(p.split("=", 1) for p in key[key.index("{") + 1 : -1].split(","))
-            verdict = labels.get("verdict", "?").strip('"')
-            out[verdict] = out.get(verdict, 0.0) + value
-    return out
 
 
 def counter(metrics: dict[str, float], name: str) -> float:
@@ -177,8 +166,8 @@ def _one_engine(
             read_before = disk.bytes_read()
             r, t = engine.generate_one(p)
             after = engine.metrics()
-            was = verdicts(before)
-            said = {k: v - was.get(k, 0.0) for k, v in verdicts(after).items()}
+            was = decision_verdicts(before)
+            said = {k: v - was.get(k, 0.0) for k, v in decision_verdicts(after).items()}
             rows[str(n)] = {
                 "ttft_s": t,
                 "cached": r.num_cached_tokens,

@@ -20,6 +20,12 @@ One run, three engines, one set of cold prefills:
    its local disk). kvtier's tier counters over the fresh restores (``kvtier:tier_bytes_read``
    / ``kvtier:tier_io_seconds`` of reads) give the restore bandwidth through the tier.
 
+Every reader engine first prefills ``WARMUP_PROMPTS`` unrelated prompts cold, so that it has
+measured its prefill cost and the restore decision is really taken for each restore (a fresh
+engine that never prefilled restores every hit unweighed); the verdicts each reader's tiers
+gave are recorded. ``decisions=(True, False)`` runs every kvtier reader twice, decision on
+and off, alternating which goes first per reader: the decision's cost side by side.
+
 TTFT is the wall time of a ``max_tokens=1`` generate call. Each cell is the median over
 ``reps`` distinct prompts of that length with min–max.
 
@@ -31,10 +37,12 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import kvtier
 from kvtier.devtools.bench.common import BenchRun, bar_plot
 from kvtier.devtools.bench.report import (
+    decision_verdicts,
     drop_page_cache,
     markdown_table,
     median,
@@ -58,6 +66,11 @@ SHARED_KINDS = {
     "cluster_warm": "shared 3-master Cluster, in process (written-back disk)",
 }
 TOPOLOGIES = ("standalone", "cluster")
+#: Kinds a reader engine measures, which the decision may change (``decisions``).
+READER_KINDS = ("kvtier_fresh", "kvtier_warm", *SHARED_KINDS)
+#: Cold prompts (of ``WARMUP_TOKENS``) each reader prefills first: prefill measured.
+WARMUP_PROMPTS, WARMUP_TOKENS = 3, 512
+OFF = "_decision_off"
 #: Server memory per standalone server / per Cluster node: room for every prompt of a run.
 SERVER_MEMORY = 2 * 2**30
 #: Read counters: vLLM's per-tier bytes promoted and read time, and kvtier's own verified
@@ -78,17 +91,21 @@ def run(
     progress: Progress = print,
     in_process: bool = False,
     shared: Sequence[str] = (),
-    restore_decision: bool = True,
+    decisions: Sequence[bool] = (True,),
 ) -> dict:
     """Measure every kind of ``KINDS`` (and ``SHARED_KINDS`` of the ``shared`` topologies) per
-    length; write ``ttft.json``, ``ttft.md`` and ``ttft.png`` under ``out``."""
+    length; write ``ttft.json``, ``ttft.md`` and ``ttft.png`` under ``out``.
+
+    ``decisions``: the restore decision on (True) and/or off (False) for the kvtier readers;
+    both: each reader twice, the second setting's kinds suffixed ``OFF`` or not.
+    """
     unknown = set(shared) - set(TOPOLOGIES)
     if unknown:
         raise ValueError(f"unknown shared topology {sorted(unknown)}; use {TOPOLOGIES}")
+    if not decisions or len(set(decisions)) != len(decisions):
+        raise ValueError(f"decisions={decisions!r}: give (True,), (False,) or both")
     with servers(shared) as urls:
-        return _run(
-            model, lengths, reps, out, host_pool, progress, in_process, urls, restore_decision
-        )
+        return _run(model, lengths, reps, out, host_pool, progress, in_process, urls, decisions)
 
 
 @contextmanager
@@ -154,9 +171,13 @@ def _run(
     progress: Progress,
     in_process: bool,
     urls: dict[str, str],
-    restore_decision: bool,
+    decisions: Sequence[bool],
 ) -> dict:
     kinds = {**KINDS, **{k: v for k, v in SHARED_KINDS.items() if k.split("_")[0] in urls}}
+    compare = len(decisions) > 1
+    if compare:
+        kinds |= {f"{k}{OFF}": f"{kinds[k]}, decision off" for k in READER_KINDS if k in kinds}
+    restore_decision = decisions[0]
     bench = BenchRun(
         out, model, max_model_len=max(lengths) + 64, max_num_seqs=1, in_process=in_process
     )
@@ -190,61 +211,93 @@ def _run(
             record(n, "engine_hit", *engine.generate_one(prompt))
             engine.reset_prefix_cache()
             record(n, "host_restore", *engine.generate_one(prompt))
-    dropped = []
-    for tier, disk_dir, fresh, warm in (
-        ("kvtier", kv_dir, "kvtier_fresh", "kvtier_warm"),
-        ("fs", fs_dir, "fs_fresh", "fs_warm"),
+    dropped: list[bool] = []
+    verdicts: dict[str, dict[str, float]] = {}
+    warmups = iter(range(10**6, 2 * 10**6))
+
+    @contextmanager
+    def reader(name: str, config: dict) -> Iterator[Any]:
+        """A reader engine that has measured its prefill (see the module docstring)."""
+        engine = bench.engine(name, config)
+        with engine:
+            for _ in range(WARMUP_PROMPTS):
+                engine.generate_one(bench.prompt(next(warmups), min(WARMUP_TOKENS, max(lengths))))
+            yield engine
+            verdicts[name] = decision_verdicts(engine.metrics())
+
+    def settings(i: int) -> list[tuple[bool, str]]:
+        """(decision, kind suffix) per pass of reader ``i``, alternating which goes first."""
+        order = list(decisions) if i % 2 == 0 else list(reversed(decisions))
+        return [(d, OFF if compare and not d else "") for d in order]
+
+    for i, (tier, disk_dir, fresh, warm) in enumerate(
+        (("kvtier", kv_dir, "kvtier_fresh", "kvtier_warm"), ("fs", fs_dir, "fs_fresh", "fs_warm"))
     ):
-        dropped.append(drop_page_cache())
-        config = kvtier.kv_transfer_config(
-            host_pool=host_pool,
-            disk_dir=disk_dir,
-            disk_tier=tier,
-            restore_decision=restore_decision,
-        )
-        with bench.engine(f"reader-{tier}", config) as engine:
-            for (n, _), prompt in prompts.items():
-                record(n, fresh, *engine.generate_one(prompt))
-                engine.reset_prefix_cache(reset_connector=True)
-                record(n, warm, *engine.generate_one(prompt))
+        for decision, suffix in settings(i) if tier == "kvtier" else [(restore_decision, "")]:
+            dropped.append(drop_page_cache())
+            config = kvtier.kv_transfer_config(
+                host_pool=host_pool, disk_dir=disk_dir, disk_tier=tier, restore_decision=decision
+            )
+            with reader(f"reader-{tier}{suffix}", config) as engine:
+                for (n, _), prompt in prompts.items():
+                    record(n, fresh + suffix, *engine.generate_one(prompt))
+                    engine.reset_prefix_cache(reset_connector=True)
+                    record(n, warm + suffix, *engine.generate_one(prompt))
     through_tier = {}
     seeded = {t: copy_values(*urls.values()) for t in list(urls)[1:]}
-    for topology, url in urls.items():
-        config = kvtier.kv_transfer_config(
-            host_pool=host_pool,
-            disk_dir=out / f"disk-shared-{topology}",
-            shared=url,
-            restore_decision=restore_decision,
-        )
-        with bench.engine(f"reader-shared-{topology}", config) as engine:
-            if any((out / f"disk-shared-{topology}").rglob("*.kvb")):
-                raise RuntimeError(f"the {topology} reader's disk folder is not empty")
-            before = read_counters(engine.metrics())
-            for (n, _), prompt in prompts.items():
-                record(n, f"{topology}_fresh", *engine.generate_one(prompt))
-            after = read_counters(engine.metrics())
-            through_tier[topology] = {k: after[k] - before[k] for k in after}
-            for (n, _), prompt in prompts.items():
-                engine.reset_prefix_cache(reset_connector=True)
-                record(n, f"{topology}_warm", *engine.generate_one(prompt))
+    for i, (topology, url) in enumerate(urls.items()):
+        for decision, suffix in settings(i + 1):
+            disk_dir = out / f"disk-shared-{topology}{suffix}"
+            config = kvtier.kv_transfer_config(
+                host_pool=host_pool, disk_dir=disk_dir, shared=url, restore_decision=decision
+            )
+            with reader(f"reader-shared-{topology}{suffix}", config) as engine:
+                before = read_counters(engine.metrics())
+                for (n, _), prompt in prompts.items():
+                    record(n, f"{topology}_fresh{suffix}", *engine.generate_one(prompt))
+                after = read_counters(engine.metrics())
+                through_tier[topology + suffix] = {k: after[k] - before[k] for k in after}
+                for (n, _), prompt in prompts.items():
+                    engine.reset_prefix_cache(reset_connector=True)
+                    record(n, f"{topology}_warm{suffix}", *engine.generate_one(prompt))
     bench.config.update(
         shared_servers=urls,
         shared_seeded_by_copy=seeded,
         lengths=lengths,
         reps=reps,
         host_pool=host_pool,
-        restore_decision=restore_decision,
+        restore_decisions=list(decisions),
+        reader_warmup=f"{WARMUP_PROMPTS} cold prompts of {WARMUP_TOKENS} tokens",
         page_cache_dropped_before_fresh_processes=all(dropped),
     )
     summary = {
         n: {kind: summarize([s["ttft_s"] for s in runs]).as_dict() for kind, runs in kinds.items()}
         for n, kinds in samples.items()
     }
-    report = {"samples": samples, "summary_ttft_s": summary, "shared_read": through_tier}
-    markdown = table(samples, lengths, kinds) + shared_read_lines(through_tier)
+    report = {
+        "samples": samples,
+        "summary_ttft_s": summary,
+        "shared_read": through_tier,
+        "reader_verdicts": verdicts,
+    }
+    markdown = (
+        table(samples, lengths, kinds)
+        + shared_read_lines(through_tier)
+        + verdict_lines(verdicts)
+    )
     bench.write("ttft", report, markdown)
     plot(samples, lengths, out / "ttft.png", kinds)
     return report
+
+
+def verdict_lines(verdicts: dict[str, dict[str, float]]) -> str:
+    """One line per reader: how many requests' hits each verdict got."""
+    lines = [
+        f"\n\n{name}: restore decisions "
+        + (", ".join(f"{v} {int(n)}" for v, n in sorted(counts.items())) or "none")
+        for name, counts in verdicts.items()
+    ]
+    return "".join(lines)
 
 
 def shared_read_lines(through_tier: dict[str, dict[str, float]]) -> str:
@@ -297,6 +350,16 @@ def table(samples: dict, lengths: list[int], kinds: dict[str, str] = KINDS) -> s
         )
     ]
     rows.append(["stock fs / kvtier (fresh process)", *(f"{x:.2f}" for x in fs_vs)])
+    for kind in (k for k in READER_KINDS if f"{k}{OFF}" in kinds):
+        on_off = [
+            a / b
+            for a, b in zip(
+                medians(samples, lengths, kind),
+                medians(samples, lengths, f"{kind}{OFF}"),
+                strict=True,
+            )
+        ]
+        rows.append([f"{kinds[kind]}: decision on / off", *(f"{x:.2f}" for x in on_off)])
     header = ["TTFT s, median (min–max) [cached tokens]", *(f"{n} tokens" for n in lengths)]
     return markdown_table(header, rows)
 
