@@ -3,9 +3,11 @@
 No engine: the same code paths an engine uses, on a realistic layout (SmolLM2-135M fp32: 30 KV
 tensors, 196,608-byte pages, 128-token blocks of 5,898,240 bytes; 62 blocks = 7,936 tokens):
 
-* disk -> host pool: ``DiskStore.get_into`` of every block into its host-pool row (what a
-  promotion does) on as many threads as the disk tier uses by default, page cache cold
-  (dropped, root only) and warm;
+* disk -> host pool: ``DiskStore.get_into`` of every block into its host-pool row on as many
+  threads as the disk tier uses by default, page cache cold (dropped, root only) and warm; and
+  cold again the way the disk tier really loads (``load_abandonably``: into the thread's bounce
+  buffer, then copied into the row once claimed), side by side: what the guarantee that an
+  abandoned load never writes its row costs;
 * host pool -> engine KV: ``CpuOffloadingWorker`` copy plan executed as the copy engine does
   (split over the usable CPUs) and on one thread;
 * references on the same bytes: one plain sequential read of a file holding them (cold and warm,
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, load_abandonably
 from kvtier.dataplane.copy_engine import MAX_SPLIT, memmove_all, run_plan
 from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
 from kvtier.devtools.bench.report import (
@@ -108,6 +111,7 @@ def run(
         k: []
         for k in (
             "tier_read_cold",
+            "tier_read_bounce_cold",
             "tier_read_warm",
             "plain_read_cold",
             "plain_read_warm",
@@ -125,10 +129,18 @@ def run(
         if not store.get_into(keys[i], flat[i * ROW : (i + 1) * ROW]):
             raise RuntimeError("benchmark block failed to load")
 
-    def tier_read() -> float:
+    bounce = BounceBuffers(ROW)
+
+    def load_via_bounce(i: int) -> None:
+        row = flat[i * ROW : (i + 1) * ROW]
+        read = lambda out: store.get_into(keys[i], out)  # noqa: E731
+        if not load_abandonably(AbandonableLoad(), read, bounce.get(), row):
+            raise RuntimeError("benchmark block failed to load")
+
+    def tier_read(one: Callable[[int], None] = load) -> float:
         start = time.perf_counter()
         with ThreadPoolExecutor(TIER_THREADS) as readers:
-            list(readers.map(load, range(BLOCKS)))
+            list(readers.map(one, range(BLOCKS)))
         return time.perf_counter() - start
 
     def record_files_read() -> float:
@@ -180,8 +192,11 @@ def run(
         return _gbps(nbytes, time.perf_counter() - start)
 
     for rep in range(reps):
-        dropped &= drop_page_cache()
-        results["tier_read_cold"].append(_gbps(total, tier_read()))
+        # Direct and bounced cold reads alternate which goes first.
+        for kind in ("tier_read_cold", "tier_read_bounce_cold")[:: 1 if rep % 2 else -1]:
+            dropped &= drop_page_cache()
+            one = load if kind == "tier_read_cold" else load_via_bounce
+            results[kind].append(_gbps(total, tier_read(one)))
         results["tier_read_warm"].append(_gbps(total, tier_read()))
         dropped &= drop_page_cache()
         results["plain_read_cold"].append(_gbps(total, plain_read()))
@@ -223,6 +238,13 @@ def run(
             "plain sequential read of the record files, cold",
             spread("record_files_cold"),
             f"{med['tier_read_cold'] / med['record_files_cold']:.2f}",
+        ],
+        [
+            "disk tier -> host pool as the tier loads (bounce buffer, then claimed copy), cold",
+            spread("tier_read_bounce_cold"),
+            "disk tier -> host pool, straight into the row, cold",
+            spread("tier_read_cold"),
+            f"{med['tier_read_bounce_cold'] / med['tier_read_cold']:.2f}",
         ],
         [
             "disk tier -> host pool, second pass",
