@@ -60,10 +60,11 @@ def test_overhead_bench_compares_on_and_off_with_zero_reuse(tiny_model, tmp_path
         passes=1,
         progress=lambda _: None,
         in_process=True,
+        compare_decision=True,
     )
-    assert set(result["passes"]) == {"off", "on"}
+    assert set(result["passes"]) == {"off", "on", overhead.NO_DECISION}
     assert all(p["ttft_median_s"] > 0 for runs in result["passes"].values() for p in runs)
-    assert "kvtier on" in (tmp_path / "overhead.md").read_text()
+    assert "decision on vs off" in (tmp_path / "overhead.md").read_text()
 
 
 def test_bandwidth_bench_checks_the_bytes_it_moves(tmp_path):

@@ -161,6 +161,13 @@ def bench_concurrent(
             "restored by a fresh engine with an empty disk folder; needs redis-server)."
         ),
     ] = "disk",
+    compare_decision: Annotated[
+        bool,
+        typer.Option(
+            help="Disk source: the run once with the restore decision on and once off, each "
+            "in its own engine, side by side (default: off only, every hit restored)."
+        ),
+    ] = False,
 ) -> None:
     """N concurrent restores vs N concurrent cold prefills of the same size.
 
@@ -178,6 +185,7 @@ def bench_concurrent(
             out,
             progress=report,
             source=source,
+            decisions=(True, False) if compare_decision else (False,),
         )
     _print_result(out, "concurrent" if source == "disk" else f"concurrent-{source}")
 
@@ -191,6 +199,10 @@ def bench_overhead(
         int, typer.Option(help="Requests sent one at a time for TTFT and TPOT.")
     ] = 6,
     passes: Annotated[int, typer.Option(help="Passes per engine (alternating).")] = 5,
+    compare_decision: Annotated[
+        bool,
+        typer.Option(help="A third engine, kvtier on with the restore decision off, side by side."),
+    ] = False,
 ) -> None:
     """kvtier on vs off over the same zero-reuse request set: TTFT, TPOT, throughput.
 
@@ -206,6 +218,7 @@ def bench_overhead(
             latency_requests=latency_requests,
             passes=passes,
             progress=report,
+            compare_decision=compare_decision,
         )
     _print_result(out, "overhead")
 

@@ -11,6 +11,10 @@ server): a writer engine with only the shared tier serves every batch cold and i
 stores drain to the server); then a fresh engine with an *empty* local disk folder and the
 shared tier (``disk_dir`` + ``shared``) serves the same batches, each restored from the server.
 
+``decisions=(True, False)`` (disk source): the whole run once per setting of the restore
+decision, each in its own engine (which has measured its prefill by its first restore, so the
+decision is really taken), rows side by side.
+
 Run: ``kvtier bench concurrent --out bench-out`` (``--source standalone`` for the shared tier).
 """
 
@@ -35,16 +39,24 @@ def run(
     progress: Callable[[str], None] = print,
     in_process: bool = False,
     source: str = "disk",
+    decisions: tuple[bool, ...] = (False,),
 ) -> dict:
     """Measure each N of ``counts``; write ``concurrent.json``, ``.md`` and ``.png`` under
-    ``out`` (``concurrent-<source>.*`` for a shared source)."""
+    ``out`` (``concurrent-<source>.*`` for a shared source). ``decisions``: the restore
+    decision's settings to run (disk source; the default, off, restores every hit)."""
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; use one of {SOURCES}")
+    if source != "disk" and decisions != (False,):
+        raise ValueError("decisions: only the disk source compares the restore decision")
     bench = BenchRun(
         out, model, max_model_len=prompt_len + 64, max_num_seqs=max(counts), in_process=in_process
     )
     if source == "disk":
-        rows = _disk_rows(bench, prompt_len, counts, out, host_pool, progress)
+        rows = [
+            row
+            for decision in decisions
+            for row in _disk_rows(bench, prompt_len, counts, out, host_pool, progress, decision)
+        ]
     else:
         from kvtier.devtools.bench.ttft import servers
 
@@ -123,13 +135,18 @@ def _disk_rows(
     out: Path,
     host_pool: str,
     progress: Callable[[str], None],
+    restore_decision: bool,
 ) -> list[dict]:
-    # N concurrent *restores* are measured: the decision is off so every hit is restored.
+    # N concurrent *restores* are measured: with the decision on, a request it refused would
+    # fail the run (``_row``). Each setting gets its own folder: no run restores another's.
+    setting = "on" if restore_decision else "off"
     config = kvtier.kv_transfer_config(
-        host_pool=host_pool, disk_dir=out / "disk-concurrent", restore_decision=False
+        host_pool=host_pool,
+        disk_dir=out / f"disk-concurrent-decision-{setting}",
+        restore_decision=restore_decision,
     )
     rows = []
-    with bench.engine("kvtier", config) as engine:
+    with bench.engine(f"kvtier-decision-{setting}", config) as engine:
         engine.generate_one(bench.prompt(2, 256))  # warm-up
         for n in counts:
             prompts = _prompts(bench, n, prompt_len)
@@ -139,10 +156,12 @@ def _disk_rows(
             engine.generate_one(bench.prompt(8_000_000 + n, 64))
             engine.reset_prefix_cache(reset_connector=True)
             restored, restore_s = engine.generate(prompts)
-            rows.append(_row(n, prompt_len, cold, cold_s, restored, restore_s))
+            rows.append(
+                _row(n, prompt_len, cold, cold_s, restored, restore_s) | {"decision": setting}
+            )
             progress(
-                f"N={n}: {n} prefills {cold_s:.2f} s, {n} restores {restore_s:.2f} s "
-                f"({cold_s / restore_s:.1f}×)"
+                f"N={n}, decision {setting}: {n} prefills {cold_s:.2f} s, {n} restores "
+                f"{restore_s:.2f} s ({cold_s / restore_s:.1f}×)"
             )
     return rows
 
@@ -159,9 +178,10 @@ def _write(
     what = "disk restores" if source == "disk" else f"shared {source} restores (fresh, empty disk)"
     stem = "concurrent" if source == "disk" else f"concurrent-{source}"
     bench.config.update(prompt_len=prompt_len, counts=counts, host_pool=host_pool, source=source)
+    settings = {r.get("decision", "off") for r in rows}
     markdown = markdown_table(
         [
-            "N",
+            "N" if len(settings) == 1 else "N, restore decision",
             f"N cold prefills of {prompt_len} tok (s)",
             f"N {what} (s)",
             "speed-up",
@@ -171,7 +191,7 @@ def _write(
         ],
         [
             [
-                r["n"],
+                r["n"] if len(settings) == 1 else f"{r['n']}, {r['decision']}",
                 f"{r['prefill_batch_s']:.2f}",
                 f"{r['restore_batch_s']:.2f}",
                 f"{r['prefill_batch_s'] / r['restore_batch_s']:.1f}×",
@@ -186,7 +206,7 @@ def _write(
     bar_plot(
         out / f"{stem}.png",
         f"N concurrent requests of {prompt_len} tokens",
-        [f"N={r['n']}" for r in rows],
+        [f"N={r['n']}" + ("" if len(settings) == 1 else f", {r['decision']}") for r in rows],
         {
             "cold prefills": [r["prefill_batch_s"] for r in rows],
             what: [r["restore_batch_s"] for r in rows],

@@ -23,6 +23,10 @@ the effect measured. So the run also reports the CPU time kvtier's own threads (
 I/O, checksums; named ``kvtier-...`` for the kernel) used, as a share of all CPU time the
 engine's processes used: a direct measure of what kvtier takes from the engine.
 
+``compare_decision``: a third engine, kvtier on with the restore decision off, joins the
+rotation (off, on, on without decision, ...), so the decision's own cost with zero reuse (it
+only measures prefill then: nothing to decide) is side by side too.
+
 Run: ``kvtier bench overhead --out bench-out``.
 """
 
@@ -34,6 +38,9 @@ from kvtier.devtools.bench.common import BenchRun
 from kvtier.devtools.bench.report import markdown_table, median, median_range
 from kvtier.devtools.harness import Engine, GenerateResult
 from kvtier.devtools.harness.cpu import session_cpu
+
+#: The third engine's name with ``compare_decision``.
+NO_DECISION = "on, decision off"
 
 
 def _tpot(result: GenerateResult) -> float | None:
@@ -74,6 +81,7 @@ def run(
     latency_requests: int = 6,
     progress: Callable[[str], None] = print,
     in_process: bool = False,
+    compare_decision: bool = False,
 ) -> dict:
     bench = BenchRun(
         out,
@@ -86,7 +94,11 @@ def run(
         "off": None,
         "on": kvtier.kv_transfer_config(host_pool="2GiB", disk_dir=out / "disk-overhead"),
     }
-    results: dict[str, list[dict]] = {"off": [], "on": []}
+    if compare_decision:
+        configs[NO_DECISION] = kvtier.kv_transfer_config(
+            host_pool="2GiB", disk_dir=out / "disk-overhead-no-decision", restore_decision=False
+        )
+    results: dict[str, list[dict]] = {name: [] for name in configs}
     engines = {name: bench.engine(f"overhead-{name}", cfg) for name, cfg in configs.items()}
     try:
         for engine in engines.values():
@@ -129,18 +141,17 @@ def run(
     ):
         off = median([r[key] for r in results["off"]])
         on = median([r[key] for r in results["on"]])
-        rows.append(
-            [label, figure("off", key, scale), figure("on", key, scale), f"{(on - off) / off:+.1%}"]
-        )
-    on_cpu = cpu["on"]
-    rows.append(
-        [
-            "CPU time of kvtier's own threads, whole run (share of the engine's CPU time)",
-            "–",
-            f"{on_cpu.kvtier_s:.1f} s of {on_cpu.total_s:.0f} s",
-            f"{on_cpu.kvtier_share:.2%}",
-        ]
-    )
+        change = f"{(on - off) / off:+.1%}"
+        row = [label, figure("off", key, scale), figure("on", key, scale), change]
+        if compare_decision:
+            without = median([r[key] for r in results[NO_DECISION]])
+            row += [figure(NO_DECISION, key, scale), f"{(on - without) / without:+.1%}"]
+        rows.append(row)
+    cpu_row = ["CPU time of kvtier's own threads, whole run (share of the engine's CPU time)", "–"]
+    for name in ("on", NO_DECISION) if compare_decision else ("on",):
+        split = cpu[name]
+        cpu_row += [f"{split.kvtier_s:.1f} s of {split.total_s:.0f} s", f"{split.kvtier_share:.2%}"]
+    rows.append(cpu_row)
     bench.config.update(
         requests=requests,
         latency_requests=latency_requests,
@@ -148,10 +159,10 @@ def run(
         output_len=output_len,
         passes=passes,
     )
-    markdown = markdown_table(
-        ["metric: median of per-pass figures (min–max)", "kvtier off", "kvtier on", "change"],
-        rows,
-    )
+    header = ["metric: median of per-pass figures (min–max)", "kvtier off", "kvtier on", "change"]
+    if compare_decision:
+        header += ["kvtier on, decision off", "decision on vs off"]
+    markdown = markdown_table(header, rows)
     cpu_json = {name: vars(split) for name, split in cpu.items()}
     bench.write("overhead", {"passes": results, "cpu_s": cpu_json}, markdown)
     return {"passes": results, "cpu_s": cpu_json}
