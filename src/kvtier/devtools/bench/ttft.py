@@ -71,6 +71,14 @@ READER_KINDS = ("kvtier_fresh", "kvtier_warm", *SHARED_KINDS)
 #: Cold prompts (of ``WARMUP_TOKENS``) each reader prefills first: prefill measured.
 WARMUP_PROMPTS, WARMUP_TOKENS = 3, 512
 OFF = "_decision_off"
+#: kvtier counters that explain a partly restored prompt, reported per reader: a load given
+#: up at its deadline, a failed load, a shared server that stopped answering (a breaker that
+#: opened and closed again counts one reconnect).
+PARTIAL_CAUSES = {
+    "loads abandoned": "kvtier:tier_loads_abandoned",
+    "load failures": "kvtier:tier_load_failures",
+    "reconnects": "kvtier:tier_reconnects",
+}
 #: Server memory per standalone server / per Cluster node: room for every prompt of a run.
 SERVER_MEMORY = 2 * 2**30
 #: Read counters: vLLM's per-tier bytes promoted and read time, and kvtier's own verified
@@ -223,7 +231,11 @@ def _run(
             for _ in range(WARMUP_PROMPTS):
                 engine.generate_one(bench.prompt(next(warmups), min(WARMUP_TOKENS, max(lengths))))
             yield engine
-            verdicts[name] = decision_verdicts(engine.metrics())
+            metrics = engine.metrics()
+            verdicts[name] = decision_verdicts(metrics) | {
+                label: sum(v for k, v in metrics.items() if k.split("{")[0] == counter)
+                for label, counter in PARTIAL_CAUSES.items()
+            }
 
     def settings(i: int) -> list[tuple[bool, str]]:
         """(decision, kind suffix) per pass of reader ``i``, alternating which goes first."""
@@ -291,12 +303,14 @@ def _run(
 
 
 def verdict_lines(verdicts: dict[str, dict[str, float]]) -> str:
-    """One line per reader: how many requests' hits each verdict got."""
-    lines = [
-        f"\n\n{name}: restore decisions "
-        + (", ".join(f"{v} {int(n)}" for v, n in sorted(counts.items())) or "none")
-        for name, counts in verdicts.items()
-    ]
+    """One line per reader: how many requests' hits each verdict got, and the counters that
+    would explain a partial restore."""
+    lines = []
+    for name, counts in verdicts.items():
+        said = {v: n for v, n in counts.items() if v not in PARTIAL_CAUSES}
+        faults = ", ".join(f"{c} {int(counts.get(c, 0))}" for c in PARTIAL_CAUSES)
+        decided = ", ".join(f"{v} {int(n)}" for v, n in sorted(said.items())) or "none"
+        lines.append(f"\n\n{name}: restore decisions {decided}; {faults}")
     return "".join(lines)
 
 
