@@ -1,0 +1,63 @@
+"""``kvtier.store.gc.collect`` beside the stores and checks that share its root.
+
+A collection moves rows to trash, then unlinks their files: the I/O seam (``io=``) lets a test
+act in between, with the collection's evictions in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from kvtier.store import DiskStore
+from kvtier.store.base import Problem
+from kvtier.store.gc import collect
+from kvtier.store.io import RecordIO
+from tests.support.store import key_of, payload_of
+
+OpenDisk = Callable[..., DiskStore]
+
+
+class BeforeUnlinkIO(RecordIO):
+    """Calls ``hook(path)`` before the first unlink of a record file, then unlinks as usual."""
+
+    def __init__(self, hook: Callable[[Path], None]) -> None:
+        super().__init__()
+        self.hook = hook
+        self.called = False
+
+    def remove(self, path: Path) -> bool:
+        if not self.called and path.suffix == ".kvb":
+            self.called = True
+            self.hook(path)
+        return super().remove(path)
+
+
+def fill(store: DiskStore, keys: range) -> None:
+    for i in keys:
+        assert store.put(key_of(i), payload_of(i))
+
+
+def test_verify_beside_a_collection_in_flight_reports_nothing(open_disk: OpenDisk) -> None:
+    store = open_disk()
+    fill(store, range(4))
+    seen: list[Problem] = []
+    io = BeforeUnlinkIO(lambda path: seen.extend(store.verify()))
+    assert collect(store.root, older_than_s=0, io=io).records == 4
+    assert io.called
+    assert seen == [], "the collection's evictions in flight are not a dead writer's trash"
+    assert store.verify() == []
+
+
+def test_a_store_refresh_leaves_a_running_collection_its_evictions(open_disk: OpenDisk) -> None:
+    store = open_disk()
+    fill(store, range(4))
+    still_there: list[bool] = []
+
+    def refresh_first(path: Path) -> None:
+        store.refresh()  # reclaims the trash of dead sessions
+        still_there.append(path.exists())
+
+    assert collect(store.root, older_than_s=0, io=BeforeUnlinkIO(refresh_first)).records == 4
+    assert still_there == [True], "a running collection is not a dead session"
+    assert store.verify() == []
