@@ -9,13 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore
 from kvtier.store.base import Problem
 from kvtier.store.gc import collect
 from kvtier.store.io import RecordIO
-from tests.support.store import key_of, payload_of
+from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]
+RECORD = HEADER_BYTES + PAYLOAD_BYTES
 
 
 class BeforeUnlinkIO(RecordIO):
@@ -31,6 +35,29 @@ class BeforeUnlinkIO(RecordIO):
             self.called = True
             self.hook(path)
         return super().remove(path)
+
+
+class GcKilled(BaseException):
+    """Ends a collection between its index transaction and its unlinks, as a SIGKILL would."""
+
+
+class KilledBeforeUnlinkIO(RecordIO):
+    def remove(self, path: Path) -> bool:
+        raise GcKilled
+
+
+class OnFirstReadIO(RecordIO):
+    """Calls ``hook()`` before the first record read (inside a verify, after its listing)."""
+
+    def __init__(self, hook: Callable[[], None]) -> None:
+        super().__init__()
+        self.hook: Callable[[], None] | None = hook
+
+    def read_into(self, path: Path, out: memoryview) -> memoryview:
+        if self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        return super().read_into(path, out)
 
 
 def fill(store: DiskStore, keys: range) -> None:
@@ -61,3 +88,18 @@ def test_a_store_refresh_leaves_a_running_collection_its_evictions(open_disk: Op
     assert collect(store.root, older_than_s=0, io=BeforeUnlinkIO(refresh_first)).records == 4
     assert still_there == [True], "a running collection is not a dead session"
     assert store.verify() == []
+
+
+def test_verify_does_not_report_dead_trash_that_a_store_reclaimed_meanwhile(
+    open_disk: OpenDisk, root: Path
+) -> None:
+    store = open_disk()
+    fill(store, range(4))
+    other = open_disk()  # both open before the kill: a store reclaims dead trash at open
+    checker = open_disk(io=OnFirstReadIO(other.refresh))  # refresh after verify's listing
+    with pytest.raises(GcKilled):  # leaves 2 evicted files in the trash of a dead session
+        collect(root, to_bytes=store.footprint_bytes() - 2 * RECORD, io=KilledBeforeUnlinkIO())
+    assert checker.verify() == [], "the dead session's trash was gone before the report"
+    checker.refresh()
+    assert sorted(checker.keys()) == [key_of(i) for i in (2, 3)]
+    assert checker.verify() == []
