@@ -6,15 +6,18 @@ act in between, with the collection's evictions in flight.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from kvtier.format import HEADER_BYTES
-from kvtier.store import DiskStore
+from kvtier.store import DiskStore, layout
 from kvtier.store.base import Problem
 from kvtier.store.gc import collect
+from kvtier.store.inspect import root_usage
 from kvtier.store.io import RecordIO
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
@@ -103,3 +106,18 @@ def test_verify_does_not_report_dead_trash_that_a_store_reclaimed_meanwhile(
     checker.refresh()
     assert sorted(checker.keys()) == [key_of(i) for i in (2, 3)]
     assert checker.verify() == []
+
+
+def test_gc_to_size_beside_an_open_store_leaves_the_footprint_at_most_the_size(
+    open_disk: OpenDisk, root: Path
+) -> None:
+    store = open_disk(records=400)
+    fill(store, range(300))
+    # Another writer's truncating checkpoint just emptied the index's WAL (Index._write does
+    # so when the WAL is past its bound): the collection's own index writes regrow it.
+    with closing(sqlite3.connect(root / layout.INDEX_FILE)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    target = root_usage(root).footprint_bytes - 20 * RECORD
+    assert collect(root, to_bytes=target).records == 20
+    assert root_usage(root).footprint_bytes <= target
+    assert store.verify() == []

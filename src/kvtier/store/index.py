@@ -561,6 +561,13 @@ class Index:
         with self._write() as conn:
             conn.execute("UPDATE totals SET used_bytes = ?", (used,))
 
+    def truncate_wal(self) -> bool:
+        """Checkpoint the WAL into the database and truncate it to 0 bytes (waiting for
+        readers up to the busy timeout); True if it was truncated."""
+        with self._lock:
+            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return busy == 0
+
     def trim_changes(self) -> None:
         with self._write() as conn:
             self._trim_changes(conn)
