@@ -24,7 +24,8 @@ pending row exists, so a file that a concurrent writer publishes during the scan
 mistaken for an orphan. Other processes keep writing and evicting during a check, so before a
 file or a row is reported missing or unnamed it is looked at again: a record published after
 the listing, a file evicted (unlinked, then un-trashed) after it, or a row evicted after the
-rows were read is work in flight, not a problem.
+rows were read is work in flight, not a problem; so is a dead session's trash entry that a
+store reclaimed meanwhile.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class StoreCheck:
             else:
                 self.check_ready(row, files.get(row.name))
         for entry, session in trash:
-            if not self.alive(session):
+            if not self.alive(session) and self.still_dead_trash(entry):
                 self.report(
                     "stale_trash",
                     f"evicted file left by dead session {session}",
@@ -147,6 +148,12 @@ class StoreCheck:
     def still_ready(self, row: Row) -> bool:
         """True if ``row`` is still a ready record (not evicted or replaced since it was read)."""
         return self.index.is_ready(row.record_id)
+
+    def still_dead_trash(self, entry: Trashed) -> bool:
+        """True if ``entry`` is still in trash under a dead session (looked at again: any
+        store's refresh adopts a dead session's trash and empties it)."""
+        owner = next((s for e, s in self.index.trash() if e.path == entry.path), None)
+        return owner is not None and not self.alive(owner)
 
     def check_ready(self, row: Row, mode: int | None) -> None:
         if mode is None and not os.path.lexists(self.dir / row.name) and self.still_ready(row):

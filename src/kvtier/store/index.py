@@ -561,6 +561,20 @@ class Index:
         with self._write() as conn:
             conn.execute("UPDATE totals SET used_bytes = ?", (used,))
 
+    def truncate_wal(self, timeout_s: float = 1.0) -> bool:
+        """Checkpoint the WAL into the database and truncate it to 0 bytes; True if done.
+
+        Other writers wait while it waits for readers, so it waits ``timeout_s`` at most
+        (not the busy timeout) and then gives up, leaving the WAL as it is.
+        """
+        with self._lock:
+            self._conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            try:
+                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+        return busy == 0
+
     def trim_changes(self) -> None:
         with self._write() as conn:
             self._trim_changes(conn)
