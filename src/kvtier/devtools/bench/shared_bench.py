@@ -115,10 +115,12 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
 
     load_before = os.getloadavg()[0]
     try:
-        ours = (("put", put_all), ("get_into", get_all), ("restore", restore_all))
         theirs = (("plain_set", plain_set_all), ("plain_get", plain_get_all))
         for n in range(passes):
-            # Alternate who goes first, so drift in the machine's load hits both sides alike.
+            # Alternate who goes first, so drift in the machine's load hits both sides alike;
+            # the two reads of ours swap too (the first read after the puts runs colder).
+            reads = (("get_into", get_all), ("restore", restore_all))
+            ours = (("put", put_all), *(reads if n % 4 < 2 else reads[::-1]))
             for name, fn in (*ours, *theirs) if n % 2 == 0 else (*theirs, *ours):
                 start = time.perf_counter()
                 failures += fn() or 0
