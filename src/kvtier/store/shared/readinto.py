@@ -13,9 +13,9 @@ or ASK, a value of another length, a RESP3 push frame) differs from the expected
 within it, because that line ends in ``\\r\\n`` and a digit never equals ``\\r``. At the first
 differing byte the bytes read so far go to ``feed`` (the connection's hiredis reader), which
 then reads the rest of the reply as it always does: redis-py raises, redirects and returns
-exactly what a plain GET would. No byte read is dropped or kept aside, and no byte past the
-reply's first line is read before the line matched, so the parser and the socket never
-disagree about where a reply starts.
+exactly what a plain GET would. Every byte read is either in the caller's buffers (the line
+matched) or given to the parser; none is dropped or kept aside, and no recv asks for more than
+the expected value still lacks, so nothing of a later reply is ever read into the buffers.
 
 A short read (EOF) raises redis-py's ``ConnectionError``, a bad trailer ``InvalidResponse``;
 socket errors and timeouts propagate for the connection to map (and disconnect). The buffers

@@ -372,9 +372,11 @@ class SharedStore(BlockStore):
         if value is None:
             self._view.forget(key)
             return self._miss()
+        direct = request is not None and value is request
         try:
-            if request is not None and value is request:
-                raw_len, header_view, payload = HEADER_BYTES + dest.nbytes, request.head, landing
+            if direct:
+                raw_len, header_view = HEADER_BYTES + dest.nbytes, request.head
+                payload = request.payload
             else:
                 raw = memoryview(value)
                 raw_len, header_view, payload = raw.nbytes, raw, raw[HEADER_BYTES:]
@@ -399,6 +401,7 @@ class SharedStore(BlockStore):
             dest[:] = payload
         with self._lock:
             self._stats.hits += 1
+            self._stats.direct_hits += direct
             self._stats.bytes_read += header.payload_len
         return True
 
