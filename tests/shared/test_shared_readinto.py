@@ -21,7 +21,8 @@ from redis.exceptions import InvalidResponse, ResponseError
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.format.record import encode_header, make_header
 from kvtier.store.shared import KEY_PREFIX, SharedStore
-from kvtier.store.shared.readinto import ReadInto, read_reply_into
+from kvtier.store.shared.client import RecordPool
+from kvtier.store.shared.readinto import OPTION, ReadInto, read_reply_into
 from tests.support.redis_servers import RedisClusterServers, RedisServer, cli_binary, start_cluster
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 from tests.support.tcp_proxy import FaultyProxy
@@ -207,6 +208,23 @@ def test_header_claiming_another_length_in_a_value_of_the_expected_length_is_del
     assert raw.strlen(sk) == HEADER_BYTES + PAYLOAD_BYTES
     assert not restore(store, key_of(1), bytearray(PAYLOAD_BYTES))
     assert store.stats().corrupt == {"length": 1} and raw.exists(sk) == 0
+
+
+def test_a_health_check_ping_sent_before_the_get_is_read_by_the_parser(
+    redis_standalone: RedisServer, raw: redis.Redis
+) -> None:
+    raw.set(b"readinto:ping", b"h" * 10 + b"p" * 1000)
+    pings = raw.info("commandstats").get("cmdstat_ping", {}).get("calls", 0)
+    pool = RecordPool(port=redis_standalone.port, health_check_interval=1e-9)  # PING each time
+    client = redis.Redis(connection_pool=pool)
+    try:
+        for _ in range(3):
+            request = ReadInto(10, memoryview(bytearray(1000)))
+            assert client.execute_command("GET", b"readinto:ping", **{OPTION: request}) is request
+            assert bytes(request.head) == b"h" * 10 and bytes(request.payload) == b"p" * 1000
+    finally:
+        client.close()
+    assert raw.info("commandstats")["cmdstat_ping"]["calls"] >= pings + 2
 
 
 # ------------------------------------------------------------------ cut and stalled replies
