@@ -165,6 +165,14 @@ def test_without_a_bounce_buffer_the_claimed_load_uses_the_clients_bytes(
     assert store.stats().hits == 2 and store.stats().direct_hits == 0
 
 
+def test_a_read_only_out_is_refused_without_opening_the_breaker(store: SharedStore) -> None:
+    assert store.put(key_of(1), payload_of(1))
+    with pytest.raises(TypeError):
+        store.get_into(key_of(1), memoryview(bytes(PAYLOAD_BYTES)))
+    assert store.stats().breaker_openings == 0 and store.stats().errors == {}
+    assert store.get(key_of(1)) == payload_of(1)
+
+
 def test_a_refused_claim_leaves_out_untouched(store: SharedStore) -> None:
     assert store.put(key_of(1), payload_of(1))
     out = bytearray(PAYLOAD_BYTES)

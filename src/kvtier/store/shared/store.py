@@ -579,7 +579,7 @@ def _landing(
     (a plain ``get_into`` may leave part of a value in ``out``), else the first
     ``dest.nbytes`` of a writable ``bounce``; None when neither applies (the client's bytes
     are used, as before)."""
-    if not READ_INTO_AVAILABLE:
+    if not READ_INTO_AVAILABLE or dest.readonly:  # a read-only out fails as before, at the copy
         return None
     if claim is None:
         return dest
