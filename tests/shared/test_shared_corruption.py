@@ -60,17 +60,25 @@ def flip_payload_byte(value: bytes) -> bytes:
         (lambda v: v[:60] + bytes([v[60] ^ 0xFF]) + v[61:], "header_checksum"),
     ],
 )
+@pytest.mark.parametrize("through", ["out", "bounce"])
 def test_damaged_value_is_a_miss_deleted_and_counted(
     open_store: Callable[..., SharedStore],
     raw: redis.Redis,
     damage: Callable[[bytes], bytes],
     reason: str,
+    through: str,
 ) -> None:
     store = open_store()
     store.put(key_of(1), payload_of(1))
     sk = server_key(store, key_of(1))
     raw.set(sk, damage(raw.get(sk)))
-    assert store.get(key_of(1)) is None
+    out = bytearray(PAYLOAD_BYTES)
+    if through == "out":  # get_into: read straight into out
+        assert not store.get_into(key_of(1), memoryview(out))
+    else:  # the tier's claimed load: read into the bounce buffer, out stays untouched
+        bounce = memoryview(bytearray(PAYLOAD_BYTES))
+        assert not store.get_into_when(key_of(1), memoryview(out), lambda: True, bounce)
+        assert out == bytearray(PAYLOAD_BYTES)
     assert raw.exists(sk) == 0
     stats = store.stats()
     assert stats.corrupt == {reason: 1} and stats.corrupt_deleted == 1

@@ -117,6 +117,23 @@ def test_tls_with_the_ca_round_trips(tls_server: tuple[RedisServer, Path]) -> No
         assert store.get(key_of(1)) == payload_of(1)
 
 
+def test_tls_load_of_a_multi_mib_record_is_read_directly_through_the_ssl_socket(
+    tls_server: tuple[RedisServer, Path],
+) -> None:
+    server, ca = tls_server
+    payload_len = 3 * 2**20 + 12_345  # ~200 TLS records, an odd tail
+    namespace = make_namespace(block_bytes=payload_len)
+    with SharedStore(server.url, namespace, tls_ca_file=str(ca)) as store:
+        assert store.put(key_of(1), payload_of(1, payload_len))
+        out, bounce = bytearray(payload_len), memoryview(bytearray(payload_len))
+        assert store.get_into_when(key_of(1), memoryview(out), lambda: True, bounce)
+        assert out == payload_of(1, payload_len)
+        assert store.get_into(key_of(1), memoryview(out)) and out == payload_of(1, payload_len)
+        assert not store.get_into_when(key_of(2), memoryview(out), lambda: True, bounce)
+        stats = store.stats()
+        assert stats.direct_hits == 2 and stats.misses == 1 and stats.errors == {}
+
+
 def test_tls_without_the_ca_is_a_config_error_naming_the_tls_options(
     tls_server: tuple[RedisServer, Path],
 ) -> None:

@@ -4,13 +4,17 @@ Side by side in one run, on the same server and the same bytes: for each topolog
 3-master Cluster) and record size, every pass does, in turn,
 
 * ``SharedStore.put`` of N payloads (header + checksum + zero-copy send),
-* ``SharedStore.get_into`` of the same N keys into a preallocated buffer (GET, copy, verify),
+* ``SharedStore.get_into`` of the same N keys into a preallocated buffer (GET, verify),
+* ``SharedStore.get_into_when`` of them as the tier restores a block: through a per-thread
+  bounce buffer, copied into the destination only after the (always granted) claim,
 * redis-py's default client (hiredis installed: hiredis packer and parser) ``SET`` of the
   same N payloads, then ``GET`` of them (bytes returned, no copy, no verification);
 
 the two sides alternate who goes first from pass to pass.
 
-Figures are payload GB/s (1e9 bytes/s), the median of ``passes`` passes, with the range.
+Figures are payload GB/s (1e9 bytes/s), the median of ``passes`` passes, with the range. The
+1-minute load average before and after each case is kept with it: other processes on the
+machine move every figure, so a result is read next to its load.
 Without URLs it starts throw-away servers on loopback (kvtier.devtools.redis_servers), so the
 client and the servers share this machine's cores: on a small box every figure is CPU-bound.
 
@@ -31,6 +35,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from kvtier.dataplane.abandonable import BounceBuffers
 from kvtier.devtools.bench.report import environment_line, markdown_table, median, median_range
 from kvtier.devtools.redis_servers import start_cluster, start_standalone
 from kvtier.format import Namespace
@@ -76,11 +81,18 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
     count = max(4, BYTES_PER_PASS // payload_len)
     payload = memoryview(bytearray(os.urandom(payload_len)))
     out = memoryview(bytearray(payload_len))
+    bounce = BounceBuffers(payload_len).get()
     store = SharedStore(url, _namespace(payload_len), op_timeout_s=10.0)
     plain = plain_client(url)
     keys = [i.to_bytes(32, "big") + bytes(4) for i in range(count)]
     plain_keys = [b"bench:plain:" + k.hex().encode() for k in keys]
-    runs: dict[str, list[float]] = {"put": [], "get_into": [], "plain_set": [], "plain_get": []}
+    runs: dict[str, list[float]] = {
+        "put": [],
+        "get_into": [],
+        "restore": [],
+        "plain_set": [],
+        "plain_get": [],
+    }
     total = count * payload_len
     failures = 0
 
@@ -90,6 +102,9 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
     def get_all() -> int:
         return sum(not store.get_into(k, out) for k in keys)
 
+    def restore_all() -> int:
+        return sum(not store.get_into_when(k, out, lambda: True, bounce) for k in keys)
+
     def plain_set_all() -> None:
         for k in plain_keys:
             plain.set(k, payload)
@@ -98,11 +113,14 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
         for k in plain_keys:
             plain.get(k)  # dropped at once, as get_into drops the client's bytes
 
+    load_before = os.getloadavg()[0]
     try:
-        ours = (("put", put_all), ("get_into", get_all))
         theirs = (("plain_set", plain_set_all), ("plain_get", plain_get_all))
         for n in range(passes):
-            # Alternate who goes first, so drift in the machine's load hits both sides alike.
+            # Alternate who goes first, so drift in the machine's load hits both sides alike;
+            # the two reads of ours swap too (the first read after the puts runs colder).
+            reads = (("get_into", get_all), ("restore", restore_all))
+            ours = (("put", put_all), *(reads if n % 4 < 2 else reads[::-1]))
             for name, fn in (*ours, *theirs) if n % 2 == 0 else (*theirs, *ours):
                 start = time.perf_counter()
                 failures += fn() or 0
@@ -125,7 +143,9 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
         "gbps": runs,
         "median_gbps": medians,
         "ratio_get_into_vs_plain_get": medians["get_into"] / medians["plain_get"],
+        "ratio_restore_vs_plain_get": medians["restore"] / medians["plain_get"],
         "ratio_put_vs_plain_set": medians["put"] / medians["plain_set"],
+        "load_average_1min": [load_before, os.getloadavg()[0]],
     }
 
 
@@ -191,6 +211,9 @@ def report(results: dict[str, Any]) -> str:
                 median_range(runs["get_into"]),
                 median_range(runs["plain_get"]),
                 f"{row['ratio_get_into_vs_plain_get']:.2f}",
+                median_range(runs["restore"]),
+                f"{row['ratio_restore_vs_plain_get']:.2f}",
+                "{:.1f}, {:.1f}".format(*row["load_average_1min"]),
             ]
         )
     header = [
@@ -201,6 +224,9 @@ def report(results: dict[str, Any]) -> str:
         "get_into GB/s",
         "plain GET GB/s",
         "get_into/GET",
+        "restore GB/s",
+        "restore/GET",
+        "load before, after",
     ]
     return (
         markdown_table(header, rows)

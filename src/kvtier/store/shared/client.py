@@ -7,12 +7,20 @@ So the connections built here keep the hiredis *parser* and use ``RecordPacker``
 RESP framing of its own, and a ``RecordValue`` argument (header + payload, two buffers) goes to
 the socket as two chunks, so a put never concatenates the 4 KiB header with a MiB payload.
 
+Reads: a GET sent with the ``readinto.OPTION`` keyword (a ``ReadInto``) has its reply read by
+``readinto.read_reply_into`` straight into the caller's buffers instead of by the parser (see
+that module for what is read raw and what is handed back to the parser). The command still
+goes through redis-py's ``execute_command``: its pool, AUTH/HELLO, TLS socket, retries,
+health checks and Cluster routing (MOVED/ASK included) are untouched. The raw read happens only
+when the connection's parser is hiredis with nothing buffered; otherwise the parser reads.
+
 redis-py passes our connection class down to Cluster nodes only through a custom pool class
 (``RedisCluster(connection_pool_class=...)`` with a ``url``), hence ``RecordPool``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,9 +28,20 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import Connection, ConnectionPool, SSLConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from kvtier.store.shared import readinto
 from kvtier.store.shared.config import SharedStoreConfig
+
+try:
+    import hiredis
+except ImportError:  # redis-py then parses in Python, and replies are read by its parser
+    hiredis = None
+
+#: Whether GET replies can be read into the caller's buffers (needs the hiredis reader).
+READ_INTO_AVAILABLE = hiredis is not None
 
 # Arguments longer than this are sent as their own chunk instead of being copied into the
 # command buffer (the same trade-off redis-py makes).
@@ -76,15 +95,77 @@ class RecordPacker:
         return self.pack(*args)
 
 
-class RecordConnection(Connection):
-    """A plain TCP connection: hiredis parser (when installed), ``RecordPacker`` for writes."""
+class _ReadIntoMixin:
+    """Connection mixin: the reply to a command sent with ``readinto.OPTION`` is read by
+    ``readinto.read_reply_into`` when the parser holds no bytes (see the module docstring).
+
+    A connection serves one thread at a time (redis-py's pool), so the pending ``ReadInto``
+    is plain connection state: set once the command is on the wire (after the health-check
+    PING that ``send_command`` may send and read first), consumed by the next read.
+    """
+
+    _read_into: readinto.ReadInto | None = None
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        target = kwargs.get(readinto.OPTION)
+        self._read_into = None
+        super().send_command(*args, **kwargs)  # type: ignore[misc]
+        if isinstance(target, readinto.ReadInto):
+            self._read_into = target
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._read_into = None  # pipelines and raw sends are always read by the parser
+        super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+    def disconnect(self, *args: Any, **kwargs: Any) -> None:
+        self._read_into = None
+        super().disconnect(*args, **kwargs)  # type: ignore[misc]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        target, self._read_into = self._read_into, None
+        reader = getattr(getattr(self, "_parser", None), "_reader", None)
+        sock = getattr(self, "_sock", None)
+        if (
+            target is None
+            or args
+            or kwargs
+            or sock is None
+            or hiredis is None
+            or not isinstance(reader, hiredis.Reader)
+            or reader.has_data()
+        ):
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        where = f"{self.host}:{self.port}"  # type: ignore[attr-defined]
+        # The same mapping as redis-py's own read_response: disconnect first, so a half-read
+        # connection never returns to the pool.
+        try:
+            filled = readinto.read_reply_into(sock, target, lambda buf, n: reader.feed(buf, 0, n))
+        except TimeoutError:  # socket.timeout; redis.exceptions.TimeoutError is not one
+            self.disconnect()
+            raise RedisTimeoutError(f"Timeout reading from {where}") from None
+        except OSError as exc:
+            self.disconnect()
+            raise RedisConnectionError(f"Error while reading from {where} : {exc.args}") from None
+        except BaseException:
+            self.disconnect()
+            raise
+        if not filled:  # another reply: the parser has its first bytes and reads the rest
+            return super().read_response()  # type: ignore[misc]
+        if self.health_check_interval:  # type: ignore[attr-defined]
+            self.next_health_check = time.monotonic() + self.health_check_interval  # type: ignore[attr-defined]
+        return target
+
+
+class RecordConnection(_ReadIntoMixin, Connection):
+    """A plain TCP connection: hiredis parser (when installed), ``RecordPacker`` for writes,
+    GET replies read into the caller's buffers on request (``_ReadIntoMixin``)."""
 
     def _construct_command_packer(self, packer: Any) -> RecordPacker:
         return RecordPacker(self.encoder.encode)
 
 
-class RecordSSLConnection(SSLConnection):
-    """The TLS variant of ``RecordConnection``."""
+class RecordSSLConnection(_ReadIntoMixin, SSLConnection):
+    """The TLS variant of ``RecordConnection`` (``ssl.SSLSocket.recv_into`` decrypts in place)."""
 
     def _construct_command_packer(self, packer: Any) -> RecordPacker:
         return RecordPacker(self.encoder.encode)

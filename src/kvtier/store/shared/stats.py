@@ -25,6 +25,9 @@ class SharedStoreStats(StoreStats):
     reconnects: int = 0
     #: Corrupt values deleted on the server.
     corrupt_deleted: int = 0
+    #: Hits received from the socket straight into ``out`` or the bounce buffer (the rest of
+    #: ``hits`` went through a bytes object of redis-py's: no hiredis, no usable bounce).
+    direct_hits: int = 0
     #: Failed operations by kind: "connection", "timeout", "oom", "permission", "response",
     #: "too_large" (put refused before any I/O), "unexpected".
     errors: dict[str, int] = field(default_factory=dict)

@@ -68,9 +68,9 @@ from kvtier.format.record import (
     verify_payload,
 )
 from kvtier.store.base import BlockStore, Problem
-from kvtier.store.shared import startup
+from kvtier.store.shared import readinto, startup
 from kvtier.store.shared.breaker import CircuitBreaker
-from kvtier.store.shared.client import RecordValue
+from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue
 from kvtier.store.shared.config import SharedStoreConfig
 from kvtier.store.shared.stats import SharedStoreStats
 from kvtier.store.shared.view import KeyView
@@ -166,6 +166,11 @@ class SharedStore(BlockStore):
             namespace.digest_hex(),
             self.max_record_bytes,
         )
+        if not READ_INTO_AVAILABLE:
+            log.info(
+                "shared tier: hiredis is not installed; loads go through redis-py's parser "
+                "(a new bytes object and one more copy per load)"
+            )
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], namespace: Namespace) -> SharedStore:
@@ -317,13 +322,13 @@ class SharedStore(BlockStore):
         return False
 
     def get_into(self, key: bytes, out: memoryview) -> bool:
-        """GET the value (new bytes from the client), verify it, copy the payload once into
-        ``out``.
+        """GET the value straight into ``out`` (its header aside), verify it there.
 
         A wrong-sized ``out`` is a plain miss (the record stays); a value failing any check is
-        deleted on the server, counted in ``corrupt`` by reason, and missed.
+        deleted on the server, counted in ``corrupt`` by reason, and missed. On a miss ``out``
+        may hold part of a value (the ``BlockStore`` contract).
         """
-        return self.get_into_when(key, out, lambda: True)
+        return self._get(key, memoryview(out).cast("B"), None, None)
 
     def get_into_when(
         self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: object = None
@@ -331,45 +336,72 @@ class SharedStore(BlockStore):
         """``get_into`` that writes ``out`` only after ``claim()`` returned True.
 
         The wait for the server happens before anything is written: a caller that gave up on
-        this load (``claim`` returns False) never finds its buffer changed. ``bounce`` is not
-        needed here (the reply is verified in the client's own bytes).
+        this load (``claim`` returns False) never finds its buffer changed. The value is read
+        into ``bounce`` (a writable buffer of the caller's thread, at least ``out``'s size),
+        verified there and copied into ``out`` once claimed; without a usable ``bounce`` the
+        client returns a new ``bytes``, verified and copied from there.
         """
+        return self._get(key, memoryview(out).cast("B"), claim, bounce)
+
+    def _get(
+        self,
+        key: bytes,
+        dest: memoryview,
+        claim: Callable[[], bool] | None,
+        bounce: object,
+    ) -> bool:
         check_key(key)
-        dest = memoryview(out).cast("B")
         known = self._view.payload_len(key)
         if self._closed or (known is not None and known != dest.nbytes):
             return self._miss()
         server_key = self._server_key(key)
+        landing = _landing(dest, claim, bounce)
+        # Read into ``landing`` when there is one. The client hands back the ReadInto when it
+        # filled it, or what a plain GET returns (None, or a new bytes of another length, or
+        # of any length where the raw read did not apply), so both paths end in one check.
+        request = readinto.ReadInto(HEADER_BYTES, landing) if landing is not None else None
+        if request is None:
+            op: Callable[[], Any] = lambda: self._client.get(server_key)  # noqa: E731
+        else:
+            options = {readinto.OPTION: request}
+            op = lambda: self._client.execute_command("GET", server_key, **options)  # noqa: E731
         try:
-            value = self._call(server_key, lambda: self._client.get(server_key))
+            value = self._call(server_key, op)
         except _Unavailable:
             return self._miss()
         if value is None:
             self._view.forget(key)
             return self._miss()
+        direct = request is not None and value is request
         try:
-            raw = memoryview(value)  # type: ignore[arg-type]
-            header = decode_header(raw, self._digest, key)
-            if header.payload_len != raw.nbytes - HEADER_BYTES:
+            if direct:
+                raw_len, header_view = HEADER_BYTES + dest.nbytes, request.head
+                payload = request.payload
+            else:
+                raw = memoryview(value)
+                raw_len, header_view, payload = raw.nbytes, raw, raw[HEADER_BYTES:]
+            header = decode_header(header_view, self._digest, key)
+            if header.payload_len != raw_len - HEADER_BYTES:
                 raise CorruptRecordError(
                     "length",
-                    f"value holds {raw.nbytes - HEADER_BYTES} payload bytes, "
+                    f"value holds {raw_len - HEADER_BYTES} payload bytes, "
                     f"header says {header.payload_len}",
                 )
             if header.payload_len != dest.nbytes:
                 self._view.remember(key, header.payload_len)
                 return self._miss()
-            payload = raw[HEADER_BYTES:]
             verify_payload(header, payload)
         except CorruptRecordError as exc:
             self._drop_corrupt(key, server_key, exc)
             return self._miss()
         self._view.remember(key, header.payload_len)
-        if not claim():
+        if claim is not None and not claim():
             return False
-        dest[:] = payload
+        if payload is not dest:
+            dest[:] = payload
         with self._lock:
             self._stats.hits += 1
+            self._stats.direct_hits += direct
             self._stats.bytes_read += header.payload_len
         return True
 
@@ -538,3 +570,25 @@ class SharedStore(BlockStore):
             f"SharedStore(url={self._server.redacted!r}, "
             f"namespace={self.namespace.digest_hex()}, closed={self._closed})"
         )
+
+
+def _landing(
+    dest: memoryview, claim: Callable[[], bool] | None, bounce: object
+) -> memoryview | None:
+    """Where a GET's payload may be read raw: ``dest`` itself when nothing has to be claimed
+    (a plain ``get_into`` may leave part of a value in ``out``), else the first
+    ``dest.nbytes`` of a writable ``bounce``; None when neither applies (the client's bytes
+    are used, as before)."""
+    if not READ_INTO_AVAILABLE or dest.readonly:  # a read-only out fails as before, at the copy
+        return None
+    if claim is None:
+        return dest
+    if bounce is None:
+        return None
+    try:
+        view = memoryview(bounce).cast("B")  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if view.readonly or view.nbytes < dest.nbytes:
+        return None
+    return view[: dest.nbytes]
