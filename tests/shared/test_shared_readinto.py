@@ -342,7 +342,8 @@ def test_slot_migration_redirects_with_ask_then_moved_and_reads_directly_on_the_
         sk = server_key(store, key_of(1))
         probe = next(iter(nodes.values()))
         slot = probe.cluster("keyslot", sk)
-        owner = next(p for p, c in nodes.items() if c.exists(sk))
+        # COUNTKEYSINSLOT counts a node's own keys (EXISTS on another node answers MOVED).
+        owner = next(p for p, c in nodes.items() if c.cluster("countkeysinslot", slot))
         target = next(p for p in nodes if p != owner)
         src, dst = nodes[owner], nodes[target]
         src_id, dst_id = src.cluster("myid"), dst.cluster("myid")
