@@ -79,8 +79,10 @@ PARTIAL_CAUSES = {
     "load failures": "kvtier:tier_load_failures",
     "reconnects": "kvtier:tier_reconnects",
 }
-#: Server memory per standalone server / per Cluster node: room for every prompt of a run.
-SERVER_MEMORY = 2 * 2**30
+#: Server memory per standalone server / per Cluster node: room for every block of a run
+#: (3 reps at 2k/4k/8k and the readers' warm-ups: ~2.0 GB; 2 GiB once made the server evict
+#: prefix blocks, and the shared rows restored a few blocks each). ``evicted_keys`` checks it.
+SERVER_MEMORY = 4 * 2**30
 #: Read counters: vLLM's per-tier bytes promoted and read time, and kvtier's own verified
 #: payload bytes and seconds in store reads (vLLM's read time stays 0 for tiers that do not
 #: report it, so the bandwidth is taken from kvtier's pair).
@@ -156,6 +158,23 @@ def copy_values(source_url: str, target_url: str) -> int:
     finally:
         source.close()
         target.close()
+
+
+def evicted_keys(url: str) -> int:
+    """Keys the server (every node of a Cluster) evicted since it started: a shared row whose
+    server evicted keys restored less than the tier could."""
+    import redis
+
+    hosts = url.split("://", 1)[1].split("/")[0].split(",")
+    total = 0
+    for host in hosts:
+        name, _, port = host.rpartition(":")
+        client = redis.Redis(host=name, port=int(port))
+        try:
+            total += int(client.info("stats")["evicted_keys"])
+        finally:
+            client.close()
+    return total
 
 
 def read_counters(metrics: dict[str, float]) -> dict[str, float]:
@@ -272,8 +291,10 @@ def _run(
                 for (n, _), prompt in prompts.items():
                     engine.reset_prefix_cache(reset_connector=True)
                     record(n, f"{topology}_warm{suffix}", *engine.generate_one(prompt))
+    evicted = {topology: evicted_keys(url) for topology, url in urls.items()}
     bench.config.update(
         shared_servers=urls,
+        shared_server_evicted_keys=evicted,
         shared_seeded_by_copy=seeded,
         lengths=lengths,
         reps=reps,
@@ -294,6 +315,11 @@ def _run(
     }
     markdown = (
         table(samples, lengths, kinds)
+        + "".join(
+            f"\n\n**The {t} server evicted {n} keys**: its rows restored less than they could."
+            for t, n in evicted.items()
+            if n
+        )
         + shared_read_lines(through_tier)
         + verdict_lines(verdicts)
     )
