@@ -5,6 +5,13 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=$(bash "$repo/scripts/setup.sh")
+# The demo's shared-tier step needs redis-server; without one (not root, no apt, apt failing)
+# the demo runs its other steps and says why it skipped this one.
+case " $* " in
+  *" --no-shared "*) ;;
+  *) bash "$repo/scripts/redis-server.sh" ||
+       echo "[kvtier demo] could not install redis-server; the shared-tier step will be skipped" >&2 ;;
+esac
 export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec "$venv/bin/python" -m kvtier.cli demo "$@"
