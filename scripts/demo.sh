@@ -5,12 +5,11 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=$(bash "$repo/scripts/setup.sh")
-# The demo's shared-tier step needs redis-server; without one (not root, no apt, apt failing)
-# the demo runs its other steps and says why it skipped this one.
+# `--shared` needs redis-server: install it (as root, with apt) when missing. Where that cannot
+# be done, `kvtier demo --shared` exits 2 and says so.
 case " $* " in
-  *" --no-shared "*) ;;
-  *) bash "$repo/scripts/redis-server.sh" ||
-       echo "[kvtier demo] could not install redis-server; the shared-tier step will be skipped" >&2 ;;
+  *" --shared "*) bash "$repo/scripts/redis-server.sh" ||
+       echo "[kvtier demo] could not install redis-server (see above)" >&2 ;;
 esac
 export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

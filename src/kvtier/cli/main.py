@@ -132,22 +132,22 @@ def demo(
         ),
     ] = None,
     shared: Annotated[
-        bool | None,
+        bool,
         typer.Option(
-            "--shared/--no-shared",
-            help="Restore on a second server from a shared tier on a throw-away Redis server "
-            "(default: when redis-server or valkey-server is installed).",
+            "--shared",
+            help="Also restore on a second server from a shared tier on a throw-away Redis "
+            "server (needs redis-server or valkey-server; one more server start).",
         ),
-    ] = None,
+    ] = False,
 ) -> None:
     """Serve SmolLM2-135M with kvtier and show cold vs restored time to first token.
 
     Sends a long prompt cold, evicts it from the engine (prefix-cache reset), sends it again
-    (host-pool restore), restarts the server and sends it once more (disk restore). With a
-    shared tier (a throw-away Redis server on loopback), a second server with an empty disk
-    folder then serves it from the shared tier. Every server is stopped at the end.
+    (host-pool restore), restarts the server and sends it once more (disk restore). With
+    --shared, both write through to a throw-away Redis server on loopback, and a second server
+    with an empty disk folder serves the prompt from it. Every server is stopped at the end.
 
-    Example: kvtier demo --tokens 4000
+    Example: kvtier demo --tokens 4000 --shared
     """
     from kvtier.devtools.demo import run_demo
 

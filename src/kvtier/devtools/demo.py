@@ -1,11 +1,11 @@
 """The demo: a real model served with kvtier, cold vs restored time to first token.
 
-1. ``kvtier serve`` SmolLM2-135M-Instruct with a host pool, a disk tier and, when a
-   redis-server (or valkey-server) is installed, a shared tier on a throw-away server on
-   loopback (``kvtier.devtools.redis_servers``);
+1. ``kvtier serve`` SmolLM2-135M-Instruct with a host pool, a disk tier and, with ``--shared``,
+   a shared tier on a throw-away Redis (or Valkey) server on loopback
+   (``kvtier.devtools.redis_servers``);
 2. a long prompt, cold; 3. the engine's prefix cache reset, same prompt (host-pool restore);
 4. the server restarted, same prompt (disk restore in a fresh process);
-5. with the shared tier: a second ``kvtier serve``, its own disk folder empty, the same shared
+5. with ``--shared``: a second ``kvtier serve``, its own disk folder empty, the same shared
    URL, same prompt (restore from the shared tier in another process);
 then a bar chart of time to first token and where each prompt token came from.
 
@@ -20,6 +20,11 @@ The second server starts while the first restarts: start-up is partly single-thr
 (measured: 88 s against 2 x 59 s; no gain when other work holds the cores). Each is measured
 alone: the second idles while the restarted one serves, and the restarted one is stopped
 before the second serves.
+
+Why the shared step is behind a flag: it costs a third server start, about 50 s more on
+two cores (2 min 42 s against 1 min 51 s at 4000 tokens, one run each), and a redis-server
+binary that a fresh machine may not have (``scripts/demo.sh`` installs it when given
+``--shared``).
 
 Every server is stopped, and a temporary work folder removed, however the demo ends (success,
 failure, Ctrl-C); ``--work-dir`` keeps the logs and disk folders.
@@ -185,9 +190,9 @@ def render(console: Console, run: DemoRun) -> None:
     console.print(sources)
     note = (
         "Tokens: vLLM's prompt_tokens_by_source and prompt_tokens_cached_by_source. MiB: "
-        "kvtier:tier_bytes_read{tier=disk|shared}, verified payload bytes per store, also "
-        "counting the restore policy's timed read of one block (5.6 MiB) from a tier it has "
-        "not measured yet."
+        f"kvtier:tier_bytes_read{{tier={'disk|shared' if run.shared else 'disk'}}}, verified "
+        "payload bytes per store, also counting the restore policy's timed read of one block "
+        "(5.6 MiB) from a tier it has not measured yet."
     )
     if run.shared is not None:
         note += (
@@ -312,27 +317,19 @@ def _newest_log_tail(work: Path, lines: int = 20) -> str:
     return f"last lines of {logs[-1].name}:\n" + "\n".join(text)
 
 
-def run_demo(tokens: int, port: int, work_dir: Path | None, shared: bool | None = None) -> int:
-    """The ``kvtier demo`` command. ``shared``: None runs the shared step when a server binary
-    is installed (and says so when not), True requires it, False skips it."""
+def run_demo(tokens: int, port: int, work_dir: Path | None, shared: bool = False) -> int:
+    """The ``kvtier demo`` command (``shared``: add the shared-tier step)."""
     from kvtier.devtools.models import smollm2
     from kvtier.devtools.redis_servers import server_binary
 
     console = Console(width=None if sys.stdout.isatty() else 100)
     err = Console(stderr=True)
-    have_server = server_binary() is not None
-    if shared and not have_server:
+    if shared and server_binary() is None:
         err.print(
             "kvtier demo: --shared needs redis-server or valkey-server on PATH; install one "
             "(bash scripts/redis-server.sh does, as root with apt) or run without --shared"
         )
         return 2
-    if shared is None and not have_server:
-        err.print(
-            "kvtier demo: no redis-server or valkey-server on PATH: skipping the shared-tier "
-            "step (bash scripts/redis-server.sh installs one)"
-        )
-    use_shared = have_server if shared is None else shared
     temporary = work_dir is None
     work = work_dir or Path(tempfile.mkdtemp(prefix="kvtier-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -340,7 +337,7 @@ def run_demo(tokens: int, port: int, work_dir: Path | None, shared: bool | None 
         with err.status("Preparing SmolLM2-135M-Instruct (converted once from PyPI's GGUF)..."):
             model_dir = smollm2()
             prompt = build_prompt(model_dir, tokens)
-        run = run_phases(model_dir, prompt, port, work, use_shared, err.status)
+        run = run_phases(model_dir, prompt, port, work, shared, err.status)
     except KeyboardInterrupt:
         err.print("kvtier demo: interrupted; every server it started is stopped")
         return 130
