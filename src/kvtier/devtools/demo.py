@@ -33,11 +33,12 @@ failure, Ctrl-C); ``--work-dir`` keeps the logs and disk folders.
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -317,6 +318,22 @@ def _newest_log_tail(work: Path, lines: int = 20) -> str:
     return f"last lines of {logs[-1].name}:\n" + "\n".join(text)
 
 
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C, so the cleanup runs: the
+    servers run in sessions of their own and would outlive the demo otherwise."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_demo(tokens: int, port: int, work_dir: Path | None, shared: bool = False) -> int:
     """The ``kvtier demo`` command (``shared``: add the shared-tier step)."""
     from kvtier.devtools.models import smollm2
@@ -334,12 +351,14 @@ def run_demo(tokens: int, port: int, work_dir: Path | None, shared: bool = False
     work = work_dir or Path(tempfile.mkdtemp(prefix="kvtier-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        with err.status("Preparing SmolLM2-135M-Instruct (converted once from PyPI's GGUF)..."):
-            model_dir = smollm2()
-            prompt = build_prompt(model_dir, tokens)
-        run = run_phases(model_dir, prompt, port, work, shared, err.status)
-    except KeyboardInterrupt:
-        err.print("kvtier demo: interrupted; every server it started is stopped")
+        with _signals_interrupt():
+            with err.status("Preparing SmolLM2-135M-Instruct (converted once from PyPI's GGUF)..."):
+                model_dir = smollm2()
+                prompt = build_prompt(model_dir, tokens)
+            run = run_phases(model_dir, prompt, port, work, shared, err.status)
+    except KeyboardInterrupt as exc:
+        why = f"stopped by {exc}" if str(exc) else "interrupted"
+        err.print(f"kvtier demo: {why}; every server it started is stopped")
         return 130
     except Exception as exc:
         kept = f"logs in {work}" if not temporary else "rerun with --work-dir DIR to keep the logs"
