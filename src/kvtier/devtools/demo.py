@@ -62,6 +62,12 @@ READS = {
     "MiB shared": "kvtier:tier_bytes_read{tier=shared}",
 }
 
+#: kvtier's per-request restore-or-recompute verdicts for its storage tier (vLLM tier "disk").
+VERDICTS = {
+    verdict: f"kvtier:restore_decisions{{tier=disk,verdict={verdict}}}"
+    for verdict in ("restore", "recompute", "unmeasured", "off")
+}
+
 COLD = "cold prefill"
 HOST = "host-pool restore"
 DISK = "disk restore, restarted"
@@ -111,6 +117,8 @@ class Phase:
     result: GenerateResult
     #: How much each counter of ``SOURCES`` and ``READS`` grew during the request.
     sources: dict[str, float]
+    #: kvtier's restore verdicts taken for the request (``VERDICTS``; none: no storage hit).
+    verdicts: list[str]
 
     @property
     def ttft_s(self) -> float:
@@ -157,10 +165,11 @@ class DemoRun:
 
 
 def measure(server: ServerEngine, name: str, prompt: list[int]) -> Phase:
-    result, grown = server.measured(prompt, MAX_TOKENS, {**SOURCES, **READS})
+    result, grown = server.measured(prompt, MAX_TOKENS, {**SOURCES, **READS, **VERDICTS})
     for label in READS:
         grown[label] /= 2**20
-    return Phase(name, result, grown)
+    verdicts = [verdict for verdict in VERDICTS if grown.pop(verdict) > 0]
+    return Phase(name, result, grown, verdicts)
 
 
 def render(console: Console, run: DemoRun) -> None:
@@ -385,6 +394,17 @@ def run_demo(tokens: int, port: int, work_dir: Path | None, shared: bool = False
             f"{'restored from the shared tier' if run.shared_restored else 'NOT restored from it'}"
         )
     console.print(f"Answer: {(run.phases[-1].result.text or '').strip()!r}")
+    decided = [f"{p.name}: {', '.join(p.verdicts)}" for p in run.phases if p.verdicts]
+    if decided:
+        console.print(
+            f"Restore decisions (kvtier:restore_decisions): {'; '.join(decided)}"
+            + (
+                " (unmeasured: a fresh server restores before it has measured a prefill to "
+                "weigh the restore against)"
+                if any("unmeasured" in p.verdicts for p in run.phases)
+                else ""
+            )
+        )
     starts = run.start_s
     console.print(
         f"Server start-up: first {starts['first']:.0f} s, restarted {starts['restarted']:.0f} s"
