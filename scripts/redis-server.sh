@@ -9,7 +9,7 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "redis-server.sh: no redis-server on PATH; install redis-server and redis-tools" \
-         "(the shared-tier tests will be skipped)" >&2
+         "(the shared-tier tests will be skipped, demo --shared refused)" >&2
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive

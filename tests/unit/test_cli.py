@@ -110,3 +110,10 @@ def test_a_source_tree_is_not_mistaken_for_an_install(monkeypatch, tmp_path):
 def test_a_kvtier_in_site_packages_counts_as_installed(monkeypatch):
     monkeypatch.setattr(serve, "SRC_DIR", Path(site.getsitepackages()[0]).resolve())
     assert serve.installed()
+
+
+def test_demo_shared_without_a_server_binary_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv("KVTIER_REDIS_SERVER", "/nonexistent/redis-server")
+    result = runner.invoke(app, ["demo", "--shared", "--tokens", "100"])
+    assert result.exit_code == 2, result.output
+    assert "--shared needs redis-server or valkey-server on PATH" in result.output

@@ -121,21 +121,37 @@ def serve(
 @app.command()
 def demo(
     tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 4000,
-    port: Annotated[int, typer.Option(help="Port of the demo server (loopback only).")] = 8765,
+    port: Annotated[
+        int,
+        typer.Option(help="Port of the demo server (loopback only); the second server: PORT+1."),
+    ] = 8765,
     work_dir: Annotated[
-        Path | None, typer.Option(help="Folder for the disk tier and logs (temporary if unset).")
+        Path | None,
+        typer.Option(
+            help="Folder for the disk tiers and logs, kept (unset: a temporary one, removed)."
+        ),
     ] = None,
+    shared: Annotated[
+        bool,
+        typer.Option(
+            "--shared",
+            help="Also restore on a second server from a shared tier on a throw-away Redis "
+            "server (needs redis-server or valkey-server; one more server start).",
+        ),
+    ] = False,
 ) -> None:
     """Serve SmolLM2-135M with kvtier and show cold vs restored time to first token.
 
     Sends a long prompt cold, evicts it from the engine (prefix-cache reset), sends it again
-    (host-pool restore), restarts the server and sends it once more (disk restore).
+    (host-pool restore), restarts the server and sends it once more (disk restore). With
+    --shared, both write through to a throw-away Redis server on loopback, and a second server
+    with an empty disk folder serves the prompt from it. Every server is stopped at the end.
 
-    Example: kvtier demo --tokens 4000
+    Example: kvtier demo --tokens 4000 --shared
     """
     from kvtier.devtools.demo import run_demo
 
-    raise typer.Exit(run_demo(tokens=tokens, port=port, work_dir=work_dir))
+    raise typer.Exit(run_demo(tokens=tokens, port=port, work_dir=work_dir, shared=shared))
 
 
 @app.command()

@@ -29,6 +29,9 @@ class ServerEngine(EngineBase):
     sent -> first chunk), ``text`` is set, and ``num_cached_tokens`` comes from the usage the
     server reports (``--enable-prompt-tokens-details``). ``ignore_eos``: stop at EOS or not
     (the other drivers never stop early; the demo wants the model's own answer).
+
+    ``wait=False`` returns as soon as the process is spawned, so several servers can start at
+    once; call ``wait_ready()`` before the first request (and ``close()`` either way).
     """
 
     def __init__(
@@ -42,6 +45,9 @@ class ServerEngine(EngineBase):
         ready_timeout_s: float = 600,
         allow_small_tiers: bool = False,
         ignore_eos: bool = True,
+        shared: str | None = None,
+        restore_decision: bool = True,
+        wait: bool = True,
     ) -> None:
         self.port = port or free_port()
         self.ignore_eos = ignore_eos
@@ -67,8 +73,12 @@ class ServerEngine(EngineBase):
         ]
         if disk_dir is not None:
             argv += ["--disk-dir", str(disk_dir)]
+        if shared is not None:
+            argv += ["--shared", shared]
         if allow_small_tiers:
             argv.append("--allow-small-tiers")
+        if not restore_decision:
+            argv.append("--no-restore-decision")
         argv += [
             "--host",
             "127.0.0.1",
@@ -88,17 +98,25 @@ class ServerEngine(EngineBase):
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log, "ab")  # noqa: SIM115 - closed in close()
-        started = time.perf_counter()
+        self._ready_timeout_s = ready_timeout_s
+        self._started = time.perf_counter()
+        #: Seconds from spawn to ready (0 until ``wait_ready`` returns).
+        self.start_s = 0.0
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         self.client = ServerClient(f"http://127.0.0.1:{self.port}", "model")
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the server answers /health; on failure or timeout close it and raise."""
         try:
-            self.client.wait_ready(ready_timeout_s, lambda: self.proc.poll() is None)
+            self.client.wait_ready(self._ready_timeout_s, lambda: self.proc.poll() is None)
         except BaseException:
             self.close()
             raise
-        self.start_s = time.perf_counter() - started
+        self.start_s = time.perf_counter() - self._started
 
     def generate(
         self, prompts: list[list[int]], max_tokens: int = 1, cache_salt: str | None = None
