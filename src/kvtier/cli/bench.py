@@ -108,6 +108,34 @@ def bench_ttft(
     _print_result(out, "ttft")
 
 
+@bench_app.command("decision")
+def bench_decision(
+    out: OutOption = Path("bench-out"),
+    model: ModelOption = None,
+    lengths: Annotated[str, typer.Option(help="Prompt lengths, comma separated.")] = "2048,8000",
+    reps: Annotated[int, typer.Option(help="Distinct prompts per length.")] = 3,
+    engines: Annotated[
+        int, typer.Option(help="Reader engines per setting (ABBA order: on, off, off, on...).")
+    ] = 3,
+) -> None:
+    """Disk restores with the restore decision on vs off, spread over several engines each.
+
+    Example: kvtier bench decision --lengths 2048,8000 --engines 3
+    """
+    from kvtier.devtools.bench import decision_abba
+
+    with _progress("decision") as report:
+        decision_abba.run(
+            _model(model),
+            [int(x) for x in lengths.split(",")],
+            reps,
+            out,
+            engines_per_setting=engines,
+            progress=report,
+        )
+    _print_result(out, "decision")
+
+
 @bench_app.command("slow-tier")
 def bench_slow_tier(
     out: OutOption = Path("slowtier-out"),
