@@ -52,6 +52,18 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture
+def fresh_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
+    """A 3-master Cluster private to one test (which may kill nodes or move slots); stopped
+    after. Costs the ~3 s of cluster set-up."""
+    _need_server()
+    if cli_binary() is None:
+        pytest.skip("no redis-cli on PATH to create a Cluster (run scripts/redis-server.sh)")
+    cluster = start_cluster(tmp_path / "cluster")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
 def fresh_server(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     """Factory for servers private to one test (options as ``RedisServer``); killed after."""
     _need_server()

@@ -6,29 +6,16 @@ The test owns its Cluster (it kills a node), so it pays the ~3 s of cluster set-
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 from redis.cluster import RedisCluster
 
 from kvtier.store.shared import KEY_PREFIX, SharedStore
-from tests.support.redis_servers import RedisClusterServers, cli_binary, start_cluster
+from tests.support.redis_servers import RedisClusterServers
 from tests.support.store import key_of, make_namespace, payload_of
 
 OP_TIMEOUT_S = 0.5
 OP_BOUND_S = 2 * OP_TIMEOUT_S + 2.0
-
-
-@pytest.fixture
-def cluster(
-    tmp_path: Path, redis_standalone: object
-) -> Iterator[RedisClusterServers]:  # redis_standalone: skips when no server is installed
-    if cli_binary() is None:
-        pytest.skip("no redis-cli on PATH to create a Cluster")
-    servers = start_cluster(tmp_path / "cluster")
-    yield servers
-    servers.stop()
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -41,18 +28,18 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def test_killed_master_misses_its_keys_while_live_masters_serve(
-    cluster: RedisClusterServers,
+    fresh_cluster: RedisClusterServers,
 ) -> None:
     namespace = make_namespace()
     store = SharedStore(
-        cluster.url, namespace, op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
+        fresh_cluster.url, namespace, op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
         breaker_base_s=0.2, breaker_max_s=1.0,
     )  # fmt: skip
     with store:
         keys = [key_of(i) for i in range(60)]
         assert all(store.put(k, payload_of(i)) for i, k in enumerate(keys))
-        probe = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-        victim = cluster.nodes[1]
+        probe = RedisCluster(host="127.0.0.1", port=fresh_cluster.nodes[0].port)
+        victim = fresh_cluster.nodes[1]
         prefix = KEY_PREFIX + namespace.digest_hex().encode() + b":"
         on_victim = {
             k
@@ -74,23 +61,23 @@ def test_killed_master_misses_its_keys_while_live_masters_serve(
         assert store.stats().breaker_openings >= 1
 
         victim.start()  # empty, but it keeps its slots (nodes.conf in its folder)
-        cluster.wait_ok()
+        fresh_cluster.wait_ok()
         back = next(iter(on_victim))
         assert wait_until(lambda: store.put(back, payload_of(7)), timeout_s=15)
         assert store.get(back) == payload_of(7)
 
 
 def test_frozen_master_opens_only_its_own_breaker_and_recovers_after_sigcont(
-    cluster: RedisClusterServers,
+    fresh_cluster: RedisClusterServers,
 ) -> None:
     store = SharedStore(
-        cluster.url, make_namespace(), op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
+        fresh_cluster.url, make_namespace(), op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
         breaker_base_s=0.2, breaker_max_s=1.0,
     )  # fmt: skip
     with store:
         keys = [key_of(i) for i in range(30)]
         assert all(store.put(k, payload_of(i)) for i, k in enumerate(keys))
-        frozen = cluster.nodes[2]
+        frozen = fresh_cluster.nodes[2]
         frozen.pause()
         try:
             start = time.monotonic()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import hiredis
 import pytest
@@ -23,7 +22,7 @@ from kvtier.format.record import encode_header, make_header
 from kvtier.store.shared import KEY_PREFIX, SharedStore
 from kvtier.store.shared.client import RecordPool
 from kvtier.store.shared.readinto import OPTION, ReadInto, read_reply_into
-from tests.support.redis_servers import RedisClusterServers, RedisServer, cli_binary, start_cluster
+from tests.support.redis_servers import RedisClusterServers, RedisServer
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 from tests.support.tcp_proxy import FaultyProxy
 
@@ -316,27 +315,16 @@ def test_with_a_retry_a_cut_reply_is_read_again_on_a_new_connection(
 # ------------------------------------------------------------------ Cluster: MOVED and ASK
 
 
-@pytest.fixture
-def cluster(
-    tmp_path: Path, redis_standalone: object
-) -> Iterator[RedisClusterServers]:  # redis_standalone: skips when no server is installed
-    if cli_binary() is None:
-        pytest.skip("no redis-cli on PATH to create a Cluster")
-    servers = start_cluster(tmp_path / "cluster")
-    yield servers
-    servers.stop()
-
-
 def _redirects(node: redis.Redis) -> dict[str, int]:
     stats = node.info("errorstats")
     return {k: v["count"] for k, v in stats.items() if k in ("errorstat_ASK", "errorstat_MOVED")}
 
 
 def test_slot_migration_redirects_with_ask_then_moved_and_reads_directly_on_the_new_node(
-    cluster: RedisClusterServers, unique_namespace: Callable[[], Namespace]
+    fresh_cluster: RedisClusterServers, unique_namespace: Callable[[], Namespace]
 ) -> None:
-    store = SharedStore(cluster.url, unique_namespace())
-    nodes = {n.port: redis.Redis(port=n.port) for n in cluster.nodes}
+    store = SharedStore(fresh_cluster.url, unique_namespace())
+    nodes = {n.port: redis.Redis(port=n.port) for n in fresh_cluster.nodes}
     try:
         assert store.put(key_of(1), payload_of(1))
         sk = server_key(store, key_of(1))
