@@ -458,3 +458,18 @@ def test_bad_settings_are_refused_with_the_fix(kwargs, message):
 def test_a_prior_with_no_bandwidth_is_refused():
     with pytest.raises(ConfigError, match="bandwidth_bytes_per_s=0"):
         RestorePrior(bandwidth_bytes_per_s=0, latency_s=0.001)
+
+
+def test_a_tier_measured_on_small_loads_is_not_predicted_faster_on_large_ones():
+    """Loads of one size cannot tell latency from bandwidth; the prior's 1 GiB point then set
+    the slope, and a 7.8 MB/s disk measured on 4 MB loads was predicted to move 16 MB in
+    1.0 s (2.1 s in fact): an 8k restore was chosen over a 3x cheaper recompute."""
+    settings = PolicySettings(deadline=DeadlineRule(floor_s=1.0))  # as the engine runs it
+    policy = RestorePolicy(settings, trained_engine(), FakeClock())
+    policy.add_tier("disk")
+    small, rate = 4 << 20, 7.8e6
+    policy.observe_load("disk", small, small / rate)  # then refused: no other measurement
+    assert not policy.snapshot().tiers["disk"].slow
+    large = 16 << 20
+    assert policy.predict_restore_s("disk", large) >= 0.95 * large / rate
+    assert policy.predict_restore_s("disk", small) >= 0.95 * small / rate

@@ -7,6 +7,14 @@ tier is part of what is learned. Before the first load the estimate is the tier'
 which should err slow (``RestorePrior``): a tier is then refused until a measurement (a real
 load or a background probe) shows it is worth it, never served on hope.
 
+**No faster than measured.** Loads of one size cannot tell latency from bandwidth, and the
+prior's large-load pseudo-observation then sets the slope: a disk measured at 7.8 MB/s on
+4 MB loads was predicted to move 16 MB in 1.0 s (the fit put 0.4 s into latency and took the
+prior's 1 GB/s for the rest), 2.2 s in fact, and the decision restored an 8k prompt 3x slower
+than recomputing it. So once a tier is measured, a prediction is never below its bytes at the
+throughput the tier actually showed (decayed ``sum(seconds) / sum(bytes)`` of its loads, the
+same half-life): the fit can only add latency, never promise more bandwidth than was seen.
+
 **Slow mark.** A load that overruns its deadline marks the tier *slow*: predictions are
 multiplied by an inflation factor (``slow_inflation``, doubled for each further overrun while
 slow, at most ``slow_inflation_max``), and the overrun time itself (a lower bound of the true
@@ -22,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.policy.fit import DecayingLeastSquares
+from kvtier.policy.fit import DecayingLeastSquares, decay_for_half_life
 
 GiB = float(1 << 30)
 
@@ -98,6 +106,10 @@ class TierEstimate:
         self.prior = prior
         rows = [((1.0, size / GiB), prior.seconds(size)) for size in _PRIOR_SIZES]
         self._fit = DecayingLeastSquares(rows, prior_weight, half_life_loads)
+        self._decay = decay_for_half_life(half_life_loads)
+        #: Decayed sums of measured seconds and bytes: the throughput the tier showed.
+        self._seconds_seen = 0.0
+        self._bytes_seen = 0.0
         self._slow_inflation = slow_inflation
         self._slow_inflation_max = slow_inflation_max
         self._recovery_loads = recovery_loads
@@ -114,7 +126,10 @@ class TierEstimate:
     def base_seconds(self, nbytes: int) -> float:
         """Predicted seconds for a load of ``nbytes``, ignoring the slow mark."""
         latency, s_per_gib = self._fit.coefficients()  # cached until the next measurement
-        return latency + s_per_gib * nbytes / GiB
+        fitted = latency + s_per_gib * nbytes / GiB
+        if self._bytes_seen <= 0:
+            return fitted
+        return max(fitted, nbytes * self._seconds_seen / self._bytes_seen)
 
     def predict_seconds(self, nbytes: int) -> float:
         """Predicted seconds for a load of ``nbytes``, inflated while the tier is slow."""
@@ -123,6 +138,9 @@ class TierEstimate:
     def record(self, nbytes: int, seconds: float) -> None:
         """Enter a measured time into the fit only (no effect on the slow mark)."""
         self._fit.observe((1.0, nbytes / GiB), max(seconds, 1e-9))
+        if nbytes > 0:
+            self._seconds_seen = self._seconds_seen * self._decay + max(seconds, 1e-9)
+            self._bytes_seen = self._bytes_seen * self._decay + nbytes
         self.loads += 1
 
     def observe(self, nbytes: int, seconds: float, on_time: bool) -> None:
