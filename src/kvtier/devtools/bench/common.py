@@ -76,6 +76,21 @@ class BenchRun:
         (self.out / f"{stem}.md").write_text(markdown + "\n")
 
 
+#: Tokens of the short request ``flush_stores`` sends.
+FLUSH_TOKENS = 64
+
+
+def flush_stores(engine: Any, prompt: list[int]) -> None:
+    """Make the engine submit the stores of the last step it ran.
+
+    vLLM submits a step's stores at the start of the next step, so the blocks of a request's
+    last prefill step reach the host pool (and the tiers behind it) only if the engine steps
+    again. Serving ``prompt`` (short, unrelated, ``FLUSH_TOKENS``) makes it; call this before
+    a reset that must find every block offloaded.
+    """
+    engine.generate_one(prompt)
+
+
 def bar_plot(
     path: Path,
     title: str,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.bench.common import BenchRun, bar_plot
+from kvtier.devtools.bench.common import FLUSH_TOKENS, BenchRun, bar_plot, flush_stores
 from kvtier.devtools.bench.report import markdown_table, median
 from kvtier.devtools.harness import GenerateResult
 
@@ -111,7 +111,7 @@ def _shared_rows(
         for n in counts:
             colds[n] = engine.generate(_prompts(bench, n, prompt_len))
             progress(f"N={n}: {n} prefills {colds[n][1]:.2f} s")
-        engine.generate_one(bench.prompt(8_000_000, 64))  # submits the last step's stores
+        flush_stores(engine, bench.prompt(8_000_000, FLUSH_TOKENS))
     disk = out / "disk-concurrent-shared"
     if any(disk.rglob("*.kvb")):
         raise RuntimeError(f"{disk} is not empty; the restores would not come from the server")
@@ -151,9 +151,7 @@ def _disk_rows(
         for n in counts:
             prompts = _prompts(bench, n, prompt_len)
             cold, cold_s = engine.generate(prompts)
-            # vLLM submits a step's stores at the start of the next step: one small unrelated
-            # request makes sure every block of the batch is offloaded before the reset.
-            engine.generate_one(bench.prompt(8_000_000 + n, 64))
+            flush_stores(engine, bench.prompt(8_000_000 + n, FLUSH_TOKENS))
             engine.reset_prefix_cache(reset_connector=True)
             restored, restore_s = engine.generate(prompts)
             rows.append(

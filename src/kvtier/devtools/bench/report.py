@@ -123,3 +123,8 @@ def decision_verdicts(metrics: dict[str, float]) -> dict[str, float]:
             verdict = labels.get("verdict", "?").strip('"')
             out[verdict] = out.get(verdict, 0.0) + value
     return out
+
+
+def counter(metrics: dict[str, float], name: str) -> float:
+    """Metric ``name`` of one engine summed over its label sets."""
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))

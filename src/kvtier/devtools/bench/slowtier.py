@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import kvtier
-from kvtier.devtools.bench.common import BenchRun
-from kvtier.devtools.bench.report import decision_verdicts, markdown_table
+from kvtier.devtools.bench.common import FLUSH_TOKENS, BenchRun, flush_stores
+from kvtier.devtools.bench.report import counter, decision_verdicts, markdown_table
 from kvtier.devtools.slowdisk import SlowDisk, slow_disk, unavailable
 
 Progress = Callable[[str], None]
@@ -61,10 +61,6 @@ def kv_bytes_per_token(model: str, dtype: str = "float32") -> int:
     heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     return int(cfg["num_hidden_layers"] * 2 * heads * head_dim * DTYPE_BYTES[dtype])
-
-
-def counter(metrics: dict[str, float], name: str) -> float:
-    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
 def run(
@@ -120,10 +116,6 @@ def run(
     )
     bench.write("slowtier", report, table(report, lengths))
     return report
-
-
-#: Tokens of the request that makes the engine step once more (submits the last stores).
-FLUSH_TOKENS = 64
 
 
 def _one_engine(
@@ -193,14 +185,12 @@ def _store_on_disk_only(engine: Any, p: list[int], prompt: Callable[[int], list[
     """Serve ``p`` (its blocks go to the disk tier), then empty the engine's cache and the
     host pool, so the next request of ``p`` finds its prefix only on the disk.
 
-    vLLM submits a step's stores at the start of the next step, so the blocks of ``p``'s last
-    prefill step reach the host pool (and the disk) only if the engine steps again: one short
-    unrelated request makes it. Without it the measured prompt was restored in part or not at
-    all (8k: 4,096 of 7,936 tokens, the second chunk never stored; 2k: nothing), depending on
-    whether the engine happened to step again before the reset.
+    Without ``flush_stores`` the measured prompt was restored in part or not at all (8k: 4,096
+    of 7,936 tokens, the second chunk never stored; 2k: nothing), depending on whether the
+    engine happened to step again before the reset.
     """
     engine.generate_one(p)
-    engine.generate_one(prompt(FLUSH_TOKENS))
+    flush_stores(engine, prompt(FLUSH_TOKENS))
     if not engine.reset_prefix_cache(reset_connector=True):
         raise RuntimeError("reset_prefix_cache(reset_connector=True) refused")
 

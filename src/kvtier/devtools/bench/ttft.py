@@ -42,6 +42,7 @@ from typing import Any
 import kvtier
 from kvtier.devtools.bench.common import BenchRun, bar_plot
 from kvtier.devtools.bench.report import (
+    counter,
     decision_verdicts,
     drop_page_cache,
     markdown_table,
@@ -252,8 +253,7 @@ def _run(
             yield engine
             metrics = engine.metrics()
             verdicts[name] = decision_verdicts(metrics) | {
-                label: sum(v for k, v in metrics.items() if k.split("{")[0] == counter)
-                for label, counter in PARTIAL_CAUSES.items()
+                label: counter(metrics, name) for label, name in PARTIAL_CAUSES.items()
             }
 
     def settings(i: int) -> list[tuple[bool, str]]:
