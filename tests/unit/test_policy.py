@@ -473,3 +473,16 @@ def test_a_tier_measured_on_small_loads_is_not_predicted_faster_on_large_ones():
     large = 16 << 20
     assert policy.predict_restore_s("disk", large) >= 0.95 * large / rate
     assert policy.predict_restore_s("disk", small) >= 0.95 * small / rate
+
+
+def test_the_reported_bandwidth_is_the_one_predictions_use_not_the_fits():
+    """The ``kvtier:tier_estimated_bandwidth`` gauge showed 28 MB/s for a 7.7 MB/s disk (the
+    fit's slope, taken from the prior) while the decision used the throughput floor."""
+    policy = RestorePolicy(clock=FakeClock())
+    policy.add_tier("disk")
+    small, rate = 4 << 20, 7.8e6
+    for _ in range(3):
+        policy.observe_load("disk", small, small / rate)
+    tier = policy.snapshot().tiers["disk"]
+    assert tier.bandwidth_bytes_per_s == pytest.approx(rate, rel=0.01)
+    assert tier.fitted_bandwidth_bytes_per_s > 2 * rate, "the fit alone overrates this disk"

@@ -217,7 +217,7 @@ def test_the_restore_estimate_separates_latency_from_bandwidth():
     for nbytes in (1 << 20, 16 << 20, 256 << 20, GIB) * 2:
         policy.observe_load("disk", nbytes, 0.004 + nbytes / 2.5e9)
     tier = policy.snapshot().tiers["disk"]
-    assert tier.bandwidth_bytes_per_s == pytest.approx(2.5e9, rel=0.03)
+    assert tier.fitted_bandwidth_bytes_per_s == pytest.approx(2.5e9, rel=0.03)
     assert tier.latency_s == pytest.approx(0.004, rel=0.05)
     assert tier.loads == 8
 

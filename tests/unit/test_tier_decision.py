@@ -1,9 +1,15 @@
 """Per-request restore-or-recompute in a tier, with a fake clock (no engine)."""
 
+import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from kvtier.policy import RestorePrior
-from kvtier.vllm.decision import MIN_PREFILL_EVIDENCE, TierDecider, make_policy
+from kvtier.vllm.decision import (
+    MIN_PREFILL_EVIDENCE,
+    REQUEST_DECISION_KEY,
+    TierDecider,
+    make_policy,
+)
 
 TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token
 
@@ -20,8 +26,8 @@ def key(i: int) -> bytes:
     return i.to_bytes(4, "big") * 9
 
 
-def request(n_keys: int, first: int = 0) -> ReqContext:
-    ctx = ReqContext(req_id=f"r{first}-{n_keys}")
+def request(n_keys: int, first: int = 0, params: dict | None = None) -> ReqContext:
+    ctx = ReqContext(req_id=f"r{first}-{n_keys}", kv_transfer_params=params)
     for i in range(first, first + n_keys):
         ctx.set_offload_key_position(key(i), (i + 1) * TOKENS)
     return ctx
@@ -74,6 +80,36 @@ def test_a_tier_slower_than_recompute_is_refused_for_the_whole_request():
     d.end_step()
     assert ask(d, ctx, 8) == [LookupResult.MISS] * 8
     assert d.counts.recompute == 1
+
+
+def test_a_request_that_opts_out_is_restored_where_the_others_are_refused():
+    clock = Clock()
+    slow = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)
+    d = decider(clock, tier_prior=slow)
+    measure_prefill(d, clock, 1e-4)
+    opted_out = request(8, params={REQUEST_DECISION_KEY: False})
+    assert ask(d, opted_out, 8) == [LookupResult.HIT] * 8
+    assert d.counts.off == 1
+    for params in (None, {}, {REQUEST_DECISION_KEY: True}, {"other": 1}):
+        ctx = request(8, params=params)
+        assert ask(d, ctx, 8) == [LookupResult.RETRY] * 8, params
+        d.end_step()
+        assert ask(d, ctx, 8) == [LookupResult.MISS] * 8, params
+    assert d.counts.recompute == 4
+
+
+def test_a_bad_opt_out_value_is_ignored_with_one_warning(caplog):
+    clock = Clock()
+    slow = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)
+    d = decider(clock, tier_prior=slow)
+    measure_prefill(d, clock, 1e-4)
+    for _ in range(2):
+        ctx = request(8, params={REQUEST_DECISION_KEY: "no"})
+        assert ask(d, ctx, 8) == [LookupResult.RETRY] * 8, "a string is not false"
+        d.end_step()
+        assert ask(d, ctx, 8) == [LookupResult.MISS] * 8
+    warnings = [r for r in caplog.records if REQUEST_DECISION_KEY in r.getMessage()]
+    assert len(warnings) == 1, warnings
 
 
 def test_a_tier_faster_than_recompute_is_restored_without_losing_a_step():
@@ -142,3 +178,72 @@ def test_store_jobs_bunched_at_the_end_of_a_chunked_prefill_still_measure_it():
     ask(d, ctx, 16)
     d.end_step()
     assert ask(d, ctx, 16) == [LookupResult.HIT] * 16, "a 1 GB/s tier beats a 2 s prefill"
+
+
+def test_the_look_ahead_refuses_a_slow_disk_at_the_first_key_without_losing_a_step():
+    """vLLM records every key's position before the lookups: a tier that knows all it holds
+    weighs its whole run at the first hit key, so a refusal costs no RETRY step either."""
+    clock = Clock()
+    slow = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)
+    d = decider(clock, tier_prior=slow)
+    measure_prefill(d, clock, 1e-4)
+    ctx = request(8)
+    held = {key(i) for i in range(8)}
+    assert d.hit(key(0), ctx, holds=held.__contains__, knows_all=True) == LookupResult.MISS
+    assert d.counts.recompute == 1
+    assert ask(d, ctx, 8) == [LookupResult.MISS] * 8, "the verdict stands for every key"
+    assert d.policy.snapshot().tiers["disk"].refused == 1
+
+
+def test_the_look_ahead_restores_a_run_that_pays_only_as_a_whole_at_once():
+    """The collected case above, decided at the first key: the run of 64 held blocks pays."""
+    clock = Clock()
+    laggy = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)
+    d = decider(clock, tier_prior=laggy)
+    measure_prefill(d, clock, 1e-4)
+    ctx = request(64)
+    held = {key(i) for i in range(64)}
+    assert d.hit(key(0), ctx, holds=held.__contains__, knows_all=True) == LookupResult.HIT
+    assert d.counts.restore == 1
+
+
+def test_the_look_ahead_weighs_only_the_blocks_the_tier_holds():
+    """The run ends at the first block the tier lacks: 2 held blocks of 64 do not pay for a
+    laggy tier, so the request is recomputed though all 64 are recorded."""
+    clock = Clock()
+    laggy = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)
+    d = decider(clock, tier_prior=laggy)
+    measure_prefill(d, clock, 1e-4)
+    ctx = request(64)
+    held = {key(0), key(1)} | {key(i) for i in range(3, 64)}
+    assert d.hit(key(0), ctx, holds=held.__contains__, knows_all=True) == LookupResult.MISS
+    assert d.counts.recompute == 1
+
+
+def test_a_tier_that_may_not_know_all_it_holds_collects_instead_of_refusing():
+    """For a shared store a block it has not seen may still be on the server: a short run
+    that does not pay is no reason to refuse, so the hit is collected and decided whole."""
+    clock = Clock()
+    laggy = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)
+    d = decider(clock, tier_prior=laggy)
+    measure_prefill(d, clock, 1e-4)
+    ctx = request(64)
+    seen = {key(0), key(1)}
+    assert d.hit(key(0), ctx, holds=seen.__contains__, knows_all=False) == LookupResult.RETRY
+    assert [d.hit(key(i), ctx) for i in range(1, 64)] == [LookupResult.RETRY] * 63
+    d.end_step()
+    assert ask(d, ctx, 64) == [LookupResult.HIT] * 64
+    assert d.counts.restore == 1
+    assert d.policy.snapshot().tiers["disk"].refused == 0
+
+
+def test_the_prefill_gauge_states_the_whole_prefill_cost_and_zero_until_measured():
+    """Prefill that is all attention (a fit with per_token_s = 0) used to read 0 s/token."""
+    clock = Clock()
+    d = decider(clock)
+    assert d.prefill_per_token_s() == 0.0
+    measure_prefill(d, clock, 4e-3)
+    assert d.prefill_per_token_s() == pytest.approx(
+        d.policy.prefill.recompute_seconds(0, 2048) / 2048
+    )
+    assert d.prefill_per_token_s() > 1e-3

@@ -114,3 +114,19 @@ def test_out_of_tree_spec_and_tier_loading():
 
 def test_transfer_config_knows_the_recompute_policy():
     assert "kv_load_failure_policy" in KVTransferConfig.__dataclass_fields__
+
+
+def test_request_context_records_key_positions_before_lookups():
+    """The decision's look-ahead (``kvtier.vllm.decision.TierDecider._held_run``) reads every
+    key's end position from ``ReqContext._offload_key_positions``, which vLLM fills for all of
+    a request's keys in ``update_offload_keys`` before ``_lookup`` asks any tier."""
+    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler as sched
+
+    ctx = base.ReqContext(req_id="r")
+    ctx.set_offload_key_position(b"k", 128)
+    assert ctx._offload_key_positions == {b"k": 128}
+    state = inspect.getsource(sched.RequestOffloadState.update_offload_keys)
+    assert "set_offload_key_position" in state
+    matched = inspect.getsource(sched.OffloadingConnectorScheduler.get_num_new_matched_tokens)
+    assert matched.index("update_offload_keys()") < matched.index("self._lookup(")
+    assert "kv_transfer_params=params" in inspect.getsource(sched._create_req_context)

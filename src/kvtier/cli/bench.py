@@ -146,13 +146,15 @@ def bench_slow_tier(
     slowdown: Annotated[
         float, typer.Option(help="Throttled restore / cold prefill at the largest length.")
     ] = 3.0,
+    reps: Annotated[int, typer.Option(help="Requests per length and mode (medians).")] = 3,
     warm_prompts: Annotated[int, typer.Option(help="Cold prompts served first per engine.")] = 3,
     warm_restores: Annotated[
         int, typer.Option(help="Warm-up restores per engine and disk speed.")
     ] = 3,
 ) -> None:
     """TTFT of a disk-only prefix on a throttled and an unthrottled disk: restore decision
-    off vs on vs cold prefill, one run (root: loop device + cgroup v1 blkio throttle).
+    off vs on vs cold prefill, timed in one engine per disk speed (root: loop device + cgroup
+    v1 blkio throttle).
 
     Example: kvtier bench slow-tier --out slowtier-out --lengths 2048,8000
     """
@@ -168,6 +170,7 @@ def bench_slow_tier(
             [int(x) for x in lengths.split(",")],
             out,
             slowdown=slowdown,
+            reps=reps,
             warm_prompts=warm_prompts,
             warm_restores=warm_restores,
             progress=report,

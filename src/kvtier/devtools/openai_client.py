@@ -55,6 +55,7 @@ class ServerClient:
         max_tokens: int,
         cache_salt: str | None = None,
         ignore_eos: bool = False,
+        kv_transfer_params: dict | None = None,
     ) -> StreamResult:
         """Greedy completion, streamed: client-side TTFT, text, token ids and cached tokens."""
         body: dict = {
@@ -69,6 +70,8 @@ class ServerClient:
         }
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
         start = time.perf_counter()
         ttft = None
         text: list[str] = []

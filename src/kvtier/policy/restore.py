@@ -72,8 +72,11 @@ class TierSnapshot:
     """A tier's estimate and health at one moment (for metrics and logs)."""
 
     name: str
-    #: Fitted bandwidth in bytes per second (inf when the fit puts all cost in latency).
+    #: The bandwidth predictions of large loads use, bytes per second: the fit's, but never
+    #: above the throughput the tier showed (inf only when neither bounds it).
     bandwidth_bytes_per_s: float
+    #: The least-squares fit's own bandwidth (inf when it puts all cost in latency).
+    fitted_bandwidth_bytes_per_s: float
     #: Fitted fixed seconds per load.
     latency_s: float
     #: Marked slow by an overrun, not yet recovered.
@@ -171,9 +174,12 @@ class TierEstimate:
 
     def snapshot(self) -> TierSnapshot:
         latency, s_per_gib = self._fit.coefficients()
+        fitted = GiB / s_per_gib if s_per_gib > 0 else math.inf
+        shown = self._bytes_seen / self._seconds_seen if self._bytes_seen > 0 else math.inf
         return TierSnapshot(
             name=self.name,
-            bandwidth_bytes_per_s=GiB / s_per_gib if s_per_gib > 0 else math.inf,
+            bandwidth_bytes_per_s=min(fitted, shown),
+            fitted_bandwidth_bytes_per_s=fitted,
             latency_s=latency,
             slow=self.slow,
             inflation=self.inflation,

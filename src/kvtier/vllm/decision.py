@@ -4,19 +4,35 @@ vLLM asks a tier about one key at a time and keeps scanning a request's keys whe
 answers RETRY. The policy decides per request and per tier, all or nothing (the argument is in
 ``kvtier.policy.decision``). So, with the decision on and the engine's prefill measured:
 
-1. The request's first key that hits this tier is weighed alone: if restoring that one block
-   beats recomputing it, the whole hit is restored (HIT at once, no step lost). Restoring
-   costs the same per token wherever the token sits and recomputing costs more the later it
-   sits, so every later block of the hit wins by at least as much (``kvtier.policy.decision``).
-   With the measured costs on a CPU engine (restores 25-120x faster) this is the usual case.
-2. Otherwise (a tier whose fixed latency outweighs one block, or that is slow) each hit key is
-   answered RETRY and collected (with its end position, which vLLM records in the request
-   context), and at the end of that scheduler step (``on_schedule_end``) the whole hit is
-   decided: tokens ``[M, M + N)`` with ``M`` = tokens before the first hit key, ``N`` = the hit
-   keys' tokens, bytes = keys x row size. From the next step on every key of the request
-   answers HIT (restore) or MISS (recompute).
+1. At the request's first key that hits this tier, the tier looks ahead: vLLM records every
+   key's end position in the request context before the lookups start, so the run of
+   consecutive keys this tier holds from that key on is known at once (the tier's
+   ``holds``: its in-memory index, no I/O). That run is the most this tier can restore and is
+   decided whole, at once: restore (HIT), or, for a tier that knows all it holds (the disk),
+   recompute (MISS). No scheduler step is lost either way.
+2. Failing that (no positions recorded, or a tier that must ask a server about keys it has
+   not seen, whose run may be longer than it knows), the first key is weighed alone: if
+   restoring that one block beats recomputing it, the whole hit is restored (restoring costs
+   the same per token wherever the token sits and recomputing costs more the later it sits,
+   so every later block wins by at least as much; ``kvtier.policy.decision``). The same
+   argument makes the look-ahead safe: if a shorter run pays, a longer one pays more.
+3. Otherwise each hit key is answered RETRY and collected (with its end position), and at
+   the end of that scheduler step (``on_schedule_end``) the whole hit is decided: tokens
+   ``[M, M + N)`` with ``M`` = tokens before the first hit key, ``N`` = the hit keys' tokens,
+   bytes = keys x row size. From the next step on every key of the request answers HIT
+   (restore) or MISS (recompute).
 
-Only case 2 costs a scheduler step (milliseconds). Before the engine's prefill cost has been
+The look-ahead can overrate a hit that vLLM then cuts short (a request's ``max_load_tokens``,
+the step's token budget): the cut hit is restored though it might not pay alone; a deadline
+still bounds it.
+
+A request can opt out: ``kv_transfer_params={"kvtier_restore_decision": false}`` restores its
+hits whatever the policy predicts (verdict ``off``), as with the decision off server-wide
+(``true``, the default, leaves it to the server's setting). Benchmarks use it to measure both
+settings side by side in one engine, where engine-to-engine spread would otherwise swamp them.
+
+Only case 3 costs a scheduler step (15-20 ms measured on the CPU engine, an idle step with a
+request waiting). Before the engine's prefill cost has been
 measured (a fresh engine) there is nothing to weigh a restore against: hits are restored at
 once, and the load deadline bounds what a slow tier can cost.
 
@@ -31,6 +47,7 @@ towards restoring; deadlines still bound a slow tier.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,10 +56,18 @@ from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 
 from kvtier.policy import RestorePolicy
 
+logger = logging.getLogger(__name__)
+
+#: The ``kv_transfer_params`` key by which a request opts out of the decision (``false``).
+REQUEST_DECISION_KEY = "kvtier_restore_decision"
+
 #: Prefill measurements (steps) the fit needs before the decision may refuse a restore.
 MIN_PREFILL_EVIDENCE = 2.0
 #: Store jobs of fewer keys are decode-time blocks, not prefill chunks.
 MIN_EVIDENCE_KEYS = 2
+#: The prompt length at which the ``kvtier:prefill_seconds_per_token`` gauge states the
+#: prefill cost (seconds per token of a cold prefill; it grows with length by attention).
+GAUGE_PREFILL_TOKENS = 2048
 
 
 @dataclass
@@ -89,6 +114,7 @@ class TierDecider:
         self._observes_prefill = observes_prefill
         self._pending: list[_Plan] = []
         self._lock = threading.Lock()
+        self._warned_bad_param = False
 
     def _plan(self, ctx: ReqContext) -> _Plan:
         slot = ctx.get_state(_PlanSlot)
@@ -101,12 +127,23 @@ class TierDecider:
         """Any lookup of the request (its prefill starts right after its last one)."""
         self._plan(ctx).last_lookup = self._clock()
 
-    def hit(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
-        """The tier holds ``key``: HIT, MISS, or RETRY while the request is being decided."""
+    def hit(
+        self,
+        key: OffloadKey,
+        ctx: ReqContext,
+        holds: Callable[[OffloadKey], bool] | None = None,
+        knows_all: bool = False,
+    ) -> LookupResult:
+        """The tier holds ``key``: HIT, MISS, or RETRY while the request is being decided.
+
+        ``holds`` (whether the tier holds a key, from memory) enables the look-ahead;
+        ``knows_all``: a key it does not hold is one it does not have (no server to ask), so
+        a run that does not pay is recomputed at once.
+        """
         plan = self._plan(ctx)
         if plan.verdict is not None:
             return LookupResult.HIT if plan.verdict else LookupResult.MISS
-        if not self.policy.settings.enabled:
+        if not self.policy.settings.enabled or not self._request_decides(ctx):
             self._settle(plan, True, "off")
             return LookupResult.HIT
         if self.policy.prefill.evidence < MIN_PREFILL_EVIDENCE:
@@ -114,13 +151,81 @@ class TierDecider:
             return LookupResult.HIT
         position = ctx.get_offload_key_position(key)
         if not plan.keys:
-            if position is not None and self._one_block_pays(position):
+            run = None if holds is None else self._held_run(key, ctx, holds)
+            if run is not None:
+                cached, tokens, n_keys, ended = run
+                complete = knows_all and ended
+                decision = self.policy.decide(
+                    self.tier, cached, tokens, n_keys * self.row_bytes, count=complete
+                )
+                if decision.restore:
+                    self._settle(plan, True, "restore")
+                    return LookupResult.HIT
+                if complete:
+                    self._settle(plan, False, "recompute")
+                    return LookupResult.MISS
+            elif position is not None and self._one_block_pays(position):
                 self._settle(plan, True, "restore")
                 return LookupResult.HIT
             with self._lock:
                 self._pending.append(plan)
         plan.keys[key] = position if position is not None else len(plan.keys)
         return LookupResult.RETRY
+
+    def _request_decides(self, ctx: ReqContext) -> bool:
+        """False when the request opted out (``REQUEST_DECISION_KEY``: false). Any value but
+        a bool is ignored, with one warning: a bad parameter must not fail the request."""
+        params = ctx.kv_transfer_params
+        if not params or REQUEST_DECISION_KEY not in params:
+            return True
+        value = params[REQUEST_DECISION_KEY]
+        if isinstance(value, bool):
+            return value
+        if not self._warned_bad_param:
+            self._warned_bad_param = True
+            logger.warning(
+                "kvtier: kv_transfer_params[%r]=%r ignored (give true or false); "
+                "the server's restore decision applies",
+                REQUEST_DECISION_KEY,
+                value,
+            )
+        return True
+
+    def _held_run(
+        self, key: OffloadKey, ctx: ReqContext, holds: Callable[[OffloadKey], bool]
+    ) -> tuple[int, int, int, bool] | None:
+        """The run of consecutive blocks this tier holds from ``key`` on: (tokens before it,
+        tokens, keys, whether the run ended at a block not held or at the request's last
+        recorded block); None without recorded positions.
+
+        Reads ``ReqContext._offload_key_positions`` (vLLM 0.32: every key of the request,
+        recorded by ``update_offload_keys`` before the lookups; tests/unit/test_vllm_contract.py
+        pins it). A gap in the positions (a group with other spacing) ends the run as not
+        ended: the rest is unknown, so the caller does not refuse on it.
+        """
+        positions = getattr(ctx, "_offload_key_positions", None)
+        if not isinstance(positions, dict):
+            return None
+        start = positions.get(key)
+        if start is None:
+            return None
+        by_end: dict[int, list[OffloadKey]] = {}
+        for k, end in positions.items():
+            if end >= start:
+                by_end.setdefault(end, []).append(k)
+        before = max(start - self.tokens_per_key, 0)
+        reached, n_keys, ended = before, 0, True
+        for end in sorted(by_end):
+            if end != reached + self.tokens_per_key and n_keys:
+                ended = False
+                break
+            if not all(holds(k) for k in by_end[end]):
+                break
+            n_keys += len(by_end[end])
+            reached = end
+        if n_keys == 0:
+            return None
+        return before, reached - before, n_keys, ended
 
     def _one_block_pays(self, end: int) -> bool:
         """Whether restoring the one block ending at token ``end`` beats recomputing it
@@ -149,6 +254,15 @@ class TierDecider:
     def _settle(self, plan: _Plan, restore: bool, why: str) -> None:
         plan.verdict = restore
         setattr(self.counts, why, getattr(self.counts, why) + 1)
+
+    def prefill_per_token_s(self) -> float:
+        """Predicted seconds per token of a cold ``GAUGE_PREFILL_TOKENS`` prefill; 0 until
+        prefill is measured. Not the fit's ``per_token_s`` alone: on a small model the fit can
+        put all the cost into attention and step time, and the gauge read 0."""
+        prefill = self.policy.prefill
+        if prefill.evidence < MIN_PREFILL_EVIDENCE:
+            return 0.0
+        return prefill.recompute_seconds(0, GAUGE_PREFILL_TOKENS) / GAUGE_PREFILL_TOKENS
 
     def load_deadline_s(self, ticket_deadline_s: float) -> float:
         """Seconds a load may take: the policy's, or its ceiling while this tier has no

@@ -27,7 +27,7 @@ kvtier:tier_loads_abandoned          counter  blocks  loads abandoned at their d
 kvtier:restore_decisions             counter  reqs    per-request verdicts (``verdict``)
 kvtier:tier_estimated_bandwidth      gauge    B/s     the policy's restore bandwidth estimate
 kvtier:tier_slow                     gauge    0/1     the tier overran a deadline, not recovered
-kvtier:prefill_seconds_per_token     gauge    s       the policy's per-token prefill estimate
+kvtier:prefill_seconds_per_token     gauge    s       predicted prefill s/token (2k, cold)
 ===================================  =======  ======  =========================================
 """
 
@@ -104,9 +104,15 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
             "recompute, unmeasured: restored before prefill was measured, off: decision off).",
             ("tier", "verdict"),
         ),
-        EST_BANDWIDTH: gauge("The restore policy's bandwidth estimate of the tier, bytes/s."),
+        EST_BANDWIDTH: gauge(
+            "The restore policy's bandwidth estimate of the tier (what predictions of large "
+            "loads use: the fit, capped at the throughput the tier showed), bytes/s."
+        ),
         SLOW: gauge("1 while the tier is marked slow after overrunning a load deadline."),
-        PREFILL_PER_TOKEN: gauge("The restore policy's prefill estimate, seconds per token."),
+        PREFILL_PER_TOKEN: gauge(
+            "The restore policy's prefill estimate: seconds per token of a cold 2,048-token "
+            "prefill (0 until measured)."
+        ),
     }
 
 

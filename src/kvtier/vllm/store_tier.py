@@ -300,7 +300,14 @@ class StoreTier(SecondaryTierManager):
             return self._probe(store, key)
         if self._failed_until and self._recently_failed(key):
             return LookupResult.MISS
-        return self.decider.hit(key, req_context)
+        return self.decider.hit(
+            key,
+            req_context,
+            holds=lambda k: (
+                store.contains(k) and not (self._failed_until and self._recently_failed(k))
+            ),
+            knows_all=not hasattr(store, "exists_many"),
+        )
 
     def on_schedule_end(self, context: Any) -> None:
         self.decider.end_step()
@@ -552,7 +559,7 @@ class StoreTier(SecondaryTierManager):
             if bandwidth != float("inf"):
                 snap.gauges[(metrics.EST_BANDWIDTH, label)] = bandwidth
             snap.gauges[(metrics.SLOW, label)] = 1.0 if estimate.slow else 0.0
-        snap.gauges[(metrics.PREFILL_PER_TOKEN, label)] = policy.prefill.per_token_s
+        snap.gauges[(metrics.PREFILL_PER_TOKEN, label)] = self.decider.prefill_per_token_s()
 
     # -- I/O threads ---------------------------------------------------------------------
     def _row(self, row: int) -> memoryview:

@@ -1,24 +1,29 @@
 """Restore or recompute on a really slow disk: TTFT with kvtier's decision off and on.
 
 One run, side by side, on one loop-device file system (``kvtier.devtools.slowdisk``) whose
-reads a cgroup v1 blkio throttle slows for the engine processes only:
+reads a cgroup v1 blkio throttle slows for the engine processes only. One kvtier engine per
+disk speed (unthrottled, then throttled) measures all three times itself, interleaved:
 
-1. an engine without kvtier serves one prompt per length cold: the recompute time;
-2. the read limit is chosen from it: the largest length's KV bytes over ``slowdown`` times its
-   cold prefill (so a restore takes about ``slowdown`` x a cold prefill there, more at the
-   shorter lengths, whose prefill costs less per token);
-3. for the unthrottled and then the throttled disk, one fresh kvtier engine per decision
-   setting (``restore_decision=False``, then ``True``), its disk tier on the loop device and
-   every process of the engine moved into the cgroup. Each first serves a few cold prompts
-   (the decision learns the engine's prefill cost from its own store jobs), then a few
-   warm-up restores (it learns the disk's bandwidth), then per length the measured request,
-   whose prefix is only on the disk (served once, then
-   ``reset_prefix_cache(reset_connector=True)`` empties the engine's cache and the host pool).
-   The measured prompts are the same for every engine.
+* ``cold``: a fresh prompt (nothing cached anywhere): the recompute time;
+* ``off``: a prompt whose prefix is only on the disk, the request opting out of the decision
+  (``kv_transfer_params`` ``kvtier_restore_decision: false``): the restore time;
+* ``on``: the same situation, the decision taking its course.
 
-TTFT is the wall time of a ``max_tokens=1`` generate call. Reported per length: decision off,
-on, min(restore, recompute) with restore = decision off and recompute = the cold prefill,
-on / min; and what the decision said (``kvtier:restore_decisions`` verdicts, cached tokens).
+Why one engine: engines of one configuration differ by up to 2x in prefill time on this
+2-vCPU machine (0.6 s vs 1.5 s for one 8k prefill of the tiny model, each engine steady over
+its own requests), so a cold prefill timed in another engine is no reference.
+
+Each engine first serves a few cold prompts (the decision learns the engine's prefill cost
+from its own store jobs), then a few opted-out restores (it learns the disk), then ``reps``
+rounds; a round serves each length in each mode, in ABBA order across rounds. A prefix is put
+"only on the disk" by serving the prompt, one short request (vLLM submits a step's stores at
+the next step) and ``reset_prefix_cache(reset_connector=True)``; every measured request uses a
+prompt of its own. The read limit makes an opted-out restore of the largest length take about
+``slowdown`` x its cold prefill, from the unthrottled engine's cold prefills.
+
+TTFT is the wall time of a ``max_tokens=1`` generate call; reported per length: medians of
+cold, off, on, min(off, cold), on / min and off / min; what the decision said
+(``kvtier:restore_decisions`` verdicts) and the cached tokens.
 
 Run: ``kvtier bench slow-tier --out slowtier-out`` (root; tiny random Llama by default).
 """
@@ -29,17 +34,18 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import kvtier
 from kvtier.devtools.bench.common import FLUSH_TOKENS, BenchRun, flush_stores
 from kvtier.devtools.bench.report import counter, decision_verdicts, markdown_table
 from kvtier.devtools.slowdisk import SlowDisk, slow_disk, unavailable
+from kvtier.vllm.decision import REQUEST_DECISION_KEY
 
 Progress = Callable[[str], None]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PHASES = ("unthrottled", "throttled")
-DECISIONS = {"off": False, "on": True}
 #: The tiny model declares 4,096 positions; its random weights do not care about more.
 LONG_ENV = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 #: The loop device's image (sparse) and the disk tier's cap on it: several GiB, since the
@@ -68,6 +74,7 @@ def run(
     lengths: list[int],
     out: Path,
     slowdown: float = 3.0,
+    reps: int = 3,
     warm_prompts: int = 3,
     warm_restores: int = 3,
     host_pool: str = "512MiB",
@@ -83,33 +90,25 @@ def run(
     def prompt(n: int) -> list[int]:
         return bench.prompt(next(seeds), n)
 
-    measured = {n: prompt(n) for n in lengths}  # the same prompts for every engine
-    report: dict[str, Any] = {"kv_bytes_per_token": per_token, "load_average": [], "cold": {}}
-    report["load_average"].append(os.getloadavg())
-
-    with bench.engine("cold-no-kvtier", None, env=LONG_ENV) as engine:
-        engine.generate_one(prompt(256))  # warm-up
-        for n in lengths:
-            result, t = engine.generate_one(measured[n])
-            report["cold"][str(n)] = {"ttft_s": t, "cached": result.num_cached_tokens}
-            progress(f"{n:>5} tok  cold prefill (no kvtier)   {t:8.3f} s")
+    report: dict[str, Any] = {"kv_bytes_per_token": per_token, "load_average": [os.getloadavg()]}
     top = max(lengths)
-    rate = int(per_token * top / (slowdown * report["cold"][str(top)]["ttft_s"]))
-    report["read_bps"] = rate
-    progress(f"read limit {rate / 1e6:.2f} MB/s ({per_token} KV bytes per token)")
-
     with slow_disk(out / "slowdisk", size=DISK_SIZE) as disk:
+        rate: int | None = None
         for phase in PHASES:
-            for word, decision in DECISIONS.items():
-                report.setdefault(word, {})[phase] = _one_engine(
-                    bench, disk, word, phase, decision, host_pool, lengths, measured, prompt,
-                    rate if phase == "throttled" else None, warm_prompts, warm_restores,
-                    progress,
-                )  # fmt: skip
-                report["load_average"].append(os.getloadavg())
+            if phase == "throttled":
+                cold_top = median(report["unthrottled"][str(top)]["cold"]["ttft_s"])
+                rate = int(per_token * top / (slowdown * cold_top))
+                report["read_bps"] = rate
+                progress(f"read limit {rate / 1e6:.2f} MB/s ({per_token} KV bytes per token)")
+            report[phase] = _one_engine(
+                bench, disk, phase, host_pool, lengths, prompt, rate, reps, warm_prompts,
+                warm_restores, progress,
+            )  # fmt: skip
+            report["load_average"].append(os.getloadavg())
     bench.config.update(
         lengths=lengths,
         slowdown=slowdown,
+        reps=reps,
         warm_prompts=warm_prompts,
         warm_restores=warm_restores,
         host_pool=host_pool,
@@ -121,31 +120,28 @@ def run(
 def _one_engine(
     bench: BenchRun,
     disk: SlowDisk,
-    word: str,
     phase: str,
-    decision: bool,
     host_pool: str,
     lengths: list[int],
-    measured: dict[int, list[int]],
     prompt: Callable[[int], list[int]],
     rate: int | None,
+    reps: int,
     warm_prompts: int,
     warm_restores: int,
     progress: Progress,
 ) -> dict[str, Any]:
-    """One fresh kvtier engine on one disk speed: it learns prefill and this disk, then serves
-    every measured prompt from the disk only."""
+    """One fresh kvtier engine (decision on) on one disk speed: it learns prefill and this
+    disk, then times cold, opted-out and decided requests, interleaved."""
     config = kvtier.kv_transfer_config(
         host_pool=host_pool,
-        disk_dir=disk.mount / f"tier-{word}-{phase}",
+        disk_dir=disk.mount / f"tier-{phase}",
         disk_capacity=DISK_CAP,
-        restore_decision=decision,
+        restore_decision=True,
     )
     rows: dict[str, Any] = {"warm_up": []}
     disk.throttle(None)
     blocks = {"num_gpu_blocks_override": engine_blocks(max(lengths))}
-    name = f"decision-{word}-{phase}"
-    with bench.engine(name, config, env=LONG_ENV, extra_args=blocks) as engine:
+    with bench.engine(f"slowtier-{phase}", config, env=LONG_ENV, extra_args=blocks) as engine:
         rows["pids_in_cgroup"] = disk.add_session(engine.pid)
         disk.throttle(rate)
         for _ in range(warm_prompts):  # prefill evidence for the decision
@@ -153,32 +149,57 @@ def _one_engine(
         for _ in range(warm_restores):  # the decision learns this disk's bandwidth
             p = prompt(min(lengths))
             _store_on_disk_only(engine, p, prompt)
-            r, t = engine.generate_one(p)
+            r, t = engine.generate_one(p, kv_transfer_params=MODES["off"])
             rows["warm_up"].append({"ttft_s": t, "cached": r.num_cached_tokens})
-        for n in lengths:
-            p = measured[n]
-            _store_on_disk_only(engine, p, prompt)
-            before = engine.metrics()
-            read_before = disk.bytes_read()
-            r, t = engine.generate_one(p)
-            after = engine.metrics()
-            was = decision_verdicts(before)
-            said = {k: v - was.get(k, 0.0) for k, v in decision_verdicts(after).items()}
-            rows[str(n)] = {
-                "ttft_s": t,
-                "cached": r.num_cached_tokens,
-                "verdicts": {k: v for k, v in said.items() if v},
-                "abandoned": counter(after, "kvtier:tier_loads_abandoned")
-                - counter(before, "kvtier:tier_loads_abandoned"),
-                "device_bytes_read": disk.bytes_read() - read_before,
-            }
-            progress(
-                f"{n:>5} tok  decision {word:<3} {phase:<11} {t:8.3f} s  "
-                f"cached={r.num_cached_tokens} verdicts={rows[str(n)]['verdicts']}"
-            )
+        for rep in range(reps):
+            order = MODE_ORDER if rep % 2 == 0 else MODE_ORDER[::-1]
+            for n in lengths:
+                for mode in order:
+                    one = _measure(engine, disk, mode, prompt(n), prompt)
+                    cell = rows.setdefault(str(n), {}).setdefault(mode, {})
+                    for k, v in one.items():
+                        cell.setdefault(k, []).append(v)
+                    progress(
+                        f"{n:>5} tok  {phase:<11} {mode:<4} {one['ttft_s']:8.3f} s  "
+                        f"cached={one['cached']} verdicts={one['verdicts']}"
+                    )
         rows["metrics_end"] = {k: v for k, v in engine.metrics().items() if "kvtier:" in k}
         disk.throttle(None)  # lets every queued read finish before the engine closes
     return rows
+
+
+#: The measured modes and the ``kv_transfer_params`` each request carries (see module doc).
+MODES: dict[str, dict[str, Any] | None] = {
+    "cold": None,
+    "off": {REQUEST_DECISION_KEY: False},
+    "on": None,
+}
+MODE_ORDER = ("cold", "off", "on")
+
+
+def _measure(
+    engine: Any, disk: SlowDisk, mode: str, p: list[int], prompt: Callable[[int], list[int]]
+) -> dict[str, Any]:
+    """One measured request of ``mode`` (its prefix on the disk only, unless ``cold``)."""
+    if mode == "cold":
+        if not engine.reset_prefix_cache(reset_connector=True):
+            raise RuntimeError("reset_prefix_cache(reset_connector=True) refused")
+    else:
+        _store_on_disk_only(engine, p, prompt)
+    before = engine.metrics()
+    read_before = disk.bytes_read()
+    r, t = engine.generate_one(p, kv_transfer_params=MODES[mode])
+    after = engine.metrics()
+    was = decision_verdicts(before)
+    said = {k: v - was.get(k, 0.0) for k, v in decision_verdicts(after).items()}
+    abandoned = "kvtier:tier_loads_abandoned"
+    return {
+        "ttft_s": t,
+        "cached": r.num_cached_tokens,
+        "verdicts": {k: v for k, v in said.items() if v},
+        "abandoned": counter(after, abandoned) - counter(before, abandoned),
+        "device_bytes_read": disk.bytes_read() - read_before,
+    }
 
 
 def _store_on_disk_only(engine: Any, p: list[int], prompt: Callable[[int], list[int]]) -> None:
@@ -199,21 +220,24 @@ def table(report: dict[str, Any], lengths: list[int]) -> str:
     rows = []
     for phase in PHASES:
         for n in lengths:
-            cold = report["cold"][str(n)]["ttft_s"]
-            off = report["off"][phase][str(n)]
-            on = report["on"][phase][str(n)]
-            best = min(off["ttft_s"], cold)
+            cell = report[phase][str(n)]
+            cold, off, on = (median(cell[m]["ttft_s"]) for m in MODE_ORDER)
+            best = min(off, cold)
+            verdicts: dict[str, float] = {}
+            for said in cell["on"]["verdicts"]:
+                for k, v in said.items():
+                    verdicts[k] = verdicts.get(k, 0.0) + v
             rows.append(
                 [
                     f"{phase}, {n} tokens",
                     f"{cold:.3f}",
-                    f"{off['ttft_s']:.3f} [{off['cached']}]",
-                    f"{on['ttft_s']:.3f} [{on['cached']}]",
+                    f"{off:.3f} [{_cached(cell['off'])}]",
+                    f"{on:.3f} [{_cached(cell['on'])}]",
                     f"{best:.3f}",
-                    f"{on['ttft_s'] / best:.2f}",
-                    f"{off['ttft_s'] / best:.2f}",
-                    ", ".join(f"{k} {v:g}" for k, v in sorted(on["verdicts"].items())) or "–",
-                    f"{on['abandoned']:g} / {off['abandoned']:g}",
+                    f"{on / best:.2f}",
+                    f"{off / best:.2f}",
+                    ", ".join(f"{k} {v:g}" for k, v in sorted(verdicts.items())) or "–",
+                    f"{sum(cell['on']['abandoned']):g} / {sum(cell['off']['abandoned']):g}",
                 ]
             )
     header = [
@@ -221,16 +245,24 @@ def table(report: dict[str, Any], lengths: list[int]) -> str:
         "cold prefill s",
         "decision off s [cached]",
         "decision on s [cached]",
-        "min(restore, recompute) s",
+        "min(off, cold) s",
         "on / min",
         "off / min",
         "on: verdicts",
         "abandoned on / off",
     ]
     loads = ", ".join(f"{a:.2f}" for a, _, _ in report["load_average"])
+    reps = len(report[PHASES[0]][str(lengths[0])]["cold"]["ttft_s"])
     return (
         markdown_table(header, rows)
-        + f"\n\nRead limit of the throttled disk: {report['read_bps'] / 1e6:.2f} MB/s "
-        f"({report['kv_bytes_per_token']} KV bytes per token). 1-minute load average at the "
-        f"start and after each engine: {loads}."
+        + f"\n\nMedians of {reps} requests per cell, all three columns of a row timed in one "
+        f"engine, interleaved. Read limit of the throttled disk: "
+        f"{report['read_bps'] / 1e6:.2f} MB/s ({report['kv_bytes_per_token']} KV bytes per "
+        f"token). 1-minute load average at the start and after each engine: {loads}."
     )
+
+
+def _cached(cell: dict[str, list[Any]]) -> str:
+    """The cached tokens of a cell's requests: one number when they all agree."""
+    seen = sorted(set(cell["cached"]))
+    return str(seen[0]) if len(seen) == 1 else "/".join(map(str, cell["cached"]))

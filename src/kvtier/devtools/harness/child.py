@@ -55,7 +55,10 @@ def main() -> None:
         try:
             if op == "generate":
                 results, elapsed = engine.generate(
-                    request["prompts"], request["max_tokens"], request.get("cache_salt")
+                    request["prompts"],
+                    request["max_tokens"],
+                    request.get("cache_salt"),
+                    request.get("kv_transfer_params"),
                 )
                 reply(ok=True, elapsed_s=elapsed, results=[result_message(r) for r in results])
             elif op == "reset_prefix_cache":

@@ -108,14 +108,23 @@ class Engine(Protocol):
     start_s: float
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int = 1, cache_salt: str | None = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int = 1,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> tuple[list[GenerateResult], float]:
         """Greedy-generate for each prompt (one batch); results in order and the batch's wall
-        time. Returns once the connector stored what the batch left to store."""
+        time. Returns once the connector stored what the batch left to store.
+        ``kv_transfer_params`` go to every request (e.g. kvtier's per-request opt-out)."""
         ...
 
     def generate_one(
-        self, prompt: list[int], max_tokens: int = 1, cache_salt: str | None = None
+        self,
+        prompt: list[int],
+        max_tokens: int = 1,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> tuple[GenerateResult, float]:
         """``generate`` of one prompt."""
         ...
@@ -138,7 +147,11 @@ class EngineBase:
     """What every driver derives from its ``generate`` and ``metrics``."""
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int = 1, cache_salt: str | None = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int = 1,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> tuple[list[GenerateResult], float]:
         raise NotImplementedError
 
@@ -149,9 +162,13 @@ class EngineBase:
         raise NotImplementedError
 
     def generate_one(
-        self, prompt: list[int], max_tokens: int = 1, cache_salt: str | None = None
+        self,
+        prompt: list[int],
+        max_tokens: int = 1,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> tuple[GenerateResult, float]:
-        results, elapsed = self.generate([prompt], max_tokens, cache_salt)
+        results, elapsed = self.generate([prompt], max_tokens, cache_salt, kv_transfer_params)
         return results[0], elapsed
 
     def measured(

@@ -36,12 +36,19 @@ class InProcessEngine(EngineBase):
         self._closed = False
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int = 1, cache_salt: str | None = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int = 1,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> tuple[list[GenerateResult], float]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
+        extra = {} if kv_transfer_params is None else {"kv_transfer_params": kv_transfer_params}
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0, extra_args=extra
+        )
         salt = {} if cache_salt is None else {"cache_salt": cache_salt}
         requests = [TokensPrompt(prompt_token_ids=p, **salt) for p in prompts]  # type: ignore[typeddict-item]
         started = time.perf_counter()

@@ -99,10 +99,18 @@ class ProcessEngine(EngineBase):
 
     # -- operations -----------------------------------------------------------------------
     def generate(
-        self, prompts: list[list[int]], max_tokens: int = 1, cache_salt: str | None = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int = 1,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> tuple[list[GenerateResult], float]:
         reply = self._call(
-            op="generate", prompts=prompts, max_tokens=max_tokens, cache_salt=cache_salt
+            op="generate",
+            prompts=prompts,
+            max_tokens=max_tokens,
+            cache_salt=cache_salt,
+            kv_transfer_params=kv_transfer_params,
         )
         return [GenerateResult(**r) for r in reply["results"]], reply["elapsed_s"]
 

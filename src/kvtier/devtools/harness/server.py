@@ -10,6 +10,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from kvtier.cli.serve import serve_env
 from kvtier.devtools.harness.engine import EngineBase, GenerateResult
@@ -119,10 +120,16 @@ class ServerEngine(EngineBase):
         self.start_s = time.perf_counter() - self._started
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int = 1, cache_salt: str | None = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int = 1,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> tuple[list[GenerateResult], float]:
         def one(prompt: list[int]) -> GenerateResult:
-            out = self.client.complete_stream(prompt, max_tokens, cache_salt, self.ignore_eos)
+            out = self.client.complete_stream(
+                prompt, max_tokens, cache_salt, self.ignore_eos, kv_transfer_params
+            )
             return GenerateResult(
                 token_ids=out.token_ids,
                 num_cached_tokens=out.cached_tokens or 0,
