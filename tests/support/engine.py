@@ -148,14 +148,13 @@ def disk_usage(ns_dir: Path) -> int:
 
 def charged_usage(root: Path) -> int:
     """What the folder's index should charge: every record, trashed and quarantined file of
-    every namespace under ``root``, each rounded up to 4 KiB (kvtier.store.schema)."""
-    entries = [
-        os.lstat(p)
-        for sub in ("blocks", "quarantine", "tmp")
-        for p in root.glob(f"*/{sub}/**/*")
-    ]
-    # Everything but folders: a quarantined symlink or FIFO is charged too (by its lstat size).
-    return sum(-(-e.st_size // 4096) * 4096 for e in entries if not stat.S_ISDIR(e.st_mode))
+    every namespace under ``root``, each rounded up to 4 KiB (kvtier.store.schema). The
+    store's own folders (``blocks/`` fan-out) are not charged; a quarantined entry is, whole,
+    folders included (a folder planted in place of a record: kvtier.store.quarantine)."""
+    entries = [os.lstat(p) for sub in ("blocks", "tmp") for p in root.glob(f"*/{sub}/**/*")]
+    files = [e for e in entries if not stat.S_ISDIR(e.st_mode)]
+    quarantined = [os.lstat(p) for p in root.glob("*/quarantine/**/*")]
+    return sum(-(-e.st_size // 4096) * 4096 for e in files + quarantined)
 
 
 def metric(engine: Engine, name: str) -> float:
