@@ -96,12 +96,16 @@ def test_unsafe_permissions_that_cannot_be_fixed_are_refused(readonly: Path) -> 
         check_root(readonly)
 
 
-def test_unsafe_permissions_of_our_own_folder_are_fixed(tmp_path: Path) -> None:
+def test_unsafe_permissions_of_our_own_folder_are_fixed_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     folder = tmp_path / "open"
     folder.mkdir()
     folder.chmod(0o777)
-    check_root(folder)
+    with caplog.at_level("WARNING", logger="kvtier.store.root"):
+        check_root(folder)
     assert folder.stat().st_mode & 0o777 == 0o700
+    assert "made it private" in caplog.text and "0o777" in caplog.text, caplog.text
 
 
 def test_an_index_of_a_newer_schema_is_refused(tmp_path: Path) -> None:

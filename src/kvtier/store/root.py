@@ -236,6 +236,15 @@ def check_root(root: Path | str) -> None:
                 f"{stat.S_IMODE(st.st_mode):#o}) and cannot be fixed ({exc}); run "
                 f"`chmod 700 {path}` or use a private folder"
             ) from None
+        # Said, not silent: the user's folder changed mode (records in it are still checked
+        # one by one: ownership, mode, checksums).
+        log.warning(
+            "disk tier: disk_dir=%s was writable by group or others (mode %#o); made it "
+            "private (chmod %#o)",
+            path,
+            stat.S_IMODE(st.st_mode),
+            layout.DIR_MODE,
+        )
     _probe_writable(path, path)
     _check_schema(path / layout.INDEX_FILE)
 
