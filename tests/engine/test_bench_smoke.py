@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kvtier.devtools.bench import bandwidth, concurrent, overhead, ttft
+from kvtier.devtools.bench import bandwidth, concurrent, decision_abba, overhead, ttft
 
 pytestmark = pytest.mark.engine
 
@@ -47,6 +47,19 @@ def test_concurrent_bench_restores_every_request(tiny_model, tmp_path):
     assert [r["n"] for r in result["rows"]] == [1, 2]
     assert all(min(r["restored_cached_tokens"]) == 256 for r in result["rows"])
     assert (tmp_path / "concurrent.png").exists()
+
+
+def test_same_engine_decision_bench_restores_the_opted_out_requests(tiny_model, tmp_path):
+    """Opted-out requests are restored whatever the tiny model's decision says (it may rightly
+    refuse: one block of it recomputes in about a millisecond), and both settings are timed."""
+    result = decision_abba.run_same_engine(
+        str(tiny_model), [300], 2, tmp_path, batch=2, progress=lambda _: None, in_process=True
+    )
+    assert min(result["cached"]["300/single/off"]) == 256
+    assert min(result["cached"]["300/batch of 2/off"]) == 256
+    assert len(result["samples"]["300/single/on"]) == 2
+    assert result["verdicts"].get("off", 0) == 6, result["verdicts"]
+    assert "on / off" in (tmp_path / "decision-same-engine.md").read_text()
 
 
 def test_overhead_bench_compares_on_and_off_with_zero_reuse(tiny_model, tmp_path):

@@ -117,13 +117,34 @@ def bench_decision(
     engines: Annotated[
         int, typer.Option(help="Reader engines per setting (ABBA order: on, off, off, on...).")
     ] = 3,
+    same_engine: Annotated[
+        bool,
+        typer.Option(
+            "--same-engine",
+            help="Both settings in one engine (per-request opt-out), singles and batches.",
+        ),
+    ] = False,
+    batch: Annotated[int, typer.Option(help="Concurrent restores per batch (--same-engine).")] = 4,
 ) -> None:
-    """Disk restores with the restore decision on vs off, spread over several engines each.
+    """Disk restores with the restore decision on vs off, spread over several engines each
+    (or, with --same-engine, both in one engine).
 
     Example: kvtier bench decision --lengths 2048,8000 --engines 3
     """
     from kvtier.devtools.bench import decision_abba
 
+    if same_engine:
+        with _progress("decision") as report:
+            decision_abba.run_same_engine(
+                _model(model),
+                [int(x) for x in lengths.split(",")],
+                reps,
+                out,
+                batch=batch,
+                progress=report,
+            )
+        _print_result(out, "decision-same-engine")
+        return
     with _progress("decision") as report:
         decision_abba.run(
             _model(model),

@@ -14,16 +14,20 @@ ABBA order on one folder:
 Reported per length and kind: the median over every engine of the setting, the per-engine
 medians (their spread is the noise floor), on / off, and the verdicts each engine's tier gave.
 
-Run: ``kvtier bench decision --out bench-out``.
+``run_same_engine`` (``--same-engine``): both settings in one engine instead, through the
+per-request opt-out, single requests and concurrent batches.
+
+Run: ``kvtier bench decision --out bench-out`` (``--same-engine``).
 """
 
 from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.bench.common import BenchRun
+from kvtier.devtools.bench.common import FLUSH_TOKENS, BenchRun, flush_stores
 from kvtier.devtools.bench.report import decision_verdicts, drop_page_cache, markdown_table, median
 from kvtier.devtools.bench.ttft import WARMUP_PROMPTS, WARMUP_TOKENS
+from kvtier.vllm.decision import REQUEST_DECISION_KEY
 
 KINDS = ("fresh", "warm")
 
@@ -122,4 +126,88 @@ def run(
     )
     report = {"engines": engines}
     bench.write("decision", report, markdown)
+    return report
+
+
+#: A request's ``kv_transfer_params`` per setting in ``run_same_engine`` (on: the default).
+SAME_ENGINE_PARAMS: dict[str, dict | None] = {"on": None, "off": {REQUEST_DECISION_KEY: False}}
+
+
+def run_same_engine(
+    model: str,
+    lengths: list[int],
+    reps: int,
+    out: Path,
+    batch: int = 4,
+    host_pool: str = "4GiB",
+    progress: Callable[[str], None] = print,
+    in_process: bool = False,
+) -> dict:
+    """Both settings in one engine (decision on; "off" requests opt out per request), ABBA.
+
+    Engines of one configuration differ by up to 2x in prefill time here, which an
+    engine-per-setting comparison cannot tell from the decision's cost. One kvtier engine
+    (disk tier, decision on) prefills ``WARMUP_PROMPTS`` prompts cold, then per length and
+    round: a disk-only restore of one prompt (served, flushed, ``reset_prefix_cache``) and a
+    batch of ``batch`` concurrent disk-only restores, for "on" and "off" in ABBA order
+    across rounds, every measured request on a prompt of its own. Writes
+    ``decision-same-engine.json`` / ``.md``.
+    """
+    bench = BenchRun(
+        out, model, max_model_len=max(lengths) + 64, max_num_seqs=batch, in_process=in_process
+    )
+    seeds = iter(range(20_000_000, 21_000_000))
+    config = kvtier.kv_transfer_config(host_pool=host_pool, disk_dir=out / "disk-same-engine")
+    samples: dict[str, list[float]] = {}
+    cached: dict[str, list[int]] = {}
+    with bench.engine("decision-same-engine", config) as engine:
+        for _ in range(WARMUP_PROMPTS):
+            engine.generate_one(bench.prompt(next(seeds), min(WARMUP_TOKENS, max(lengths))))
+        for rep in range(reps):
+            order = ("on", "off") if rep % 2 == 0 else ("off", "on")
+            for n in lengths:
+                for kind, count in (("single", 1), (f"batch of {batch}", batch)):
+                    for setting in order:
+                        prompts = [bench.prompt(next(seeds), n) for _ in range(count)]
+                        engine.generate(prompts)
+                        flush_stores(engine, bench.prompt(next(seeds), FLUSH_TOKENS))
+                        if not engine.reset_prefix_cache(reset_connector=True):
+                            raise RuntimeError("reset_prefix_cache(reset_connector=True) refused")
+                        results, seconds = engine.generate(
+                            prompts, kv_transfer_params=SAME_ENGINE_PARAMS[setting]
+                        )
+                        cell = f"{n}/{kind}/{setting}"
+                        samples.setdefault(cell, []).append(seconds)
+                        cached.setdefault(cell, []).extend(r.num_cached_tokens for r in results)
+                        progress(f"{n:>5} tok  {kind:<10} {setting:<3} {seconds:7.3f} s")
+        verdicts = decision_verdicts(engine.metrics())
+    rows = []
+    for n in lengths:
+        for kind in ("single", f"batch of {batch}"):
+            on, off = (median(samples[f"{n}/{kind}/{s}"]) for s in ("on", "off"))
+            rows.append(
+                [
+                    f"{n} tokens, {kind}",
+                    f"{on:.3f}",
+                    f"{off:.3f}",
+                    f"{on / off:.2f}",
+                    f"{min(cached[f'{n}/{kind}/on'])} / {min(cached[f'{n}/{kind}/off'])}",
+                ]
+            )
+    markdown = markdown_table(
+        [
+            "disk restore, wall s",
+            "decision on, median",
+            "decision off (opted out), median",
+            "on / off",
+            "fewest cached tokens on / off",
+        ],
+        rows,
+    )
+    markdown += (
+        f"\n\nMedians of {reps} per cell, both settings in one engine, ABBA. Verdicts: {verdicts}."
+    )
+    bench.config.update(lengths=lengths, reps=reps, batch=batch, host_pool=host_pool)
+    report = {"samples": samples, "cached": cached, "verdicts": verdicts}
+    bench.write("decision-same-engine", report, markdown)
     return report
