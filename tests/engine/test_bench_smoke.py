@@ -80,6 +80,17 @@ def test_overhead_bench_compares_on_and_off_with_zero_reuse(tiny_model, tmp_path
     assert "decision on vs off" in (tmp_path / "overhead.md").read_text()
 
 
+def test_same_engine_overhead_bench_stores_only_the_requests_that_may(tiny_model, tmp_path):
+    result = overhead.run_stores_same_engine(
+        str(tiny_model), tmp_path, pairs=2, prompt_len=300, output_len=4,
+        progress=lambda _: None, in_process=True,
+    )  # fmt: skip
+    # 2 storing requests of 2 full blocks each reach the disk; the others store nothing.
+    assert result["bytes_written"] > 0
+    assert len(result["figures"]["stores"]["ttft_s"]) == 2
+    assert "stores / no stores" in (tmp_path / "overhead-stores.md").read_text()
+
+
 def test_bandwidth_bench_checks_the_bytes_it_moves(tmp_path):
     result = bandwidth.run(tmp_path, reps=1, progress=lambda _: None)
     assert all(v[0] > 0 for v in result["gbps"].values())

@@ -255,13 +255,32 @@ def bench_overhead(
         bool,
         typer.Option(help="A third engine, kvtier on with the restore decision off, side by side."),
     ] = False,
+    same_engine: Annotated[
+        bool,
+        typer.Option(
+            "--same-engine",
+            help="One engine: requests kvtier stores vs requests that store nothing.",
+        ),
+    ] = False,
+    pairs: Annotated[int, typer.Option(help="Request pairs (--same-engine).")] = 12,
+    disk_dir: Annotated[
+        Path | None, typer.Option(help="The disk tier's folder (--same-engine).")
+    ] = None,
 ) -> None:
-    """kvtier on vs off over the same zero-reuse request set: TTFT, TPOT, throughput.
+    """kvtier on vs off over the same zero-reuse request set: TTFT, TPOT, throughput (or,
+    with --same-engine, the store path's cost inside one engine).
 
     Example: kvtier bench overhead --passes 5
     """
     from kvtier.devtools.bench import overhead
 
+    if same_engine:
+        with _progress("overhead") as report:
+            overhead.run_stores_same_engine(
+                _model(model), out, pairs=pairs, disk_dir=disk_dir, progress=report
+            )
+        _print_result(out, "overhead-stores")
+        return
     with _progress("overhead") as report:
         overhead.run(
             _model(model),

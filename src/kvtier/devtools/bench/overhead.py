@@ -27,7 +27,10 @@ engine's processes used: a direct measure of what kvtier takes from the engine.
 rotation (off, on, on without decision, ...), so the decision's own cost with zero reuse (it
 only measures prefill then: nothing to decide) is side by side too.
 
-Run: ``kvtier bench overhead --out bench-out``.
+``run_stores_same_engine`` (``--same-engine``): the store path's cost alone, in one engine,
+requests that store against requests that store nothing.
+
+Run: ``kvtier bench overhead --out bench-out`` (``--same-engine``).
 """
 
 from collections.abc import Callable
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import kvtier
 from kvtier.devtools.bench.common import BenchRun
-from kvtier.devtools.bench.report import markdown_table, median, median_range
+from kvtier.devtools.bench.report import counter, markdown_table, median, median_range
 from kvtier.devtools.harness import Engine, GenerateResult
 from kvtier.devtools.harness.cpu import session_cpu
 
@@ -166,3 +169,75 @@ def run(
     cpu_json = {name: vars(split) for name, split in cpu.items()}
     bench.write("overhead", {"passes": results, "cpu_s": cpu_json}, markdown)
     return {"passes": results, "cpu_s": cpu_json}
+
+
+#: vLLM's per-request cap on offloaded tokens (``kv_transfer_params``): 0 stores nothing.
+NO_STORES = {"max_offload_tokens": 0}
+
+
+def run_stores_same_engine(
+    model: str,
+    out: Path,
+    pairs: int = 12,
+    prompt_len: int = 512,
+    output_len: int = 32,
+    disk_dir: Path | None = None,
+    progress: Callable[[str], None] = print,
+    in_process: bool = False,
+) -> dict:
+    """What storing costs, in one kvtier engine: zero-reuse requests whose blocks kvtier
+    stores, alternated (ABBA) with requests that store nothing (vLLM's per-request
+    ``max_offload_tokens: 0``), one at a time. Engine-to-engine spread, which swamps an
+    engine-per-setting comparison on this machine, cancels out; what is left is the cost of
+    kvtier's store path (host-pool copies, disk writes). ``disk_dir``: where the disk tier
+    lives (default under ``out``; a tmpfs folder separates write I/O from the rest).
+    Writes ``overhead-stores.json`` / ``.md``."""
+    bench = BenchRun(
+        out, model, max_model_len=prompt_len + output_len + 64, max_num_seqs=8,
+        in_process=in_process,
+    )  # fmt: skip
+    folder = disk_dir if disk_dir is not None else out / "disk-overhead-stores"
+    config = kvtier.kv_transfer_config(host_pool="2GiB", disk_dir=folder)
+    modes: dict[str, dict | None] = {"stores": None, "no stores": NO_STORES}
+    singles: dict[str, list[GenerateResult]] = {m: [] for m in modes}
+    seeds = iter(range(11_000_000, 12_000_000))
+    with bench.engine("overhead-stores", config) as engine:
+        engine.generate_one(bench.prompt(3, 128), max_tokens=4)  # warm-up
+        written_before = engine.metrics()
+        for i in range(pairs):
+            for mode in modes if i % 2 == 0 else reversed(modes):
+                prompt = bench.prompt(next(seeds), prompt_len)
+                result, _ = engine.generate_one(
+                    prompt, max_tokens=output_len, kv_transfer_params=modes[mode]
+                )
+                singles[mode].append(result)
+            progress(f"pair {i + 1}/{pairs}")
+        written = counter(engine.metrics(), "kvtier:tier_bytes_written") - counter(
+            written_before, "kvtier:tier_bytes_written"
+        )
+    if any(r.num_cached_tokens for rs in singles.values() for r in rs):
+        raise RuntimeError("a request hit a cache: the overhead run must have zero reuse")
+    figures = {
+        m: {
+            "ttft_s": [r.ttft_s for r in rs],
+            "tpot_s": [_tpot(r) for r in rs],
+        }
+        for m, rs in singles.items()
+    }
+    rows = []
+    for key, label in (("ttft_s", "TTFT (ms)"), ("tpot_s", "time per output token (ms)")):
+        stores, none = (median(figures[m][key]) for m in modes)
+        rows.append([label, f"{none * 1000:.1f}", f"{stores * 1000:.1f}", f"{stores / none:.3f}"])
+    markdown = markdown_table(
+        ["one request at a time, median", "no stores", "stores", "stores / no stores"], rows
+    )
+    markdown += (
+        f"\n\n{pairs} requests per column, ABBA, one engine; {prompt_len}-token prompts, "
+        f"{output_len} output tokens; disk tier in {folder}; {written / 1e6:.0f} MB written."
+    )
+    bench.config.update(
+        pairs=pairs, prompt_len=prompt_len, output_len=output_len, disk_dir=str(folder)
+    )
+    report = {"figures": figures, "bytes_written": written}
+    bench.write("overhead-stores", report, markdown)
+    return report
