@@ -51,6 +51,20 @@ def measure_prefill(d: TierDecider, clock: Clock, seconds_per_token: float) -> N
         d.on_store([key(1000 * (r + 1) + i) for i in range(16)], ctx)
 
 
+#: A 1 MB/s tier with 0.5 s per load, and a fast tier whose 50 ms per load outweighs one block.
+SLOW = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)
+LAGGY = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)
+
+
+def measured_decider(prior: RestorePrior) -> TierDecider:
+    """A decider over a tier of ``prior`` whose engine prefill was measured at 0.1 ms a token
+    (one block recomputes in ~13 ms)."""
+    clock = Clock()
+    d = decider(clock, tier_prior=prior)
+    measure_prefill(d, clock, 1e-4)
+    return d
+
+
 def ask(d: TierDecider, ctx: ReqContext, n_keys: int) -> list[LookupResult]:
     return [d.hit(key(i), ctx) for i in range(n_keys)]
 
@@ -83,10 +97,7 @@ def test_a_tier_slower_than_recompute_is_refused_for_the_whole_request():
 
 
 def test_a_request_that_opts_out_is_restored_where_the_others_are_refused():
-    clock = Clock()
-    slow = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)
-    d = decider(clock, tier_prior=slow)
-    measure_prefill(d, clock, 1e-4)
+    d = measured_decider(SLOW)
     opted_out = request(8, params={REQUEST_DECISION_KEY: False})
     assert ask(d, opted_out, 8) == [LookupResult.HIT] * 8
     assert d.counts.off == 1
@@ -99,10 +110,7 @@ def test_a_request_that_opts_out_is_restored_where_the_others_are_refused():
 
 
 def test_a_bad_opt_out_value_is_ignored_with_one_warning(caplog):
-    clock = Clock()
-    slow = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)
-    d = decider(clock, tier_prior=slow)
-    measure_prefill(d, clock, 1e-4)
+    d = measured_decider(SLOW)
     for _ in range(2):
         ctx = request(8, params={REQUEST_DECISION_KEY: "no"})
         assert ask(d, ctx, 8) == [LookupResult.RETRY] * 8, "a string is not false"
@@ -183,10 +191,7 @@ def test_store_jobs_bunched_at_the_end_of_a_chunked_prefill_still_measure_it():
 def test_the_look_ahead_refuses_a_slow_disk_at_the_first_key_without_losing_a_step():
     """vLLM records every key's position before the lookups: a tier that knows all it holds
     weighs its whole run at the first hit key, so a refusal costs no RETRY step either."""
-    clock = Clock()
-    slow = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.5)
-    d = decider(clock, tier_prior=slow)
-    measure_prefill(d, clock, 1e-4)
+    d = measured_decider(SLOW)
     ctx = request(8)
     held = {key(i) for i in range(8)}
     assert d.hit(key(0), ctx, holds=held.__contains__, knows_all=True) == LookupResult.MISS
@@ -197,10 +202,7 @@ def test_the_look_ahead_refuses_a_slow_disk_at_the_first_key_without_losing_a_st
 
 def test_the_look_ahead_restores_a_run_that_pays_only_as_a_whole_at_once():
     """The collected case above, decided at the first key: the run of 64 held blocks pays."""
-    clock = Clock()
-    laggy = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)
-    d = decider(clock, tier_prior=laggy)
-    measure_prefill(d, clock, 1e-4)
+    d = measured_decider(LAGGY)
     ctx = request(64)
     held = {key(i) for i in range(64)}
     assert d.hit(key(0), ctx, holds=held.__contains__, knows_all=True) == LookupResult.HIT
@@ -210,10 +212,7 @@ def test_the_look_ahead_restores_a_run_that_pays_only_as_a_whole_at_once():
 def test_the_look_ahead_weighs_only_the_blocks_the_tier_holds():
     """The run ends at the first block the tier lacks: 2 held blocks of 64 do not pay for a
     laggy tier, so the request is recomputed though all 64 are recorded."""
-    clock = Clock()
-    laggy = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)
-    d = decider(clock, tier_prior=laggy)
-    measure_prefill(d, clock, 1e-4)
+    d = measured_decider(LAGGY)
     ctx = request(64)
     held = {key(0), key(1)} | {key(i) for i in range(3, 64)}
     assert d.hit(key(0), ctx, holds=held.__contains__, knows_all=True) == LookupResult.MISS
@@ -223,10 +222,7 @@ def test_the_look_ahead_weighs_only_the_blocks_the_tier_holds():
 def test_a_tier_that_may_not_know_all_it_holds_collects_instead_of_refusing():
     """For a shared store a block it has not seen may still be on the server: a short run
     that does not pay is no reason to refuse, so the hit is collected and decided whole."""
-    clock = Clock()
-    laggy = RestorePrior(bandwidth_bytes_per_s=2e9, latency_s=0.05)
-    d = decider(clock, tier_prior=laggy)
-    measure_prefill(d, clock, 1e-4)
+    d = measured_decider(LAGGY)
     ctx = request(64)
     seen = {key(0), key(1)}
     assert d.hit(key(0), ctx, holds=seen.__contains__, knows_all=False) == LookupResult.RETRY
