@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.bench.common import FLUSH_TOKENS, BenchRun, flush_stores
+from kvtier.devtools.bench.common import FLUSH_TOKENS, BenchRun, abba_round, serve_to_disk_only
 from kvtier.devtools.bench.report import decision_verdicts, drop_page_cache, markdown_table, median
 from kvtier.devtools.bench.ttft import WARMUP_PROMPTS, WARMUP_TOKENS
 from kvtier.vllm.decision import REQUEST_DECISION_KEY
@@ -164,15 +164,12 @@ def run_same_engine(
         for _ in range(WARMUP_PROMPTS):
             engine.generate_one(bench.prompt(next(seeds), min(WARMUP_TOKENS, max(lengths))))
         for rep in range(reps):
-            order = ("on", "off") if rep % 2 == 0 else ("off", "on")
+            order = abba_round(tuple(SAME_ENGINE_PARAMS), rep)
             for n in lengths:
                 for kind, count in (("single", 1), (f"batch of {batch}", batch)):
                     for setting in order:
                         prompts = [bench.prompt(next(seeds), n) for _ in range(count)]
-                        engine.generate(prompts)
-                        flush_stores(engine, bench.prompt(next(seeds), FLUSH_TOKENS))
-                        if not engine.reset_prefix_cache(reset_connector=True):
-                            raise RuntimeError("reset_prefix_cache(reset_connector=True) refused")
+                        serve_to_disk_only(engine, prompts, bench.prompt(next(seeds), FLUSH_TOKENS))
                         results, seconds = engine.generate(
                             prompts, kv_transfer_params=SAME_ENGINE_PARAMS[setting]
                         )

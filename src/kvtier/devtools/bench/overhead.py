@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.bench.common import BenchRun
+from kvtier.devtools.bench.common import BenchRun, abba_round
 from kvtier.devtools.bench.report import counter, markdown_table, median, median_range
 from kvtier.devtools.harness import Engine, GenerateResult
 from kvtier.devtools.harness.cpu import session_cpu
@@ -205,7 +205,7 @@ def run_stores_same_engine(
         engine.generate_one(bench.prompt(3, 128), max_tokens=4)  # warm-up
         written_before = engine.metrics()
         for i in range(pairs):
-            for mode in modes if i % 2 == 0 else reversed(modes):
+            for mode in abba_round(tuple(modes), i):
                 prompt = bench.prompt(next(seeds), prompt_len)
                 result, _ = engine.generate_one(
                     prompt, max_tokens=output_len, kv_transfer_params=modes[mode]

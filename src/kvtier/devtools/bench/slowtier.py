@@ -34,12 +34,17 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 import kvtier
-from kvtier.devtools.bench.common import FLUSH_TOKENS, BenchRun, flush_stores
-from kvtier.devtools.bench.report import counter, decision_verdicts, markdown_table
+from kvtier.devtools.bench.common import (
+    FLUSH_TOKENS,
+    BenchRun,
+    abba_round,
+    reset_all,
+    serve_to_disk_only,
+)
+from kvtier.devtools.bench.report import counter, decision_verdicts, markdown_table, median
 from kvtier.devtools.slowdisk import SlowDisk, slow_disk, unavailable
 from kvtier.vllm.decision import REQUEST_DECISION_KEY
 
@@ -148,11 +153,11 @@ def _one_engine(
             engine.generate_one(prompt(max(lengths)))
         for _ in range(warm_restores):  # the decision learns this disk's bandwidth
             p = prompt(min(lengths))
-            _store_on_disk_only(engine, p, prompt)
+            serve_to_disk_only(engine, [p], prompt(FLUSH_TOKENS))
             r, t = engine.generate_one(p, kv_transfer_params=MODES["off"])
             rows["warm_up"].append({"ttft_s": t, "cached": r.num_cached_tokens})
         for rep in range(reps):
-            order = MODE_ORDER if rep % 2 == 0 else MODE_ORDER[::-1]
+            order = abba_round(MODE_ORDER, rep)
             for n in lengths:
                 for mode in order:
                     one = _measure(engine, disk, mode, prompt(n), prompt)
@@ -174,7 +179,7 @@ MODES: dict[str, dict[str, Any] | None] = {
     "off": {REQUEST_DECISION_KEY: False},
     "on": None,
 }
-MODE_ORDER = ("cold", "off", "on")
+MODE_ORDER = tuple(MODES)
 
 
 def _measure(
@@ -182,10 +187,9 @@ def _measure(
 ) -> dict[str, Any]:
     """One measured request of ``mode`` (its prefix on the disk only, unless ``cold``)."""
     if mode == "cold":
-        if not engine.reset_prefix_cache(reset_connector=True):
-            raise RuntimeError("reset_prefix_cache(reset_connector=True) refused")
+        reset_all(engine)
     else:
-        _store_on_disk_only(engine, p, prompt)
+        serve_to_disk_only(engine, [p], prompt(FLUSH_TOKENS))
     before = engine.metrics()
     read_before = disk.bytes_read()
     r, t = engine.generate_one(p, kv_transfer_params=MODES[mode])
@@ -200,20 +204,6 @@ def _measure(
         "abandoned": counter(after, abandoned) - counter(before, abandoned),
         "device_bytes_read": disk.bytes_read() - read_before,
     }
-
-
-def _store_on_disk_only(engine: Any, p: list[int], prompt: Callable[[int], list[int]]) -> None:
-    """Serve ``p`` (its blocks go to the disk tier), then empty the engine's cache and the
-    host pool, so the next request of ``p`` finds its prefix only on the disk.
-
-    Without ``flush_stores`` the measured prompt was restored in part or not at all (8k: 4,096
-    of 7,936 tokens, the second chunk never stored; 2k: nothing), depending on whether the
-    engine happened to step again before the reset.
-    """
-    engine.generate_one(p)
-    flush_stores(engine, prompt(FLUSH_TOKENS))
-    if not engine.reset_prefix_cache(reset_connector=True):
-        raise RuntimeError("reset_prefix_cache(reset_connector=True) refused")
 
 
 def table(report: dict[str, Any], lengths: list[int]) -> str:
