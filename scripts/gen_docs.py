@@ -85,7 +85,8 @@ def _size_default(name: str, value: Any) -> str:
 
 
 def _settings_models() -> list[type]:
-    """Every public pydantic model of ``kvtier.settings``, in the order the module defines them."""
+    """The component models of ``kvtier.settings`` in the order the module defines them: every
+    public pydantic model with fields (a shared base class without fields is left out)."""
     from pydantic import BaseModel
 
     import kvtier.settings as settings
@@ -97,6 +98,7 @@ def _settings_models() -> list[type]:
         and issubclass(obj, BaseModel)
         and obj.__module__ == settings.__name__
         and not name.startswith("_")
+        and obj.model_fields
     ]
 
 
@@ -158,15 +160,22 @@ def python_table() -> str:
     return _table(["argument", "default", "meaning"], rows)
 
 
-def _dataclass_rows(obj: Any, prefix: str = "") -> list[list[object]]:
+def _fields(obj: Any) -> list[tuple[str, Any]]:
+    """(name, value) of a settings object's fields: a pydantic model or a dataclass."""
+    if dataclasses.is_dataclass(obj):
+        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return [(name, getattr(obj, name)) for name in type(obj).model_fields]
+
+
+def _value_rows(obj: Any, prefix: str = "") -> list[list[object]]:
+    """One row per field of ``obj``, nested settings flattened as ``outer_inner``."""
     comments = _comments_above(type(obj))
     rows: list[list[object]] = []
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            rows += _dataclass_rows(value, prefix=f"{prefix}{f.name}_")
+    for name, value in _fields(obj):
+        if dataclasses.is_dataclass(value) or hasattr(type(value), "model_fields"):
+            rows += _value_rows(value, prefix=f"{prefix}{name}_")
             continue
-        rows.append([f"`{prefix}{f.name}`", _default(value), comments.get(f.name, "")])
+        rows.append([f"`{prefix}{name}`", _default(value), comments.get(name, "")])
     return rows
 
 
@@ -177,7 +186,7 @@ def policy_table() -> str:
     from kvtier.vllm.decision import make_policy
 
     settings = make_policy(True, time.monotonic).settings
-    return _table(["setting", "value in the engine", "meaning"], _dataclass_rows(settings))
+    return _table(["setting", "value in the engine", "meaning"], _value_rows(settings))
 
 
 def serve_table() -> str:
