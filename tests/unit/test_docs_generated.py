@@ -37,24 +37,25 @@ def test_every_generated_region_appears_in_docs(region: str) -> None:
 
 
 def test_a_new_settings_field_shows_up_in_the_options_table(monkeypatch) -> None:
-    from pydantic import Field
+    from pydantic import BaseModel, Field
 
     import kvtier.settings as settings
 
     gen_docs = _gen_docs()
 
-    class ProbeSettings(settings._Settings):
+    class ProbeSettings(BaseModel):
         """A component that exists only in this test."""
 
         wait_s: float = Field(
             default=1.5,
             description="Seconds the probe waits.",
-            **settings._option("probe_wait_s", "give seconds"),
+            json_schema_extra={"option": "probe_wait_s"},
         )
 
     ProbeSettings.__module__ = settings.__name__
     monkeypatch.setattr(settings, "ProbeSettings", ProbeSettings, raising=False)
     table = gen_docs.options_table()
+    assert "(`ProbeSettings`): A component that exists only in this test." in table
     assert "| `wait_s` | `probe_wait_s` | `1.5` | Seconds the probe waits. |" in table
 
 
