@@ -100,6 +100,14 @@ class LocalThenShared(BlockStore):
             self._queued += 1
         self._write_back.submit(self._store_locally, key, payload)
 
+    def wait_write_back(self) -> None:
+        """Return once every write-back queued so far is done (the queue is one FIFO
+        thread, so a no-op queued now runs after them): for checks that read both parts."""
+        try:
+            self._write_back.submit(lambda: None).result()
+        except RuntimeError:  # closed: close() already waited for them
+            return
+
     def _store_locally(self, key: bytes, payload: bytes) -> None:
         try:
             if self.local.put(key, payload):
