@@ -173,7 +173,10 @@ def test_the_prober_thread_answers_and_stops():
 @pytest.fixture
 def table():
     made = JobTable(
-        thread_prefix="kvtier-test", io_threads=2, clock=FakeClock(), label="t",
+        thread_prefix="kvtier-test",
+        io_threads=2,
+        clock=FakeClock(),
+        label="t",
         max_queued_blocks=2,
     )
     yield made

@@ -31,6 +31,7 @@ setup_logging()
 #: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
 REFRESH_INTERVAL_S = HOUSEKEEPING_INTERVAL_S
 
+
 def open_disk_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
     """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
     of the shared store when one is configured (``LocalThenShared``)."""
@@ -94,4 +95,3 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
                 "server's; shared hits written back to disk)"
             )
         return line
-

@@ -159,9 +159,7 @@ class JobTable:
                 continue
             del self._jobs[job_id]
             outcomes = [f.done() and _succeeded(f, self._label) for f in job.futures]
-            done.append(
-                FinishedJob(job, outcomes, abandoned, time.perf_counter() - job.submitted)
-            )
+            done.append(FinishedJob(job, outcomes, abandoned, time.perf_counter() - job.submitted))
         return done
 
     def _abandon_if_late(self, job: Job) -> list[bytes] | None:
