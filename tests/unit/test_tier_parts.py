@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sys
 import threading
 import time
@@ -228,3 +229,17 @@ def test_a_task_that_raises_is_a_failed_block(table):
     table.drain()
     (done,) = table.finished()
     assert done.outcomes == [False] and not table.has_pending_work()
+
+
+def test_the_collaborators_import_neither_vllm_nor_torch():
+    """Only the adapter (``store_tier``) meets vLLM, so a version seam touches it alone."""
+    code = (
+        "import sys\n"
+        "import kvtier.vllm.tier_jobs, kvtier.vllm.tier_opener, kvtier.vllm.tier_prober\n"
+        "import kvtier.vllm.tier_health, kvtier.vllm.tier_stats\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]", out
