@@ -359,10 +359,14 @@ class StoreTier(SecondaryTierManager):
         else:
             stores = [(self.metric_tier, store.stats())]
         usage = self._opener.usage
-        gauges = {
-            metrics.USED_BYTES: float(usage.used_bytes),
-            metrics.CAPACITY_BYTES: float(usage.capacity_bytes),
-        }
+        gauges = (
+            {}
+            if usage is None
+            else {
+                metrics.USED_BYTES: float(usage.used_bytes),
+                metrics.CAPACITY_BYTES: float(usage.capacity_bytes),
+            }
+        )
         now = metrics.snapshot(self.metric_tier, stores, self.counters, gauges)
         self._add_decision_figures(now)
         delta = metrics.delta_stats(self._reported, now)

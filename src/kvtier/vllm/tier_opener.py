@@ -81,8 +81,9 @@ class TierOpener:
         self._opened: Future[BlockStore] = Future()
         self._store: BlockStore | None = None
         self._stopping = threading.Event()
-        #: The latest usage figures (read on this thread; a store may need I/O to know them).
-        self.usage = Usage()
+        #: The latest usage figures (read on this thread; a store may need I/O to know them);
+        #: None until the first housekeeping round.
+        self.usage: Usage | None = None
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
 
     def start(self) -> None:
