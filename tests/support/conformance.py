@@ -14,7 +14,7 @@ import random
 import threading
 from array import array
 
-from kvtier.store import BlockStore
+from kvtier.store import BlockStore, StoreAbilities
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
 
 
@@ -203,3 +203,26 @@ class StoreContract:
                 assert "key must be" in str(exc)
             else:
                 raise AssertionError(f"put accepted key {bad!r:.20}")
+
+    def test_abilities_match_what_the_store_does(self) -> None:
+        """What a store declares in ``abilities`` is what its methods answer."""
+        store = self.make_store()
+        abilities = store.abilities
+        assert isinstance(abilities, StoreAbilities)
+        assert (store.capacity_bytes > 0) == abilities.capacity, store.capacity_bytes
+        assert bool(store.parts()) == abilities.parts
+        store.put(key_of(1), payload_of(1))
+        assert key_of(1) in store.exists_many([key_of(1), key_of(2)])
+        assert key_of(2) not in store.exists_many([key_of(2)])
+        if not abilities.remote_lookup:  # contains knows every key: nothing more to ask
+            assert store.exists_many([key_of(1), key_of(2)]) == {key_of(1)}
+
+    def test_a_refused_claim_leaves_the_destination_untouched(self) -> None:
+        store = self.make_store()
+        store.put(key_of(1), payload_of(1))
+        out, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+        out[:] = bytes(PAYLOAD_BYTES)
+        assert not store.get_into_when(key_of(1), out, lambda: False, bounce)
+        assert bytes(out) == bytes(PAYLOAD_BYTES)
+        assert store.get_into_when(key_of(1), out, lambda: True, bounce)
+        assert bytes(out) == payload_of(1)

@@ -2,12 +2,14 @@
 
 from collections.abc import Iterable
 
-from kvtier.store import MemoryStore
+from kvtier.store import MemoryStore, StoreAbilities
 
 
 class FakeRemoteStore(MemoryStore):
     """``contains`` knows only keys this process stored or learned; ``exists_many`` asks the
     'server' (the MemoryStore itself), as the shared store does over the network."""
+
+    abilities = StoreAbilities(remote_lookup=True, capacity=True)
 
     def __init__(self, capacity_bytes: int = 1 << 24) -> None:
         super().__init__(capacity_bytes)

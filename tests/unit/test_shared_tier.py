@@ -146,3 +146,13 @@ def test_a_composite_read_refused_by_its_claim_leaves_the_row_untouched():
     assert store.get_into_when(key(3), memoryview(row), lambda: True, memoryview(bounce))
     assert row == b"c" * 64
     store.close()
+
+
+def test_the_shared_tier_is_remote_storage_over_a_store_that_asks_its_server(tier):
+    from vllm.v1.kv_offload.base import Locality, Medium
+
+    made, _, _ = tier
+    assert made.locality is Locality.REMOTE, "the default when the options name none"
+    assert made.medium is Medium.STORAGE
+    wait_until(lambda: made.store is not None, "the store never opened")
+    assert made.store.abilities.remote_lookup

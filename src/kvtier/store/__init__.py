@@ -3,7 +3,7 @@
 Imports neither vLLM nor torch (a test checks this in a fresh interpreter).
 """
 
-from kvtier.store.base import BlockStore, Problem, StoreStats
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 from kvtier.store.disk import DiskStore
 from kvtier.store.io import RecordIO, set_background_io_priority
 from kvtier.store.memory import MemoryStore
@@ -17,6 +17,7 @@ __all__ = [
     "NamespaceUsage",
     "Problem",
     "RecordIO",
+    "StoreAbilities",
     "StoreStats",
     "auto_disk_capacity",
     "check_root",

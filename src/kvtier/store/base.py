@@ -12,6 +12,10 @@ Contracts shared by all backends:
 * **Blocking**: every method except ``contains`` may block on I/O or on other processes
   (a disk store's index lock); call them from the tier's own worker threads, never from the
   scheduler's critical path. ``contains`` is an in-memory lookup, no syscall.
+* **Abilities**: what a backend can do beyond this surface (ask a server about keys it has
+  not seen, hold a byte cap of its own, report parts) is declared in ``abilities``; callers
+  read that value and never probe for methods. The methods behind the abilities have
+  defaults here, so every store answers them.
 * **Faults**: I/O faults (ENOSPC, EIO, permissions, a damaged file) are logged and turned
   into ``False``; they never raise. Programming errors (a key that is not bytes, a closed
   store misused) raise ``ValueError``.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -42,6 +46,25 @@ class Problem:
     path: str | None = None
     #: True when ``verify(fix=True)`` repaired it.
     fixed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StoreAbilities:
+    """What a store can do beyond the ``BlockStore`` surface, declared by its class.
+
+    Every method an ability names exists on every store (``BlockStore`` has defaults); the
+    flag says whether its answer means more than the default's.
+    """
+
+    #: ``contains`` may be False for a key the store holds (another process stored it on a
+    #: server this process has not asked), and ``exists_many`` asks. False: ``contains``
+    #: knows every key this process can load, and ``exists_many`` adds nothing to it.
+    remote_lookup: bool = False
+    #: ``capacity_bytes`` is a byte cap the store keeps itself. False: capacity is someone
+    #: else's (a server's ``maxmemory``) and ``capacity_bytes`` is 0.
+    capacity: bool = False
+    #: The store is made of other stores, listed by ``parts()`` under their metric names.
+    parts: bool = False
 
 
 @dataclass(slots=True)
@@ -74,6 +97,11 @@ class StoreStats:
 
 class BlockStore(abc.ABC):
     """A byte-capped, evicting map from block keys to payloads (see the module contracts)."""
+
+    #: What this store can do beyond the abstract surface; each backend declares its own.
+    abilities: StoreAbilities = StoreAbilities()
+    #: The store's own byte cap (``abilities.capacity``); 0 where capacity is a server's.
+    capacity_bytes: int = 0
 
     @abc.abstractmethod
     def put(self, key: bytes, payload: Buffer) -> bool:
@@ -141,6 +169,35 @@ class BlockStore(abc.ABC):
         The default has nothing to pick up: a store private to one process.
         """
         return 0
+
+    def exists_many(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Which of ``keys`` the store holds; may block on a server (``remote_lookup``).
+
+        The default is ``contains`` per key: right for a store that knows every key it holds.
+        """
+        return {key for key in keys if self.contains(key)}
+
+    def get_into_when(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+    ) -> bool:
+        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+
+        The record is read and verified in ``bounce`` (the caller's buffer of ``out``'s size,
+        private to its thread), then copied into ``out`` once claimed: a caller that gave up
+        on the load (``claim`` False) never finds ``out`` changed, however late the read
+        returns. Stores override it only to do the same with fewer copies.
+        """
+        if not self.get_into(key, bounce):
+            return False
+        if not claim():
+            return False
+        out[:] = bounce
+        return True
+
+    def parts(self) -> list[tuple[str, BlockStore]]:
+        """The stores this one is made of, under their metric names (``abilities.parts``);
+        empty for a store of one part."""
+        return []
 
     def get(self, key: bytes) -> bytes | None:
         """The payload of ``key`` as new bytes, or None on a miss (built on ``get_into``)."""

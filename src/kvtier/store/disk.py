@@ -68,7 +68,7 @@ from kvtier.format.record import (
 )
 from kvtier.store import check, layout, recovery
 from kvtier.store import root as root_settings
-from kvtier.store.base import BlockStore, Problem, StoreStats
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 from kvtier.store.index import TXN_ROWS_MAX, Row, Trashed, charge
 from kvtier.store.io import RecordIO
 from kvtier.store.quarantine import Limits, quarantine
@@ -108,6 +108,10 @@ class DiskStore(BlockStore):
     the root's cap and see each other's records after ``refresh()``. See ``BlockStore`` for
     the method contracts and the module docstring for the crash story.
     """
+
+    #: A cap of its own (the folder's); its index knows every key (other processes' after
+    #: ``refresh``), so there is no server to ask.
+    abilities = StoreAbilities(capacity=True)
 
     def __init__(
         self,

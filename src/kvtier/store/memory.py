@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from kvtier.errors import ConfigError
 from kvtier.format.checksum import Buffer
 from kvtier.format.record import check_key
-from kvtier.store.base import BlockStore, Problem, StoreStats
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 
 
 class MemoryStore(BlockStore):
     """Byte-capped LRU store in process memory (see ``BlockStore`` for the contracts)."""
+
+    abilities = StoreAbilities(capacity=True)
 
     def __init__(self, capacity_bytes: int) -> None:
         if capacity_bytes <= 0:

@@ -14,6 +14,8 @@ local store (off the restore path, on a bounded queue), so the next restore is l
   store (dropped and counted when the write-back queue is full).
 * ``contains``: either store's in-memory view. ``exists_many``: the shared store's batched
   server check for keys the local store does not hold.
+* ``abilities``: the local store's cap, the shared store's remote lookup, and two parts
+  (``disk`` and ``shared``) for the metrics.
 
 Engine-agnostic: no vLLM import.
 """
@@ -24,21 +26,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
 
 from kvtier.format.checksum import Buffer
-from kvtier.store.base import BlockStore, Problem, StoreStats
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 
 log = logging.getLogger(__name__)
 
 #: Most fetched records waiting to be written back to the local store.
 WRITE_BACK_QUEUE = 64
-
-
-class RemoteStore(Protocol):
-    """What the composite needs of a shared store beyond ``BlockStore``."""
-
-    def exists_many(self, keys: Iterable[bytes]) -> set[bytes]: ...
 
 
 class LocalThenShared(BlockStore):
@@ -47,6 +42,11 @@ class LocalThenShared(BlockStore):
     def __init__(self, local: BlockStore, shared: BlockStore) -> None:
         self.local = local
         self.shared = shared
+        self.abilities = StoreAbilities(
+            remote_lookup=shared.abilities.remote_lookup,
+            capacity=local.abilities.capacity,
+            parts=True,
+        )
         self._write_back = ThreadPoolExecutor(1, "kvtier-write-back")
         self._queued = 0
         self._lock = threading.Lock()
@@ -54,9 +54,10 @@ class LocalThenShared(BlockStore):
         self.written_back = 0
         self.write_back_dropped = 0
 
-    @property
+    @property  # type: ignore[override]
     def capacity_bytes(self) -> int:
-        return int(getattr(self.local, "capacity_bytes", 0) or 0)
+        """The local store's cap (the shared store's capacity is its server's)."""
+        return self.local.capacity_bytes
 
     def parts(self) -> list[tuple[str, BlockStore]]:
         """The stores under their metric names."""
@@ -86,13 +87,7 @@ class LocalThenShared(BlockStore):
                 return False
             out[:] = bounce
             return True
-        get_when = getattr(self.shared, "get_into_when", None)
-        if get_when is not None:
-            fetched = get_when(key, out, claim, bounce)
-        else:
-            fetched = self.shared.get_into(key, bounce) and claim()
-            if fetched:
-                out[:] = bounce
+        fetched = self.shared.get_into_when(key, out, claim, bounce)
         if fetched:
             self._queue_write_back(key, bytes(out))
         return fetched
@@ -104,6 +99,14 @@ class LocalThenShared(BlockStore):
                 return
             self._queued += 1
         self._write_back.submit(self._store_locally, key, payload)
+
+    def wait_write_back(self) -> None:
+        """Return once every write-back queued so far is done (the queue is one FIFO
+        thread, so a no-op queued now runs after them): for checks that read both parts."""
+        try:
+            self._write_back.submit(lambda: None).result()
+        except RuntimeError:  # closed: close() already waited for them
+            return
 
     def _store_locally(self, key: bytes, payload: bytes) -> None:
         try:
@@ -124,9 +127,7 @@ class LocalThenShared(BlockStore):
         wanted = list(keys)
         local = {k for k in wanted if self.local.contains(k)}
         remote = [k for k in wanted if k not in local]
-        exists_many = getattr(self.shared, "exists_many", None)
-        found = exists_many(remote) if exists_many is not None and remote else set()
-        return local | found
+        return local | (self.shared.exists_many(remote) if remote else set())
 
     def delete(self, key: bytes) -> bool:
         removed_local = self.local.delete(key)

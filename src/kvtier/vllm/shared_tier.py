@@ -19,17 +19,14 @@ The password never appears on the command line when it comes from the environmen
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
-from typing import Any, ClassVar
-
-from vllm.v1.kv_offload.base import Medium
+from collections.abc import Mapping
+from typing import Any
 
 from kvtier.format import Namespace
 from kvtier.log import setup_logging
 from kvtier.settings import SharedTierSettings
 from kvtier.store import BlockStore
-from kvtier.vllm.store_tier import NEGATIVE_TTL_S, StoreTier
+from kvtier.vllm.configured_tier import ConfiguredTier
 
 setup_logging()
 
@@ -75,43 +72,23 @@ def check_server(settings: SharedTierSettings, row_bytes: int) -> None:
     open_shared_store(settings, probe).close()
 
 
-class KvtierSharedTier(StoreTier):
+class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
     """The shared tier alone (no local disk folder): records on Valkey / Redis."""
 
-    medium: ClassVar[Medium] = Medium.STORAGE
     label = "shared tier"
     metric_tier = "shared"
+    default_locality = "REMOTE"
 
-    def __init__(
-        self,
-        offloading_spec: Any,
-        primary_kv_view: memoryview,
-        tier_type: str,
-        backpressure_detector: Any = None,
-        locality: str | None = "REMOTE",
-        *,
-        store_factory: Callable[[SharedTierSettings, Namespace], BlockStore] = open_shared_store,
-        clock: Callable[[], float] = time.monotonic,
-        negative_ttl_s: float = NEGATIVE_TTL_S,
-        check: Callable[[SharedTierSettings, int], None] = check_server,
-        **options: Any,
-    ) -> None:
-        self.settings = SharedTierSettings.parse(options)
-        super().__init__(
-            offloading_spec,
-            primary_kv_view,
-            tier_type,
-            open_store=lambda namespace: store_factory(self.settings, namespace),
-            io_threads=self.settings.io_threads,
-            max_queued_blocks=self.settings.max_queued_blocks,
-            clock=clock,
-            negative_ttl_s=negative_ttl_s,
-            locality=locality,
-            backpressure_detector=backpressure_detector,
-            start=False,
-        )
-        check(self.settings, self.block_size_bytes)
-        self.start()
+    @classmethod
+    def parse_settings(cls, options: Mapping[str, Any]) -> SharedTierSettings:
+        return SharedTierSettings.parse(options)
+
+    open_store = staticmethod(open_shared_store)
+    check_start_up = staticmethod(check_server)
+
+    @staticmethod
+    def max_queued_blocks(settings: SharedTierSettings) -> int | None:
+        return settings.max_queued_blocks
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         return (

@@ -9,10 +9,10 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
 * ``submit_store`` / ``submit_load`` queue one task per block on the tier's own I/O threads,
   which read and write host-pool rows in place. When more than ``max_queued_blocks`` stores
   are waiting, new stores are dropped and counted (a slow tier never holds the host pool).
-* A store that can ask a server about keys it has not seen (``exists_many``: the shared
-  tier) answers RETRY for such a key and asks the server on the tier's prober thread, all keys
-  of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY and asks
-  again next step, when the answer is HIT (the store learned the key) or MISS.
+* A store that can ask a server about keys it has not seen (``abilities.remote_lookup``: the
+  shared tier) answers RETRY for such a key and asks the server on the tier's prober thread,
+  all keys of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY
+  and asks again next step, when the answer is HIT (the store learned the key) or MISS.
 * Every load has a deadline (``load_deadline_s``). A load still running at its deadline is
   abandoned: its blocks become misses (recomputed), the tier is marked slow (lookups miss for
   ``SLOW_BACKOFF_S``, doubling while it stays slow), and the late read can never write into
@@ -28,17 +28,22 @@ RETRY and I/O tasks wait for it on the I/O threads, never on the scheduler threa
 that fails to open after the start-up checks passed is a run-time fault: logged as an error,
 counted, and every lookup misses.
 
-Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry).
+This class is the adapter between vLLM's ``SecondaryTierManager`` and collaborators that know
+nothing of vLLM, one job each: ``tier_jobs`` (job table, I/O pools, abandonment),
+``tier_opener`` (opener thread, housekeeping), ``tier_prober`` (the server's existence checks),
+``tier_health`` (negative cache, deadlines, slow back-off) and ``tier_stats`` (counters under
+one lock). It translates vLLM's jobs and verdicts and feeds the restore decision
+(``kvtier.vllm.decision``).
+
+Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry,
+deadlines).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
@@ -50,66 +55,36 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvtier.dataplane.abandonable import (
-    AbandonableLoad,
-    BounceBuffers,
-    LoadState,
-    load_abandonably,
-)
+from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadState
 from kvtier.format import Namespace
-from kvtier.store import BlockStore, set_background_io_priority
-from kvtier.threads import name_os_thread
+from kvtier.store import BlockStore
 from kvtier.vllm import metrics
 from kvtier.vllm.decision import TierDecider, make_policy
 from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
 from kvtier.vllm.startup_line import report_to
+from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
+from kvtier.vllm.tier_jobs import FinishedJob, JobTable
+from kvtier.vllm.tier_opener import (
+    HOUSEKEEPING_INTERVAL_S,
+    OPEN_TIMEOUT_S,
+    StoreOpener,
+    TierOpener,
+)
+from kvtier.vllm.tier_prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.vllm.tier_stats import TierCounters, TierStats
 
 logger = logging.getLogger(__name__)
 
-#: How long a key whose load failed stays a miss (unless a good copy is stored first).
-NEGATIVE_TTL_S = 300.0
-#: How long the opener waits for vLLM to seed its block hashes (done right after start-up).
-OPEN_TIMEOUT_S = 600.0
-#: How often the opener thread refreshes the store's view and the usage gauges.
-HOUSEKEEPING_INTERVAL_S = 1.0
-#: How long a key the shared server said it does not hold stays a miss without asking again.
-ABSENT_TTL_S = 2.0
-#: Deadline of one load job when nothing better is known (the hard ceiling).
-LOAD_DEADLINE_S = 30.0
-#: How long a tier that overran a deadline is skipped by lookups (doubles, up to 16x).
-SLOW_BACKOFF_S = 5.0
-
-StoreOpener = Callable[[Namespace], BlockStore]
-
-
-@dataclass
-class TierCounters:
-    """What this tier did since start-up (scheduler process); read by metrics and logs."""
-
-    stores_dropped: int = 0
-    load_failures: int = 0
-    #: Blocks whose load was abandoned at its deadline.
-    loads_abandoned: int = 0
-    loads: int = 0
-    stores: int = 0
-    open_failures: int = 0
-    #: Seconds spent in store I/O by the tier's threads, per direction.
-    read_seconds: float = 0.0
-    write_seconds: float = 0.0
-    extra: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class _Job:
-    job_id: int
-    is_load: bool
-    keys: list[OffloadKey]
-    futures: list[Future[bool]]
-    submitted: float
-    #: Loads only: each block's abandonable state, and the job's deadline (tier clock).
-    loads: list[AbandonableLoad] | None = None
-    deadline: float = float("inf")
-    ticket: Any = None
+__all__ = [
+    "ABSENT_TTL_S",
+    "HOUSEKEEPING_INTERVAL_S",
+    "NEGATIVE_TTL_S",
+    "OPEN_TIMEOUT_S",
+    "SLOW_BACKOFF_S",
+    "StoreOpener",
+    "StoreTier",
+    "TierCounters",
+]
 
 
 class StoreTier(SecondaryTierManager):
@@ -137,28 +112,14 @@ class StoreTier(SecondaryTierManager):
         backpressure_detector: Any = None,
         start: bool = True,
     ) -> None:
-        """``start=False`` leaves the opener thread to ``start()`` (after more checks)."""
+        """``start=False`` leaves the opener thread to ``start()`` (after more checks).
+        ``load_deadline_s(nbytes)``, when given (tests), replaces the policy's deadlines."""
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
-        self.counters = TierCounters()
-        self._open = open_store
-        self._clock = clock
-        self._negative_ttl_s = negative_ttl_s
-        #: Seconds a load job of N bytes may take before it is abandoned.
-        self._load_deadline_s = load_deadline_s or (lambda nbytes: LOAD_DEADLINE_S)
-        #: A deadline given by the caller (tests) wins over the policy's.
-        self._explicit_deadline = load_deadline_s is not None
-        self._slow_until = 0.0
-        self._slow_backoff_s = SLOW_BACKOFF_S
-        self._max_queued = max_queued_blocks
-        self._follow = follow_other_processes
-        # Usage gauges, read on the opener thread (a store may need I/O to know them).
-        self._gauges: dict[str, float] = {}
-        self._reported = metrics.TierSnapshot()
         self._spec = offloading_spec
-        self._spec_config = offloading_spec.config
+        self._clock = clock
         self._row_bytes = self.block_size_bytes
-        config = self._spec_config
+        config = offloading_spec.config
         #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
         self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * int(
             getattr(config.cache, "blocks_per_chunk", 1) or 1
@@ -166,29 +127,29 @@ class StoreTier(SecondaryTierManager):
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
         self._pool_bytes = primary_kv_view.cast("B")
         self._bounce = BounceBuffers(self._row_bytes)
-        self._store: BlockStore | None = None
-        self._open_error: BaseException | None = None
-        self._opened: Future[BlockStore] = Future()
+        self._stats = TierStats()
+        self._health = TierHealth(clock, negative_ttl_s, load_deadline_s)
+        self._prober: ExistenceProber | None = None
+        self._reported = metrics.TierSnapshot()
         prefix = f"kvtier-{tier_type.lower()[:6]}"
-        self._read_pool = ThreadPoolExecutor(
-            io_threads, f"{prefix}-read", initializer=_start_io_thread
+        self._jobs = JobTable(
+            thread_prefix=prefix,
+            io_threads=io_threads,
+            clock=clock,
+            label=self.label,
+            max_queued_blocks=max_queued_blocks,
         )
-        self._write_pool = ThreadPoolExecutor(
-            io_threads, f"{prefix}-write", initializer=_start_io_thread
+        self._opener = TierOpener(
+            label=self.label,
+            thread_name=f"{prefix}-open",
+            namespace=lambda: build_namespace(config, self._row_bytes),
+            not_ready=BlockHashNotReady,
+            open_store=open_store,
+            on_open=self._on_open,
+            on_failure=self._on_open_failure,
+            every_interval=self._measure_idle_tier,
+            refresh=follow_other_processes,
         )
-        self._jobs: dict[int, _Job] = {}
-        self._queued_stores = 0
-        self._queued_lock = threading.Lock()
-        self._failed_until: dict[OffloadKey, float] = {}
-        self._failed_lock = threading.Lock()
-        self._stopping = threading.Event()
-        # Keys to ask the server about, keys being asked about, and recent "absent" answers.
-        self._probe_lock = threading.Lock()
-        self._to_probe: list[OffloadKey] = []
-        self._probing: set[OffloadKey] = set()
-        self._absent_until: dict[OffloadKey, float] = {}
-        self._probe_wanted = threading.Event()
-        self._opener = threading.Thread(target=self._open_store, name=f"{prefix}-open", daemon=True)
         self.decider = self._make_decider(offloading_spec)
         if start:
             self.start()
@@ -218,72 +179,56 @@ class StoreTier(SecondaryTierManager):
             observes_prefill,
         )
 
-    # -- store lifecycle -----------------------------------------------------------------
+    # -- store lifecycle (opener thread) -------------------------------------------------
     @property
     def store(self) -> BlockStore | None:
         """The open store, or None while it opens (or if it could not be opened)."""
-        if self._store is None and self._open_error is None and self._opened.done():
-            try:
-                self._store = self._opened.result()
-            except BaseException as exc:
-                self._open_error = exc
-        return self._store
+        return self._opener.store
 
-    def _open_store(self) -> None:
-        """Open the store once vLLM has seeded its block hashes (they are in the namespace)."""
-        name_os_thread()
-        try:
-            deadline = time.monotonic() + OPEN_TIMEOUT_S
-            while True:
-                try:
-                    namespace = build_namespace(self._spec_config, self._row_bytes)
-                    break
-                except BlockHashNotReady:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            store = self._open(namespace)
-        except BaseException as exc:
-            report_to(self._spec, f"{self.label}: NOT OPEN ({exc})")
-            self.counters.open_failures += 1
-            logger.error("kvtier %s: could not be opened, every lookup misses: %s", self.label, exc)
-            self._opened.set_exception(exc)
-            return
-        self._opened.set_result(store)
+    @property
+    def counters(self) -> TierCounters:
+        """What this tier did since start-up (a snapshot)."""
+        return self._stats.snapshot()
+
+    def _on_open(self, store: BlockStore, namespace: Namespace) -> None:
+        if store.abilities.remote_lookup:
+            self._prober = ExistenceProber(
+                store.exists_many, self._clock, label=self.label, wait_s=HOUSEKEEPING_INTERVAL_S
+            )
+            self._prober.start()
+            if self._opener.stopping:  # shut down while the store opened
+                self._prober.stop()
         report_to(self._spec, self.describe(store, namespace))
-        if hasattr(store, "exists_many"):
-            threading.Thread(
-                target=self._prober, args=(store,), name="kvtier-probe", daemon=True
-            ).start()
-        self._housekeeping(store)
+
+    def _on_open_failure(self, exc: BaseException) -> None:
+        report_to(self._spec, f"{self.label}: NOT OPEN ({exc})")
+        self._stats.open_failed()
+        logger.error("kvtier %s: could not be opened, every lookup misses: %s", self.label, exc)
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         """This tier's part of the engine's start-up line (override to add settings)."""
         return f"{self.label}: namespace {namespace.digest_hex()[:12]}"
 
-    def _housekeeping(self, store: BlockStore) -> None:
-        """Until shutdown (opener thread): pick up other processes' stores and evictions
-        (``follow_other_processes``) and refresh the usage gauges."""
-        while True:
-            try:
-                if self._follow:
-                    store.refresh()
-                self._maybe_probe(store)
-                self._gauges = {
-                    metrics.USED_BYTES: float(store.used_bytes()),
-                    metrics.CAPACITY_BYTES: float(getattr(store, "capacity_bytes", 0) or 0),
-                }
-            except Exception:  # never let a refresh problem end the thread silently
-                logger.exception("kvtier %s: refresh failed", self.label)
-            if self._stopping.wait(HOUSEKEEPING_INTERVAL_S):
-                return
-
     def _wait_store(self) -> BlockStore | None:
         """For I/O threads: the store once open, None if it never will be."""
-        try:
-            return self._opened.result()
-        except BaseException:
-            return None
+        return self._opener.wait()
+
+    def _measure_idle_tier(self, store: BlockStore) -> None:
+        """A refused or never-measured tier gets a timed read of one stored record off any
+        request's path (the policy says when), so it can show that it recovered."""
+        if not self.decider.policy.probe_due(self.metric_tier):
+            return
+        key = next(iter(store.keys()), None)
+        if key is None or self._opener.stopping:
+            return
+
+        def timed_read() -> None:
+            started = time.perf_counter()
+            if store.get_into(key, self._bounce.get()):
+                seconds = time.perf_counter() - started
+                self.decider.policy.observe_load(self.metric_tier, self._row_bytes, seconds)
+
+        self._jobs.submit_read(timed_read)
 
     # -- SecondaryTierManager ------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -293,233 +238,109 @@ class StoreTier(SecondaryTierManager):
         self.decider.on_lookup(req_context)
         store = self.store
         if store is None:
-            return LookupResult.MISS if self._open_error is not None else LookupResult.RETRY
-        if self._slow_until and self._slow_until > self._clock():
+            return LookupResult.MISS if self._opener.failed else LookupResult.RETRY
+        health = self._health
+        if health.is_slow():
             return LookupResult.MISS  # overran a deadline recently: recompute instead
         if not store.contains(key):
-            return self._probe(store, key)
-        if self._failed_until and self._recently_failed(key):
+            return self._ask_server(key)
+        if health.recently_failed(key):
             return LookupResult.MISS
         return self.decider.hit(
             key,
             req_context,
-            holds=lambda k: (
-                store.contains(k) and not (self._failed_until and self._recently_failed(k))
-            ),
-            knows_all=not hasattr(store, "exists_many"),
+            holds=lambda k: store.contains(k) and not health.recently_failed(k),
+            knows_all=not store.abilities.remote_lookup,
         )
+
+    def _ask_server(self, key: OffloadKey) -> LookupResult:
+        """MISS for a store without a server to ask; else RETRY while the server is asked."""
+        prober = self._prober
+        if prober is None:
+            return LookupResult.MISS
+        return LookupResult.RETRY if prober.ask(key) else LookupResult.MISS
 
     def on_schedule_end(self, context: Any) -> None:
         self.decider.end_step()
 
-    def _probe(self, store: BlockStore, key: OffloadKey) -> LookupResult:
-        """MISS for a store without a server to ask; else RETRY while the server is asked."""
-        if not hasattr(store, "exists_many"):
-            return LookupResult.MISS
-        with self._probe_lock:
-            if key in self._probing:
-                return LookupResult.RETRY
-            until = self._absent_until.get(key)
-            if until is not None:
-                if until > self._clock():
-                    return LookupResult.MISS
-                del self._absent_until[key]
-            self._probing.add(key)
-            self._to_probe.append(key)
-        self._probe_wanted.set()
-        return LookupResult.RETRY
-
-    def _prober(self, store: BlockStore) -> None:
-        """Ask the server about the keys lookups could not answer (prober thread)."""
-        name_os_thread()
-        exists_many = store.exists_many  # type: ignore[attr-defined]
-        while not self._stopping.is_set():
-            if not self._probe_wanted.wait(HOUSEKEEPING_INTERVAL_S):
-                continue
-            self._probe_wanted.clear()
-            with self._probe_lock:
-                batch, self._to_probe = self._to_probe, []
-            if not batch:
-                continue
-            try:
-                found = exists_many(batch)
-            except Exception:  # a store maps faults to "absent"; this is a bug, keep serving
-                logger.exception("kvtier %s: existence check failed", self.label)
-                found = set()
-            until = self._clock() + ABSENT_TTL_S
-            with self._probe_lock:
-                for key in batch:
-                    self._probing.discard(key)
-                    if key not in found:
-                        self._absent_until[key] = until
-                if len(self._absent_until) > 100_000:  # forget stale answers now and then
-                    now = self._clock()
-                    self._absent_until = {
-                        k: t for k, t in self._absent_until.items() if t > now
-                    }
-
-    def _recently_failed(self, key: OffloadKey) -> bool:
-        with self._failed_lock:
-            until = self._failed_until.get(key)
-            if until is None:
-                return False
-            if until > self._clock():
-                return True
-            del self._failed_until[key]
-            return False
-
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
         self.decider.on_store(keys, job_metadata.req_context)
-        with self._queued_lock:
-            full = self._max_queued is not None and self._queued_stores + len(keys) > (
-                self._max_queued
-            )
-            if not full:
-                self._queued_stores += len(keys)
-        if full:
-            # The tier cannot keep up: drop the store (a later one may succeed), count it.
-            self.counters.stores_dropped += len(keys)
-            done: Future[bool] = Future()
-            done.set_result(False)
-            self._jobs[job_metadata.job_id] = _Job(
-                job_metadata.job_id, False, keys, [done] * len(keys), time.perf_counter()
-            )
-            return
-        self._submit(job_metadata, keys, is_load=False)
+        rows = [int(c) for c in job_metadata.chunk_ids]
+        if not self._jobs.submit_stores(job_metadata.job_id, keys, rows, self._store_one):
+            # The tier cannot keep up: the store was dropped (a later one may succeed).
+            self._stats.dropped(len(keys))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Queue one abandonable read per block, with a deadline for the whole job."""
         keys = list(job_metadata.keys)
         rows = [int(c) for c in job_metadata.chunk_ids]
-        loads = [AbandonableLoad() for _ in keys]
-        futures = [
-            self._read_pool.submit(self._load_one, k, r, load)
-            for k, r, load in zip(keys, rows, loads, strict=True)
-        ]
         nbytes = len(keys) * self._row_bytes
         ticket = self.decider.policy.begin_load(self.metric_tier, nbytes)
-        allowed = (
-            self._load_deadline_s(nbytes)
-            if self._explicit_deadline
-            else self.decider.load_deadline_s(ticket.deadline_s)
-        )
-        self._jobs[job_metadata.job_id] = _Job(
+        self._jobs.submit_loads(
             job_metadata.job_id,
-            True,
             keys,
-            futures,
-            time.perf_counter(),
-            loads,
-            self._clock() + allowed,
-            ticket,
+            rows,
+            self._load_one,
+            deadline=lambda: self._health.deadline(
+                nbytes, lambda: self.decider.load_deadline_s(ticket.deadline_s)
+            ),
+            ticket=ticket,
         )
-
-    def _submit(self, job: TransferJob, keys: list[OffloadKey], is_load: bool) -> None:
-        """Queue one store task per block (tasks wait for the store if it is still opening)."""
-        rows = [int(c) for c in job.chunk_ids]
-        futures = [
-            self._write_pool.submit(self._store_one, k, r) for k, r in zip(keys, rows, strict=True)
-        ]
-        self._jobs[job.job_id] = _Job(job.job_id, is_load, keys, futures, time.perf_counter())
-
-    def _finished(self, job: _Job) -> bool:
-        """Done, or a load past its deadline whose unfinished blocks are now abandoned."""
-        if all(f.done() for f in job.futures):
-            return True
-        if job.loads is None or self._clock() < job.deadline:
-            return False
-        pending = [
-            load for load, f in zip(job.loads, job.futures, strict=True) if not f.done()
-        ]
-        if not all(load.abandon() for load in pending):
-            return False  # a copy is under way; it ends within the next steps
-        self._overran(job, len(pending))
-        return True
-
-    def _overran(self, job: _Job, abandoned: int) -> None:
-        """A load missed its deadline: count it, skip the tier for a while, miss its keys."""
-        now = self._clock()
-        self.counters.loads_abandoned += abandoned
-        if job.ticket is not None:
-            self.decider.policy.abandon_load(job.ticket)
-        self._slow_until = now + self._slow_backoff_s
-        logger.warning(
-            "kvtier %s: a load of %d block(s) overran its deadline; %d abandoned and "
-            "recomputed, tier skipped for %.0f s",
-            self.label,
-            len(job.keys),
-            abandoned,
-            self._slow_backoff_s,
-        )
-        self._slow_backoff_s = min(self._slow_backoff_s * 2, SLOW_BACKOFF_S * 16)
-        with self._failed_lock:
-            for key, future in zip(job.keys, job.futures, strict=True):
-                if not future.done():
-                    self._failed_until[key] = now + self._negative_ttl_s
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results: list[JobResult] = []
-        for job_id in [j for j, job in self._jobs.items() if self._finished(job)]:
-            job = self._jobs.pop(job_id)
+        for done in self._jobs.finished():
+            job = done.job
+            if done.abandoned:
+                self._overran(done)
             if job.ticket is not None and not job.ticket.abandoned:
                 self.decider.policy.end_load(job.ticket)
-            outcomes = [f.done() and _succeeded(f, self.label) for f in job.futures]
-            ok_keys = [k for k, ok in zip(job.keys, outcomes, strict=True) if ok]
+            ok_keys = [k for k, ok in zip(job.keys, done.outcomes, strict=True) if ok]
             success = len(ok_keys) == len(job.keys)
             results.append(
                 JobResult(
-                    job_id=job_id,
+                    job_id=job.job_id,
                     success=success,
                     successful_keys=None if success or not job.is_load else tuple(ok_keys),
-                    transfer_time=time.perf_counter() - job.submitted,
+                    transfer_time=done.elapsed_s,
                     transfer_bytes=len(ok_keys) * self._row_bytes,
                 )
             )
         return results
 
+    def _overran(self, done: FinishedJob) -> None:
+        """A load missed its deadline: count it, skip the tier for a while, miss its keys."""
+        self._stats.abandoned(len(done.abandoned))
+        if done.job.ticket is not None:
+            self.decider.policy.abandon_load(done.job.ticket)
+        backoff_s = self._health.overran(done.abandoned)
+        logger.warning(
+            "kvtier %s: a load of %d block(s) overran its deadline; %d abandoned and "
+            "recomputed, tier skipped for %.0f s",
+            self.label,
+            len(done.job.keys),
+            len(done.abandoned),
+            backoff_s,
+        )
+
     def has_pending_work(self) -> bool:
-        return bool(self._jobs)
+        return self._jobs.has_pending_work()
 
     def drain_jobs(self) -> None:
-        for job in list(self._jobs.values()):
-            for future in job.futures:
-                future.exception()  # waits; never cancels a copy under way
+        self._jobs.drain()  # waits; never cancels a copy under way
 
     def shutdown(self) -> None:
-        self._stopping.set()
-        self._probe_wanted.set()
-        self.drain_jobs()
-        self._read_pool.shutdown(wait=True)
-        self._write_pool.shutdown(wait=True)
-        store = self._wait_store() if self._opened.done() else None
+        self._opener.stop()
+        if self._prober is not None:
+            self._prober.stop()
+        self._jobs.shutdown()
+        store = self._opener.wait() if self._opener.done else None
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
             store.close()
         # Our view of the host pool pins its mmap: release it so the pool can be unmapped.
         self._pool_bytes.release()
-
-    def _maybe_probe(self, store: BlockStore) -> None:
-        """A refused or never-measured tier gets a timed read of one stored record off any
-        request's path (the policy says when), so it can show that it recovered."""
-        if not self.decider.policy.probe_due(self.metric_tier):
-            return
-        key = next(iter(store.keys()), None)
-        if key is None:
-            return
-
-        def probe() -> None:
-            started = time.perf_counter()
-            if store.get_into(key, self._bounce.get()):
-                seconds = time.perf_counter() - started
-                self.decider.policy.observe_load(self.metric_tier, self._row_bytes, seconds)
-
-        if self._stopping.is_set():
-            return
-        try:
-            self._read_pool.submit(probe)
-        except RuntimeError:  # shut down between the check and the submit
-            return
 
     # -- metrics -------------------------------------------------------------------------
     @classmethod
@@ -531,15 +352,22 @@ class StoreTier(SecondaryTierManager):
     def get_stats(self) -> metrics.OffloadingConnectorStats | None:
         """What changed since the last call (scheduler thread: in-memory figures only)."""
         store = self.store
-        parts = getattr(store, "parts", None)
-        stores = (
-            [(word, part.stats()) for word, part in parts()]
-            if parts is not None
-            else [(self.metric_tier, store.stats())]
-            if store is not None
-            else []
+        if store is None:
+            stores = []
+        elif store.abilities.parts:
+            stores = [(word, part.stats()) for word, part in store.parts()]
+        else:
+            stores = [(self.metric_tier, store.stats())]
+        usage = self._opener.usage
+        gauges = (
+            {}
+            if usage is None
+            else {
+                metrics.USED_BYTES: float(usage.used_bytes),
+                metrics.CAPACITY_BYTES: float(usage.capacity_bytes),
+            }
         )
-        now = metrics.snapshot(self.metric_tier, stores, self.counters, self._gauges)
+        now = metrics.snapshot(self.metric_tier, stores, self.counters, gauges)
         self._add_decision_figures(now)
         delta = metrics.delta_stats(self._reported, now)
         self._reported = now
@@ -567,71 +395,38 @@ class StoreTier(SecondaryTierManager):
         return self._pool_bytes[start : start + self._row_bytes]
 
     def _store_one(self, key: OffloadKey, row: int) -> bool:
-        try:
-            store = self._wait_store()
-            if store is None:
-                return False
-            started = time.perf_counter()
-            stored = store.contains(key) or store.put(key, self._row(row))
-            self.counters.write_seconds += time.perf_counter() - started
-            if stored:
-                self.counters.stores += 1
-                if self._failed_until:
-                    # A fresh good copy is authoritative: the key may be served again.
-                    with self._failed_lock:
-                        self._failed_until.pop(key, None)
-            return stored
-        finally:
-            with self._queued_lock:
-                self._queued_stores -= 1
-
-    def _read(self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
-        """One verified block into its row, never after the load was abandoned.
-
-        Stores that wait before they write (``get_into_when``: the shared store) fill the row
-        once claimed; others read into this thread's bounce buffer first (a disk read writes
-        while it waits).
-        """
-        get_when = getattr(store, "get_into_when", None)
-        if get_when is None:
-            return load_abandonably(
-                load, lambda out: store.get_into(key, out), self._bounce.get(), self._row(row)
-            )
-        try:
-            return bool(get_when(key, self._row(row), load.claim, self._bounce.get()))
-        finally:
-            if load.state is LoadState.COPYING:
-                load.finish()
+        store = self._wait_store()
+        if store is None:
+            return False
+        started = time.perf_counter()
+        stored = store.contains(key) or store.put(key, self._row(row))
+        self._stats.stored(time.perf_counter() - started, ok=stored)
+        if stored:
+            self._health.stored(key)  # a fresh good copy is authoritative
+        return stored
 
     def _load_one(self, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
+        """One verified block into its row, never after the load was abandoned: the store
+        reads into this thread's bounce buffer (or waits for its server) and writes the row
+        only once the load is claimed."""
         store = self._wait_store()
         started = time.perf_counter()
         if store is not None and self._read(store, key, row, load):
-            self.counters.read_seconds += time.perf_counter() - started
-            self.counters.loads += 1
-            if self._slow_until:
-                self._slow_backoff_s = SLOW_BACKOFF_S  # loads complete again
+            self._stats.loaded(time.perf_counter() - started)
+            self._health.load_completed()
             return True
         if load.state is LoadState.ABANDONED:
             return False  # counted when it was abandoned
-        self.counters.load_failures += 1
-        with self._failed_lock:
-            self._failed_until[key] = self._clock() + self._negative_ttl_s
+        self._stats.load_failed()
+        self._health.load_failed([key])
         logger.warning(
             "kvtier %s: load of block %s failed; it will be recomputed", self.label, key.hex()[:16]
         )
         return False
 
-
-def _start_io_thread() -> None:
-    name_os_thread()
-    set_background_io_priority()
-
-
-def _succeeded(future: Future[bool], label: str) -> bool:
-    """A task's outcome; an unexpected exception is a failed block, never a crashed engine."""
-    try:
-        return future.result()
-    except Exception:
-        logger.exception("kvtier %s: I/O task failed", label)
-        return False
+    def _read(self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
+        try:
+            return store.get_into_when(key, self._row(row), load.claim, self._bounce.get())
+        finally:
+            if load.state is LoadState.COPYING:
+                load.finish()

@@ -67,7 +67,7 @@ from kvtier.format.record import (
     make_header,
     verify_payload,
 )
-from kvtier.store.base import BlockStore, Problem
+from kvtier.store.base import BlockStore, Problem, StoreAbilities
 from kvtier.store.shared import readinto, startup
 from kvtier.store.shared.breaker import CircuitBreaker
 from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue
@@ -104,6 +104,10 @@ class SharedStore(BlockStore):
     Thread-safe; every method but ``contains``/``payload_len``/``keys``/``used_bytes``
     does network I/O, bounded by the configured timeouts: call them from the tier's threads.
     """
+
+    #: Other replicas' keys are found by asking the server (``exists_many``); capacity is the
+    #: server's ``maxmemory``, not a cap of the store's.
+    abilities = StoreAbilities(remote_lookup=True)
 
     def __init__(
         self,

@@ -1,0 +1,113 @@
+"""``ConfiguredTier``: what the disk and shared tiers share between vLLM and ``StoreTier``.
+
+vLLM's ``SecondaryTierFactory`` builds a tier from one entry of ``secondary_tiers``: the
+spec, the host pool's view, the tier type, a back-pressure detector, and the entry's other
+keys as keyword options. A kvtier tier then, in this order:
+
+1. parses its options into its settings model (``kvtier.settings``): an unknown key or a bad
+   value refuses start-up naming the option, before anything is built;
+2. checks what it can without the engine (``check_settings``: the disk folder), so a refused
+   start-up leaves nothing behind;
+3. builds the ``StoreTier`` (threads, decision) with the store factory bound to the settings;
+4. checks what needs the host pool's row size (``check``: the shared server, which must take
+   one record of that size), still failing closed;
+5. starts the opener thread.
+
+Subclasses say which settings model, which store factory and which checks; tests replace the
+factory (``store_factory``), the server check (``check``), the clock and the deadlines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+from vllm.v1.kv_offload.base import Medium
+
+from kvtier.format import Namespace
+from kvtier.store import BlockStore
+from kvtier.vllm.store_tier import NEGATIVE_TTL_S, StoreTier
+
+SettingsT = TypeVar("SettingsT")
+
+#: Opens the tier's store for an engine's namespace from the tier's settings.
+StoreFactory = Callable[[SettingsT, Namespace], BlockStore]
+#: Fails closed (raises ``ConfigError``) when the tier cannot work with rows of this size.
+StartUpCheck = Callable[[SettingsT, int], None]
+
+
+class ConfiguredTier(StoreTier, Generic[SettingsT]):
+    """A ``StoreTier`` built from its own part of vLLM's options (see the module docstring)."""
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+    #: Locality reported to vLLM when the options name none.
+    default_locality: ClassVar[str | None] = None
+    #: Pick up other processes' stores and evictions every housekeeping interval (a folder
+    #: several engines share).
+    follow_other_processes: ClassVar[bool] = False
+
+    settings: SettingsT
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Any = None,
+        locality: str | None = None,
+        *,
+        store_factory: StoreFactory[SettingsT] | None = None,
+        check: StartUpCheck[SettingsT] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        negative_ttl_s: float = NEGATIVE_TTL_S,
+        load_deadline_s: Callable[[int], float] | None = None,
+        **options: Any,
+    ) -> None:
+        self.settings = self.parse_settings(options)
+        self.check_settings(self.settings)
+        factory = store_factory if store_factory is not None else self.open_store
+        super().__init__(
+            offloading_spec,
+            primary_kv_view,
+            tier_type,
+            open_store=lambda namespace: factory(self.settings, namespace),
+            io_threads=self.io_threads(self.settings),
+            max_queued_blocks=self.max_queued_blocks(self.settings),
+            follow_other_processes=self.follow_other_processes,
+            clock=clock,
+            negative_ttl_s=negative_ttl_s,
+            load_deadline_s=load_deadline_s,
+            locality=locality if locality is not None else self.default_locality,
+            backpressure_detector=backpressure_detector,
+            start=False,
+        )
+        (check if check is not None else self.check_start_up)(self.settings, self.block_size_bytes)
+        self.start()
+
+    # -- what a subclass says ------------------------------------------------------------
+    @classmethod
+    def parse_settings(cls, options: Mapping[str, Any]) -> SettingsT:
+        """The tier's settings from vLLM's options (raises ``ConfigError``)."""
+        raise NotImplementedError(f"{cls.__name__} must say how its options are parsed")
+
+    @staticmethod
+    def open_store(settings: Any, namespace: Namespace) -> BlockStore:
+        """The production store (the default ``store_factory``)."""
+        raise NotImplementedError("a ConfiguredTier must say how its store opens")
+
+    def check_settings(self, settings: SettingsT) -> None:
+        """Checks that need no engine resources (raise ``ConfigError``); none by default."""
+
+    @staticmethod
+    def check_start_up(settings: Any, row_bytes: int) -> None:
+        """The default ``check``: none."""
+
+    @staticmethod
+    def io_threads(settings: Any) -> int:
+        return int(settings.io_threads)
+
+    @staticmethod
+    def max_queued_blocks(settings: Any) -> int | None:
+        """Most store blocks waiting before new stores are dropped; None: no bound."""
+        return None

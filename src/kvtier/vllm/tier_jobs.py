@@ -1,0 +1,207 @@
+"""A tier's transfer jobs and the I/O threads that run them.
+
+One job is one vLLM transfer (a list of blocks); each block is one task on the tier's read or
+write pool, whose threads run at background I/O priority. The table keeps the jobs until they
+are reported: ``finished`` returns the jobs whose tasks all ended and the load jobs past their
+deadline whose unfinished blocks could all be abandoned (``kvtier.dataplane.abandonable``: an
+abandoned block never writes its row, which vLLM reuses at once). A block being copied into its
+row cannot be abandoned; its job is asked again at the next step (a copy ends within
+milliseconds).
+
+Stores beyond ``max_queued_blocks`` waiting blocks are dropped (a slow tier never holds the
+host pool), and reported as failed. Draining waits for every task; it never cancels a copy
+under way.
+
+Called from the scheduler thread (submit, finished, drain, shutdown); the tasks run on the
+pools. Knows nothing of vLLM: the tier turns ``FinishedJob`` into vLLM's ``JobResult``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.dataplane.abandonable import AbandonableLoad
+from kvtier.store import set_background_io_priority
+from kvtier.threads import name_os_thread
+
+logger = logging.getLogger(__name__)
+
+#: One block's task: (key, host-pool row) -> True when the block was transferred.
+StoreTask = Callable[[bytes, int], bool]
+LoadTask = Callable[[bytes, int, AbandonableLoad], bool]
+
+
+@dataclass
+class Job:
+    job_id: int
+    is_load: bool
+    keys: list[bytes]
+    futures: list[Future[bool]]
+    #: ``time.perf_counter()`` at submission (vLLM's transfer time).
+    submitted: float
+    #: Loads only: each block's abandonable state, the job's deadline (tier clock), and what
+    #: the caller keeps with it (the restore policy's ticket).
+    loads: list[AbandonableLoad] | None = None
+    deadline: float = float("inf")
+    ticket: Any = None
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    """A job ready to report: per block, whether it was transferred."""
+
+    job: Job
+    outcomes: list[bool]
+    #: Keys of the blocks abandoned at the deadline (empty when the job ended in time).
+    abandoned: list[bytes] = field(default_factory=list)
+    #: Seconds from submission to now.
+    elapsed_s: float = 0.0
+
+
+class JobTable:
+    """The tier's jobs and its read and write pools (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        thread_prefix: str,
+        io_threads: int,
+        clock: Callable[[], float],
+        label: str,
+        max_queued_blocks: int | None = None,
+    ) -> None:
+        self._clock = clock
+        self._label = label
+        self._max_queued = max_queued_blocks
+        self._read_pool = ThreadPoolExecutor(
+            io_threads, f"{thread_prefix}-read", initializer=_start_io_thread
+        )
+        self._write_pool = ThreadPoolExecutor(
+            io_threads, f"{thread_prefix}-write", initializer=_start_io_thread
+        )
+        self._jobs: dict[int, Job] = {}
+        self._queued_stores = 0
+        self._queued_lock = threading.Lock()
+
+    def submit_stores(
+        self, job_id: int, keys: Sequence[bytes], rows: Sequence[int], task: StoreTask
+    ) -> bool:
+        """Queue one store task per block; False when the job was dropped instead (more than
+        ``max_queued_blocks`` would wait): it is then reported failed, nothing is written."""
+        keys = list(keys)
+        with self._queued_lock:
+            full = self._max_queued is not None and (
+                self._queued_stores + len(keys) > self._max_queued
+            )
+            if not full:
+                self._queued_stores += len(keys)
+        if full:
+            done: Future[bool] = Future()
+            done.set_result(False)
+            self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
+            return False
+        futures = [
+            self._write_pool.submit(self._counted_store, task, k, r)
+            for k, r in zip(keys, rows, strict=True)
+        ]
+        self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
+        return True
+
+    def _counted_store(self, task: StoreTask, key: bytes, row: int) -> bool:
+        try:
+            return task(key, row)
+        finally:
+            with self._queued_lock:
+                self._queued_stores -= 1
+
+    def submit_loads(
+        self,
+        job_id: int,
+        keys: Sequence[bytes],
+        rows: Sequence[int],
+        task: LoadTask,
+        *,
+        deadline: Callable[[], float],
+        ticket: Any = None,
+    ) -> None:
+        """Queue one abandonable load per block; ``deadline()`` (tier clock) is asked once
+        the tasks are queued, so the job's time starts when its reads may."""
+        keys = list(keys)
+        loads = [AbandonableLoad() for _ in keys]
+        futures = [
+            self._read_pool.submit(task, k, r, load)
+            for k, r, load in zip(keys, rows, loads, strict=True)
+        ]
+        self._jobs[job_id] = Job(
+            job_id, True, keys, futures, time.perf_counter(), loads, deadline(), ticket
+        )
+
+    def submit_read(self, task: Callable[[], object]) -> bool:
+        """Run ``task`` on a read thread (off any request's path); False once shut down."""
+        try:
+            self._read_pool.submit(task)
+        except RuntimeError:  # shut down between the caller's check and the submit
+            return False
+        return True
+
+    def finished(self) -> list[FinishedJob]:
+        """Remove and return the jobs that can be reported now (module docstring)."""
+        done: list[FinishedJob] = []
+        for job_id, job in list(self._jobs.items()):
+            abandoned = self._abandon_if_late(job)
+            if abandoned is None:
+                continue
+            del self._jobs[job_id]
+            outcomes = [f.done() and _succeeded(f, self._label) for f in job.futures]
+            done.append(FinishedJob(job, outcomes, abandoned, time.perf_counter() - job.submitted))
+        return done
+
+    def _abandon_if_late(self, job: Job) -> list[bytes] | None:
+        """None: not finished yet. Else the keys abandoned (none if every task ended)."""
+        if all(f.done() for f in job.futures):
+            return []
+        if job.loads is None or self._clock() < job.deadline:
+            return None
+        pending = [
+            (key, load)
+            for key, load, f in zip(job.keys, job.loads, job.futures, strict=True)
+            if not f.done()
+        ]
+        if not all(load.abandon() for _, load in pending):
+            return None  # a copy is under way; it ends within the next steps
+        return [key for key, _ in pending]
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
+
+    def drain(self) -> None:
+        """Wait for every task of every job (never cancels a copy under way)."""
+        for job in list(self._jobs.values()):
+            for future in job.futures:
+                future.exception()
+
+    def shutdown(self) -> None:
+        """Drain, then stop the pools (joins their threads: no task runs afterwards)."""
+        self.drain()
+        self._read_pool.shutdown(wait=True)
+        self._write_pool.shutdown(wait=True)
+
+
+def _start_io_thread() -> None:
+    name_os_thread()
+    set_background_io_priority()
+
+
+def _succeeded(future: Future[bool], label: str) -> bool:
+    """A task's outcome; an unexpected exception is a failed block, never a crashed engine."""
+    try:
+        return future.result()
+    except Exception:
+        logger.exception("kvtier %s: I/O task failed", label)
+        return False

@@ -1,0 +1,245 @@
+"""The tier's collaborators on their own, without vLLM: stats, health, prober, job table."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kvtier.dataplane.abandonable import AbandonableLoad
+from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
+from kvtier.vllm.tier_jobs import JobTable
+from kvtier.vllm.tier_prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.vllm.tier_stats import TierCounters, TierStats
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(4, "big") * 8
+
+
+# -- tier_stats ---------------------------------------------------------------------------
+@pytest.fixture
+def frequent_thread_switches():
+    """Switch threads every microsecond, so an unlocked read-add-write loses increments."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_counters_bumped_from_many_threads_lose_no_increment(frequent_thread_switches):
+    stats = TierStats()
+    threads, rounds = 8, 5_000
+    start = threading.Barrier(threads)
+
+    def bump() -> None:
+        start.wait()
+        for _ in range(rounds):
+            stats.stored(0.5, ok=True)
+            stats.stored(0.25, ok=False)
+            stats.loaded(0.125)
+            stats.load_failed()
+            stats.abandoned(2)
+            stats.dropped(3)
+
+    workers = [threading.Thread(target=bump) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    n = threads * rounds
+    assert stats.snapshot() == TierCounters(
+        stores=n,
+        write_seconds=n * 0.75,
+        loads=n,
+        read_seconds=n * 0.125,
+        load_failures=n,
+        loads_abandoned=2 * n,
+        stores_dropped=3 * n,
+    )
+
+
+def test_a_snapshot_does_not_change_with_later_bumps():
+    stats = TierStats()
+    stats.open_failed()
+    before = stats.snapshot()
+    stats.open_failed()
+    assert before.open_failures == 1 and stats.snapshot().open_failures == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.open_failures = 5  # type: ignore[misc]
+
+
+# -- tier_health --------------------------------------------------------------------------
+def test_a_failed_key_misses_until_its_ttl_or_a_good_store():
+    clock = FakeClock()
+    health = TierHealth(clock, negative_ttl_s=60.0)
+    health.load_failed([key(1), key(2)])
+    assert health.recently_failed(key(1)) and health.recently_failed(key(2))
+    assert not health.recently_failed(key(3))
+    health.stored(key(2))
+    assert not health.recently_failed(key(2)), "a good copy lifts it at once"
+    clock.now += 59.0
+    assert health.recently_failed(key(1))
+    clock.now += 2.0
+    assert not health.recently_failed(key(1))
+
+
+def test_the_default_negative_ttl_is_five_minutes():
+    clock = FakeClock()
+    health = TierHealth(clock)
+    health.load_failed([key(1)])
+    clock.now += NEGATIVE_TTL_S - 1
+    assert health.recently_failed(key(1))
+
+
+def test_overruns_double_the_back_off_and_a_completed_load_resets_it():
+    clock = FakeClock()
+    health = TierHealth(clock)
+    assert not health.is_slow()
+    assert health.overran([key(1)]) == SLOW_BACKOFF_S
+    assert health.is_slow() and health.recently_failed(key(1))
+    clock.now += SLOW_BACKOFF_S
+    assert not health.is_slow()
+    backoffs = [health.overran([]) for _ in range(6)]
+    assert backoffs == [SLOW_BACKOFF_S * f for f in (2, 4, 8, 16, 16, 16)]
+    health.load_completed()
+    assert health.overran([]) == SLOW_BACKOFF_S
+
+
+def test_a_callers_deadline_rule_wins_over_the_policys():
+    clock = FakeClock()
+    assert TierHealth(clock).deadline(8192, lambda: 3.0) == clock.now + 3.0
+    explicit = TierHealth(clock, load_deadline_s=lambda nbytes: nbytes / 1024)
+    assert explicit.deadline(8192, lambda: 3.0) == clock.now + 8.0
+
+
+# -- tier_prober --------------------------------------------------------------------------
+def test_keys_of_one_step_are_asked_in_one_batch_and_absent_ones_cached():
+    clock = FakeClock()
+    held = {key(1)}
+    asked: list[list[bytes]] = []
+
+    def exists_many(keys):
+        asked.append(list(keys))
+        return {k for k in asked[-1] if k in held}
+
+    prober = ExistenceProber(exists_many, clock, label="t", wait_s=0.01)
+    assert prober.ask(key(1)) and prober.ask(key(2)) and prober.ask(key(1))
+    assert prober.run_once() == 2
+    assert asked == [[key(1), key(2)]]
+    assert not prober.ask(key(2)), "the server said absent: a miss without asking"
+    clock.now += ABSENT_TTL_S + 0.1
+    assert prober.ask(key(2)), "asked again once the answer is stale"
+
+
+def test_a_failing_existence_check_answers_absent():
+    def broken(keys):
+        raise RuntimeError("bug")
+
+    prober = ExistenceProber(broken, FakeClock(), label="t", wait_s=0.01)
+    prober.ask(key(1))
+    assert prober.run_once() == 1
+    assert not prober.ask(key(1))
+
+
+def test_the_prober_thread_answers_and_stops():
+    found = threading.Event()
+
+    def exists_many(keys):
+        found.set()
+        return set(keys)
+
+    prober = ExistenceProber(exists_many, time.monotonic, label="t", wait_s=0.01)
+    prober.start()
+    try:
+        prober.ask(key(1))
+        assert found.wait(10)
+    finally:
+        prober.stop()
+
+
+# -- tier_jobs ----------------------------------------------------------------------------
+@pytest.fixture
+def table():
+    made = JobTable(
+        thread_prefix="kvtier-test",
+        io_threads=2,
+        clock=FakeClock(),
+        label="t",
+        max_queued_blocks=2,
+    )
+    yield made
+    made.shutdown()
+
+
+def test_stores_beyond_the_bound_are_dropped_and_reported_failed(table):
+    release = threading.Event()
+    assert table.submit_stores(1, [key(1), key(2)], [0, 1], lambda k, r: release.wait(10))
+    assert not table.submit_stores(2, [key(3)], [2], lambda k, r: True)
+    release.set()
+    table.drain()
+    outcomes = {d.job.job_id: d.outcomes for d in table.finished()}
+    assert outcomes == {1: [True, True], 2: [False]}
+    assert table.submit_stores(3, [key(4), key(5)], [0, 1], lambda k, r: True), "bound freed"
+
+
+def test_a_late_load_is_abandoned_at_its_deadline_and_never_claims_its_row():
+    clock = FakeClock()
+    table = JobTable(thread_prefix="kvtier-test", io_threads=1, clock=clock, label="t")
+    release, started = threading.Event(), threading.Event()
+    claimed: list[bool] = []
+
+    def stalled(k: bytes, row: int, load: AbandonableLoad) -> bool:
+        started.set()
+        release.wait(10)
+        claimed.append(load.claim())
+        return claimed[-1]
+
+    try:
+        table.submit_loads(1, [key(1)], [0], stalled, deadline=lambda: clock.now + 2.0)
+        assert started.wait(10)
+        assert table.finished() == [] and table.has_pending_work()
+        clock.now += 2.5
+        (done,) = table.finished()
+        assert done.abandoned == [key(1)] and done.outcomes == [False]
+        release.set()
+    finally:
+        release.set()
+        table.shutdown()
+    assert claimed == [False], "the late read was refused its row"
+
+
+def test_a_task_that_raises_is_a_failed_block(table):
+    def broken(k: bytes, row: int) -> bool:
+        raise OSError("bug")
+
+    table.submit_stores(1, [key(1)], [0], broken)
+    table.drain()
+    (done,) = table.finished()
+    assert done.outcomes == [False] and not table.has_pending_work()
+
+
+def test_the_collaborators_import_neither_vllm_nor_torch():
+    """Only the adapter (``store_tier``) meets vLLM, so a version seam touches it alone."""
+    code = (
+        "import sys\n"
+        "import kvtier.vllm.tier_jobs, kvtier.vllm.tier_opener, kvtier.vllm.tier_prober\n"
+        "import kvtier.vllm.tier_health, kvtier.vllm.tier_stats\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]", out
