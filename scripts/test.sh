@@ -12,4 +12,6 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 echo "== ruff"
 "$venv/bin/python" -m ruff check src tests
 echo "== pytest"
-"$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+# The 25 slowest tests are listed at the end so a run shows where the time goes; a later
+# --durations among the arguments overrides it.
+"$venv/bin/python" -m pytest -p no:cacheprovider --durations=25 "$@"

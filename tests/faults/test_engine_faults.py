@@ -55,7 +55,7 @@ from tests.support.faults import (
     fd_count,
     fill,
     key_of_record,
-    need_root,
+    need_mounts,
     region_file,
     rss_by_role,
     session_pids,
@@ -82,7 +82,7 @@ DEFAULT_DAMAGES = (
 @pytest.fixture(scope="module")
 def mount(tmp_path_factory: pytest.TempPathFactory, start_engine):  # type: ignore[no-untyped-def]
     """The tmpfs holding the cache; unmounted after the module's engines are closed."""
-    need_root()
+    need_mounts()
     with tmpfs(tmp_path_factory.mktemp("faults-engine") / "mnt", "64m") as mounted:
         yield mounted
 

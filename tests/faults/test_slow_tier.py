@@ -1,9 +1,16 @@
 """A really slow and a stalled disk under a real engine (issue 13, CPU side).
 
-The disk tier lives on ext4 on a loop device; a cgroup v1 blkio throttle slows reads from that
-device for the engine's processes only (``tests/support/slow_disk.py``; skips where this
-machine cannot). The engine is the tiny model in one process (``in_process``), so the process
-moved into the cgroup is the one whose scheduler and I/O threads read the disk.
+Each test runs on two slow disks (the ``rig`` fixture's parameters):
+
+* ``recordio`` (everywhere, no privileges): the engine's disk tier reads through a throttled
+  ``RecordIO`` (``tests/support/throttled_tier.py``) that waits as long as a record takes at
+  the rate the test sets;
+* ``blkio`` (root, loop devices, cgroup v1 blkio; skips elsewhere, with the reason): the tier
+  lives on ext4 on a loop device, and a cgroup v1 blkio throttle slows reads from that device
+  for the engine's processes only (``tests/support/slow_disk.py``): the kernel's own I/O path.
+
+The engine is the tiny model in one process (``in_process``), so the process moved into the
+cgroup is the one whose scheduler and I/O threads read the disk.
 
 * Stalled: after the tier has measured normal loads, reads are throttled to 4 KB/s (a 256 KiB
   block takes a minute): a request whose prefix is only on the disk costs at most the load
@@ -16,6 +23,7 @@ moved into the cgroup is the one whose scheduler and I/O threads read the disk.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections import Counter
@@ -39,6 +47,7 @@ from tests.support.engine import (
 )
 from tests.support.prompts import random_prompt
 from tests.support.slow_disk import SlowDisk, slow_disk_or_skip
+from tests.support.throttled_tier import ThrottledDisk, throttled_disk
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.timeout(1200)]
 
@@ -52,31 +61,51 @@ SLOW_BPS = 1 << 20
 #: Cold prompts served first, so the decision has measured the engine's prefill.
 WARM_PROMPTS = 3
 SLACK_S = 30.0
+#: The reliability table's words for each kind of slow disk.
+HOW = {
+    "recordio": "the tier's RecordIO waits per read",
+    "blkio": "cgroup v1 blkio throttle on a loop device",
+}
 
 
 @dataclasses.dataclass
 class Rig:
+    #: How the reads are slowed: a key of ``HOW``.
+    kind: str
     engine: ProcessEngine
-    disk: SlowDisk
+    disk: SlowDisk | ThrottledDisk
     ns_dir: Path
 
 
-@pytest.fixture
-def rig(tmp_path: Path, tiny_model: Path, engine_logs: Path) -> Iterator[Rig]:
-    """A fresh one-process kvtier engine whose disk tier is on the slow disk, in its cgroup.
+@contextlib.contextmanager
+def _disk(kind: str, folder: Path) -> Iterator[SlowDisk | ThrottledDisk]:
+    if kind == "blkio":
+        with slow_disk_or_skip(folder) as disk:
+            yield disk
+    else:
+        yield throttled_disk(folder)
 
-    Teardown order: throttle lifted (queued reads finish), engine closed, then the disk is
-    unmounted and its cgroup removed (``slow_disk_or_skip``)."""
-    with slow_disk_or_skip(tmp_path / "slow") as disk:
+
+@pytest.fixture(params=["recordio", "blkio"])
+def rig(request, tmp_path: Path, tiny_model: Path, engine_logs: Path) -> Iterator[Rig]:  # type: ignore[no-untyped-def]
+    """A fresh one-process kvtier engine whose disk tier is on a slow disk of the parameter's
+    kind (for ``blkio``, the engine is moved into the disk's cgroup).
+
+    Teardown order: throttle lifted (queued reads finish), engine closed, then (``blkio``) the
+    disk is unmounted and its cgroup removed (``slow_disk_or_skip``)."""
+    with _disk(request.param, tmp_path / "slow") as disk:
         disk_dir = disk.mount / "tier"
         config = dataclasses.replace(
             kvtier_engine(tiny_model, disk_dir, unique_engine_id("slowtier")), in_process=True
         )
+        if isinstance(disk, ThrottledDisk):
+            config = disk.engine_config(config)
         engine = ProcessEngine(config, engine_logs / f"slowtier-{time.monotonic_ns()}.log")
         try:
-            assert disk.add_session(engine.pid), "no engine process to throttle"
+            if isinstance(disk, SlowDisk):
+                assert disk.add_session(engine.pid), "no engine process to throttle"
             ns_dir = wait_for_namespace_dir(disk_dir, tiny_model)
-            yield Rig(engine, disk, ns_dir)
+            yield Rig(request.param, engine, disk, ns_dir)
         finally:
             disk.throttle(None)
             engine.close()
@@ -113,7 +142,7 @@ def _learn(rig: Rig, oracle: Oracle) -> float:
     assert rig.engine.metrics().get(OPTED_OUT, 0.0) - before == 1, "the opt-out did not arrive"
     assert restored.num_cached_tokens == FULL_BLOCK_TOKENS
     oracle.check(p, restored)
-    assert rig.disk.bytes_read() > 0, "the engine's disk reads did not go through the cgroup"
+    assert rig.disk.bytes_read() > 0, "the engine's disk reads did not go through the throttle"
     return cold_s
 
 
@@ -153,7 +182,8 @@ def test_stalled_disk_costs_one_deadline_and_recomputes(
     result, _ = rig.engine.generate_one(fresh, MAX_TOKENS)
     oracle.check(fresh, result)
     reliability.record(
-        "stalled disk (reads throttled to 4 KB/s after normal loads were measured)",
+        f"stalled disk (reads throttled to 4 KB/s after normal loads were measured; "
+        f"{HOW[rig.kind]})",
         "engine",
         len(stalled),
         f"each request under deadline ceiling + prefill + {SLACK_S:.0f} s (bound "
@@ -182,7 +212,8 @@ def test_slow_disk_outputs_are_restored_or_recomputed(
              "partly restored"] += 1  # fmt: skip
     assert sum(seen.values()) == 6
     reliability.record(
-        f"slow disk (reads throttled to {SLOW_BPS >> 20} MiB/s after normal loads were measured)",
+        f"slow disk (reads throttled to {SLOW_BPS >> 20} MiB/s after normal loads were measured; "
+        f"{HOW[rig.kind]})",
         "engine",
         6,
         "every output equal to the resume oracle for its cached tokens ("

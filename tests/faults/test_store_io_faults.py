@@ -268,9 +268,9 @@ def test_free_space_floor_refuses_a_put_before_the_disk_is_full(tmp_path: Path, 
 def test_a_folder_turned_read_only_under_the_store_degrades_to_misses(
     tmp_path: Path, reliability
 ) -> None:
-    from tests.support.faults import need_root, unmount
+    from tests.support.faults import need_mounts, unmount
 
-    need_root()
+    need_mounts()
     guard = Outside(tmp_path / "parent")
     store = DiskStore(guard.cache, fuzz_namespace(), SMALL_CAPACITY, free_space_floor_bytes=0)
     with store:
@@ -314,9 +314,9 @@ def test_a_folder_turned_read_only_under_the_store_degrades_to_misses(
 
 
 def test_a_read_only_folder_at_open_is_refused_without_touching_it(tmp_path: Path, reliability):
-    from tests.support.faults import need_root, unmount
+    from tests.support.faults import need_mounts, unmount
 
-    need_root()
+    need_mounts()
     guard = Outside(tmp_path / "parent")
     with open_fuzz_store(guard.cache) as store:
         store.put(fuzz_key(1), fuzz_payload(1, 1))
@@ -348,8 +348,9 @@ def run_without_dac_override(function: str, *args: str) -> str:
     import subprocess
     import sys
 
-    if os.geteuid() != 0:
-        pytest.skip("drops root's capabilities; run as root")
+    from tests.support.host import capability_drop_unavailable, need
+
+    need(capability_drop_unavailable())
     code = f"import sys; from tests.support.workers import {function}; {function}(*sys.argv[1:])"
     done = subprocess.run(
         [

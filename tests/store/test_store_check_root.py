@@ -13,7 +13,8 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.store import DiskStore, check_root
 from kvtier.store.index import SCHEMA_VERSION
-from tests.support.faults import bind_readonly, need_root, unmount
+from tests.support.faults import bind_readonly, need_mounts, unmount
+from tests.support.host import chown_unavailable, need
 from tests.support.store import disk_capacity, make_namespace
 
 
@@ -24,7 +25,7 @@ def listing(folder: Path) -> list[str]:
 @pytest.fixture
 def readonly(tmp_path: Path) -> Iterator[Path]:
     """A folder (mode 0777, owned by us) under a read-only bind mount."""
-    need_root()
+    need_mounts()
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o777)
@@ -68,7 +69,7 @@ def test_a_symlink_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_folder_of_another_user_is_refused(tmp_path: Path) -> None:
-    need_root()
+    need(chown_unavailable())
     folder = tmp_path / "theirs"
     folder.mkdir(mode=0o700)
     os.chown(folder, 65534, 65534)

@@ -14,12 +14,17 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.quarantine import entries
 from kvtier.vllm.regions import SHM_DIR
+from tests.support.host import (
+    NOBODY,
+    chown_unavailable,
+    loop_mount_unavailable,
+    mount_unavailable,
+    need,
+)
 from tests.support.store import charged_bytes, disk_capacity, files_under, make_namespace
 
 #: Payload of the store-level fuzzers: 16 pages, so O_DIRECT applies to aligned buffers.
@@ -86,15 +91,15 @@ class Outside:
 # -- mounts (root only) --------------------------------------------------------------------------
 
 
-def need_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount file systems")
+def need_mounts() -> None:
+    """Skip unless this process can mount file systems (``tests.support.host``)."""
+    need(mount_unavailable())
 
 
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """Mount a tmpfs of ``size`` (e.g. "4m") on ``path`` for the block; unmounted after."""
-    need_root()
+    need_mounts()
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True
@@ -108,7 +113,7 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 @contextlib.contextmanager
 def ext4_image(path: Path, image: Path, size_bytes: int) -> Iterator[Path]:
     """Loop-mount a fresh ext4 file system of ``size_bytes`` on ``path`` for the block."""
-    need_root()
+    need(loop_mount_unavailable())
     path.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as f:
         f.truncate(size_bytes)
@@ -349,10 +354,17 @@ def _plant_dir(path: Path) -> None:
 
 
 def _foreign(path: Path) -> None:
-    os.chown(path, 65534, 65534)
+    os.chown(path, NOBODY, NOBODY)
     os.chmod(path, 0o644)
 
 
+def damages_unavailable() -> dict[str, str]:
+    """Damage kinds (keys of ``DAMAGES``) this host cannot apply -> why."""
+    reason = chown_unavailable()
+    return {} if reason is None else {FOREIGN_DAMAGE: reason}
+
+
+FOREIGN_DAMAGE = "owned by another user (uid 65534, 0644)"
 #: name -> (reasons the store may give, damage(path, rng, sources)).
 DAMAGES = {
     "bit flip in the payload": (
@@ -401,7 +413,7 @@ DAMAGES = {
     ),
     "FIFO": ({"not_regular"}, lambda p, rng, s: _plant(p, lambda q: os.mkfifo(q, 0o600))),
     "directory": ({"not_regular"}, lambda p, rng, s: _plant(p, _plant_dir)),
-    "owned by another user (uid 65534, 0644)": ({"not_private"}, lambda p, rng, s: _foreign(p)),
+    FOREIGN_DAMAGE: ({"not_private"}, lambda p, rng, s: _foreign(p)),
     "world-writable (0666)": ({"not_private"}, lambda p, rng, s: os.chmod(p, 0o666)),
 }
 

@@ -8,7 +8,15 @@ the rest of a throttled process runs at full speed. Direct-I/O reads are throttl
 served from the page cache never reach the device (kvtier's disk tier reads with ``O_DIRECT``).
 
 Everything is undone on exit, whatever happened inside: processes moved back to the root
-cgroup, the cgroup removed, the file system unmounted, the loop device detached.
+cgroup, the cgroup removed, the file system unmounted, the loop device detached and removed.
+
+Two kernel facts this rests on (Linux 6.18, cgroup v1): blk-throttle neither throttles nor
+*counts* a device's bios until a throttle rule has first been written for that device (its
+queue's throttling is set up lazily, then stays set up for the device's lifetime, across
+detach and re-attach). So a slow disk writes a no-op rule at once, or ``bytes_read`` reads 0
+until the first ``throttle``; and it attaches its image to a loop device of its own, made
+for it (``LOOP_CTL_ADD``), so no state of an earlier user of a shared device decides what
+it does: every run behaves as on a fresh machine.
 (/work/shared/research/slow-tiers.md has the measurements this rests on.)
 
 ``unavailable()`` names why this machine cannot do it (not root, no cgroup v1 blkio, no loop
@@ -19,6 +27,7 @@ benchmark ``kvtier bench slow-tier`` stops with it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -28,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BLKIO_ROOT = Path("/sys/fs/cgroup/blkio")
+LOOP_CONTROL = "/dev/loop-control"
+#: ioctls of /dev/loop-control (linux/loop.h).
+_LOOP_CTL_ADD, _LOOP_CTL_REMOVE = 0x4C80, 0x4C81
 
 
 def unavailable() -> str | None:
@@ -128,7 +140,9 @@ def slow_disk(folder: Path, size: str = "1G", name: str | None = None) -> Iterat
     with contextlib.ExitStack() as undo:
         _run("truncate", "-s", size, str(image))
         undo.callback(image.unlink, missing_ok=True)
-        device = _run("losetup", "-f", "--show", str(image))
+        device = _new_loop_device()
+        undo.callback(_remove_loop_device, device)
+        _run("losetup", device, str(image))
         undo.callback(_detach, device)
         _run("mkfs.ext4", "-q", "-F", device)
         mount.mkdir(exist_ok=True)
@@ -137,7 +151,45 @@ def slow_disk(folder: Path, size: str = "1G", name: str | None = None) -> Iterat
         cgroup.mkdir()
         disk = SlowDisk(mount=mount, device=device, cgroup=cgroup)
         undo.callback(_remove_cgroup, disk)
+        # A no-op rule sets up the device's throttling: without it the cgroup's read counter
+        # stays 0 until the first real throttle (see the module docstring).
+        disk.throttle(None)
         yield disk
+
+
+def _new_loop_device() -> str:
+    """A loop device made now (so never used before), e.g. "/dev/loop8"."""
+    fd = os.open(LOOP_CONTROL, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        number = fcntl.ioctl(fd, _LOOP_CTL_ADD, -1)  # -1: the kernel picks an unused number
+    finally:
+        os.close(fd)
+    device = f"/dev/loop{number}"
+    deadline = time.monotonic() + 10
+    while not os.path.exists(device):  # devtmpfs names it; udev, where present, may lag
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{device} was made but did not appear")
+        time.sleep(0.05)
+    return device
+
+
+def _remove_loop_device(device: str) -> None:
+    """Remove the device made by ``_new_loop_device``; a detach may take a moment to let go
+    (EBUSY), after which a device left behind is only a number, harmless."""
+    number = int(device.removeprefix("/dev/loop"))
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            fd = os.open(LOOP_CONTROL, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, _LOOP_CTL_REMOVE, number)
+            finally:
+                os.close(fd)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
 
 
 def _remove_cgroup(disk: SlowDisk) -> None:

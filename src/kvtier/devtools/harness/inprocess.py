@@ -83,14 +83,18 @@ class InProcessEngine(EngineBase):
             ]
         return []
 
-    def close(self) -> None:
+    def close(self, collect: bool = True) -> None:
+        """Shut the engine down. ``collect``: free its memory now, for the next engine in this
+        process (a full collection: seconds on a busy machine); a process about to exit skips
+        it."""
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(Exception):
             self.llm.llm_engine.engine_core.shutdown()
         del self.llm
-        gc.collect()
+        if collect:
+            gc.collect()
 
     def _settle(self, timeout_s: float = 60.0) -> None:
         """In-process engines step only when called: keep stepping while the connector has work.
