@@ -10,6 +10,6 @@ export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
 echo "== ruff"
-"$venv/bin/python" -m ruff check src tests
+"$venv/bin/python" -m ruff check src tests benchmarks
 echo "== pytest"
 "$venv/bin/python" -m pytest -p no:cacheprovider "$@"

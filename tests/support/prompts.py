@@ -1,6 +1,6 @@
 """Prompt builders shared by engine tests."""
 
-from kvtier.devtools.prompts import random_prompt as _random_prompt
+from kvtier.bench.prompts import random_prompt as _random_prompt
 
 
 def random_prompt(seed: int, length: int, vocab: int = 2048) -> list[int]:
