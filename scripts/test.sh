@@ -10,7 +10,7 @@ export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
 echo "== ruff"
-"$venv/bin/python" -m ruff check src tests
+"$venv/bin/python" -m ruff check src tests benchmarks
 echo "== pytest"
 # The 25 slowest tests are listed at the end so a run shows where the time goes; a later
 # --durations among the arguments overrides it.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.devtools.harness import EngineConfig, ProcessEngine
+from kvtier.bench.harness import EngineConfig, ProcessEngine
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from kvtier.devtools.models import tiny_llama
+    from tests.support.models import tiny_llama
 
     return tiny_llama()
 

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from kvtier.devtools.bench import bandwidth, concurrent, decision_abba, overhead, ttft
+from benchmarks import bandwidth, decision_abba
+from kvtier.bench import concurrent, overhead, ttft
 
 pytestmark = pytest.mark.engine
 
@@ -99,8 +100,8 @@ def test_bandwidth_bench_checks_the_bytes_it_moves(tmp_path):
 
 @pytest.mark.real_model
 def test_needle_probe_scores_every_session(tmp_path):
-    from kvtier.devtools.models import smollm2
-    from kvtier.devtools.probe import needles
+    from kvtier.probe import needles
+    from tests.support.models import smollm2
 
     result = needles.run(
         str(smollm2()),
@@ -125,19 +126,19 @@ def test_needle_probe_scores_every_session(tmp_path):
 def test_store_and_checksum_benches_run_as_commands(tmp_path):
     from typer.testing import CliRunner
 
-    from kvtier.cli.main import app
+    from benchmarks.cli import app
 
     runner = CliRunner()
     raw = tmp_path / "store.json"
     small = ["--total-mib", "4", "--repeats", "1", "--open-records", "200", "--real-records", "20"]
     store = runner.invoke(
-        app, ["bench", "store", "--dir", str(tmp_path), *small, "--no-cold", "--json", str(raw)]
+        app, ["store", "--dir", str(tmp_path), *small, "--no-cold", "--json", str(raw)]
     )
     assert store.exit_code == 0, store.output
     assert "DiskStore default" in store.output and "contains() ns p50 / p99" in store.output
     assert json.loads(raw.read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["store.json"], "its work folder is removed"
-    checksum = runner.invoke(app, ["bench", "checksum", "--repeats", "1"])
+    checksum = runner.invoke(app, ["checksum", "--repeats", "1"])
     assert checksum.exit_code == 0, checksum.output
     assert "| xxhash.xxh3_64 |" in checksum.output
 
@@ -149,13 +150,15 @@ def test_pool_on_disk_bench_runs_as_a_command(tmp_path):
     import sys
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[2] / "src"
-    env = {**os.environ, "PYTHONPATH": str(src), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    repo = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join([str(repo / "src"), str(repo)])
+    env = {**os.environ, "PYTHONPATH": path, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     out = tmp_path / "pool.json"
-    command = ["bench", "pool-on-disk", "--dir", str(tmp_path / "pool"), "--prompts", "2"]
+    command = ["pool-on-disk", "--dir", str(tmp_path / "pool"), "--prompts", "2"]
     command = [*command, "--disk-pool", "1GiB", "--ram-pool", "512MiB", "--out", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", "kvtier.cli", *command],
+        [sys.executable, "-m", "benchmarks", *command],
+        cwd=repo,
         capture_output=True,
         text=True,
         env=env,

@@ -12,8 +12,8 @@ import tempfile
 
 import pytest
 
-from kvtier.devtools.demo import run_demo
-from kvtier.devtools.redis_servers import free_port, server_binary
+from kvtier.bench.redis_servers import free_port, server_binary
+from kvtier.demo import run_demo
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model, pytest.mark.timeout(900)]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.devtools.harness import EngineConfig, ProcessEngine
-from kvtier.devtools.harness.oracle import check_restore, resume_reference
+from kvtier.bench.harness import EngineConfig, ProcessEngine
+from tests.support.oracle import check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

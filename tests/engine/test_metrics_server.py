@@ -26,9 +26,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from kvtier.bench.harness.server import ServerEngine, free_port
+from kvtier.bench.prompts import random_prompt
 from kvtier.cli.main import app
-from kvtier.devtools.harness.server import ServerEngine, free_port
-from kvtier.devtools.prompts import random_prompt
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model, pytest.mark.timeout(1200)]
 
@@ -95,7 +95,7 @@ def disk_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(engine_logs: Path, disk_dir: Path) -> Iterator[ServerEngine]:
-    from kvtier.devtools.models import smollm2
+    from tests.support.models import smollm2
 
     engine = ServerEngine(
         smollm2(),

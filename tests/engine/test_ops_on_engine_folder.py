@@ -35,9 +35,8 @@ from typing import Any
 
 import pytest
 
-from kvtier.devtools.harness import EngineConfig, GenerateResult, ProcessEngine
-from kvtier.devtools.harness.engine import SRC_DIR
-from kvtier.devtools.models import TINY_LLAMA_CONFIG
+from kvtier.bench.harness import EngineConfig, GenerateResult, ProcessEngine
+from kvtier.bench.harness.engine import SRC_DIR
 from kvtier.format import HEADER_BYTES
 from kvtier.store import layout
 from kvtier.store.index import charge
@@ -57,6 +56,7 @@ from tests.support.engine import (
     record_files,
     unique_engine_id,
 )
+from tests.support.models import TINY_LLAMA_CONFIG
 from tests.support.prompts import random_prompt
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

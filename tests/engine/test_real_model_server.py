@@ -6,8 +6,8 @@ there; kvtier must not leak the host pool anyway.
 
 import pytest
 
-from kvtier.devtools.demo import build_prompt
-from kvtier.devtools.harness.server import ServerEngine
+from kvtier.bench.harness.server import ServerEngine
+from kvtier.demo import build_prompt
 from kvtier.vllm.regions import SHM_DIR
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
@@ -18,7 +18,7 @@ EXTERNAL = "vllm:prompt_tokens_by_source{source=external_kv_transfer}"
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from kvtier.devtools.models import smollm2
+    from tests.support.models import smollm2
 
     return smollm2()
 

@@ -8,8 +8,8 @@ heads, one per rank: a rank that restored the other rank's bytes would change th
 import pytest
 
 import kvtier
-from kvtier.devtools.harness import EngineConfig
-from kvtier.devtools.harness.oracle import check_restore, resume_reference
+from kvtier.bench.harness import EngineConfig
+from tests.support.oracle import check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
 pytestmark = pytest.mark.engine

@@ -4,10 +4,10 @@ Every fault test takes the ``reliability`` fixture and records what it tried:
 ``reliability.record(fault, level, iterations, outcome)``, after its assertions passed. At the
 end of a session that ran the *whole* fault suite (every module of tests/faults collected,
 nothing deselected, no ``file::test`` selection), the table is written to ``reliability.md`` in
-the report folder (``kvtier.devtools.reports``: ``out/reports/``, never a tracked file);
-``kvtier bench docs`` publishes it as docs/reliability.md. Partial runs (plain ``pytest`` skips
-the ``slow`` tests, ``-m "faults and not slow"``, ``-k``) write ``reliability-partial.md``
-instead, so they never stand in for the complete table.
+the report folder (``tests.support.reports``: ``out/reports/``, never a tracked file);
+``python -m benchmarks publish`` publishes it as docs/reliability.md. Partial runs (plain
+``pytest`` skips the ``slow`` tests, ``-m "faults and not slow"``, ``-k``) write
+``reliability-partial.md`` instead, so they never stand in for the complete table.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.devtools.reports import report_dir
 from tests.support.faults import Outside
+from tests.support.reports import report_dir
 
 FAULTS_DIR = Path(__file__).resolve().parent
 RELIABILITY_REPORT = "reliability.md"
@@ -197,10 +197,10 @@ def _table(collector: Reliability, wall_s: float, exitstatus: int) -> str:
         "",
         "Written by the fault suite itself (`tests/faults/conftest.py`) to the report folder",
         "(`out/reports/`) at the end of a run that selected the whole suite, and copied here by",
-        "`kvtier bench docs`; do not edit by hand. To reproduce:",
+        "`python -m benchmarks publish`; do not edit by hand. To reproduce:",
         "",
         "```bash",
-        f"{REPRODUCE} && kvtier bench docs   # the whole suite, slow tests included",
+        f"{REPRODUCE} && python -m benchmarks publish   # the whole suite, slow tests included",
         f"{REPRODUCE_FAST}   # the part CI runs by default",
         "```",
         "",
@@ -215,7 +215,7 @@ def _table(collector: Reliability, wall_s: float, exitstatus: int) -> str:
         "",
         "Checked in every row unless it says otherwise: requests complete and the engine keeps "
         "serving; every restored output equals the resume oracle "
-        "(`kvtier.devtools.harness.oracle`) or, where a block must not be served, the cold "
+        "(`tests.support.oracle`) or, where a block must not be served, the cold "
         "output; a bad block is a miss and is quarantined with the reason named; `verify()` "
         "finds nothing left to repair; no temp, "
         "orphan or `/dev/shm/vllm_offload_*` file stays behind; a sibling folder and the parent "
@@ -264,7 +264,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write(text)
     if complete:
         terminalreporter.write_line(
-            f"written to {written}; `kvtier bench docs` publishes it as docs/reliability.md"
+            f"written to {written}; `python -m benchmarks publish` publishes it as "
+            "docs/reliability.md"
         )
     else:
         terminalreporter.write_line(

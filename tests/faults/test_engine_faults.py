@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.devtools.harness import EngineConfig, EngineError, ProcessEngine
+from kvtier.bench.harness import EngineConfig, EngineError, ProcessEngine
 from kvtier.vllm.regions import SHM_DIR
 from tests.support.engine import (
     DISK_CAP_BYTES,

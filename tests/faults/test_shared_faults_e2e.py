@@ -25,7 +25,7 @@ import pytest
 import redis
 
 import kvtier
-from kvtier.devtools.harness import EngineConfig, EngineError, ProcessEngine
+from kvtier.bench.harness import EngineConfig, EngineError, ProcessEngine
 from tests.support.engine import MAX_TOKENS, PROMPT_LEN, Oracle
 from tests.support.prompts import random_prompt
 from tests.support.redis_servers import RedisServer, free_port, server_binary, start_standalone

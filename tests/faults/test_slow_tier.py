@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.devtools.harness import ProcessEngine
+from kvtier.bench.harness import ProcessEngine
 from kvtier.policy import DeadlineRule
 from kvtier.vllm.decision import REQUEST_DECISION_KEY
 from tests.support.engine import (

@@ -41,11 +41,11 @@ def test_packer_splits_multi_word_commands() -> None:
     )
 
 
-def test_shared_tier_imports_neither_vllm_nor_devtools_nor_torch() -> None:
+def test_shared_tier_imports_neither_vllm_nor_the_benches_nor_torch() -> None:
     code = (
         "import sys, kvtier.store.shared; "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch') "
-        "or m.startswith('kvtier.devtools')]; print(bad)"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch', 'benchmarks') "
+        "or m.split('.')[:2] in (['kvtier', 'bench'], ['kvtier', 'probe'])]; print(bad)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

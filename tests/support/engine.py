@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kvtier
-from kvtier.devtools.harness import Engine, EngineConfig, GenerateResult
-from kvtier.devtools.harness.oracle import ResumeReference, check_restore
+from kvtier.bench.harness import Engine, EngineConfig, GenerateResult
 from kvtier.format import Namespace
 from kvtier.store import DiskStore
 from kvtier.units import parse_size
+from tests.support.oracle import ResumeReference, check_restore
 
 BLOCK_TOKENS = 128
 PROMPT_LEN = 1000

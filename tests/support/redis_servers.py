@@ -1,9 +1,9 @@
-"""The shared-tier tests' servers: kvtier.devtools.redis_servers (the bench starts the same ones).
+"""The shared-tier tests' servers: kvtier.bench.redis_servers (the bench starts the same ones).
 
 Kept as the tests' import point so a test module imports only from tests.support.
 """
 
-from kvtier.devtools.redis_servers import (
+from kvtier.bench.redis_servers import (
     SERVER_ENV,
     RedisClusterServers,
     RedisServer,

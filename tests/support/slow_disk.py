@@ -1,4 +1,4 @@
-"""The slow disk of ``kvtier.devtools.slowdisk`` for tests: skips where it cannot be made.
+"""The slow disk of ``tests.support.throttled_disk`` for tests: skips where it cannot be made.
 
 ``slow_disk_or_skip(folder)`` yields a ``SlowDisk`` (loop device + ext4 + mount + blkio cgroup
 v1 read throttle; move engine processes in with ``add_session``), or skips the test with the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.devtools.slowdisk import BLKIO_ROOT, SlowDisk, slow_disk, unavailable
 from tests.support.host import loop_mount_unavailable, need
+from tests.support.throttled_disk import BLKIO_ROOT, SlowDisk, slow_disk, unavailable
 
 __all__ = ["SlowDisk", "slow_disk_or_skip"]
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtier.devtools.harness import EngineConfig
+from kvtier.bench.harness import EngineConfig
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.settings import DiskTierSettings
 from kvtier.store import DiskStore, RecordIO

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from kvtier.cli import serve
+from kvtier import launch
 from kvtier.cli.main import app
 
 runner = CliRunner()
@@ -68,7 +68,7 @@ def run_serve_capturing_exec(monkeypatch, env_changes: dict[str, str | None]) ->
 
 
 def test_serve_passes_the_callers_environment_through_adding_only_pythonpath(monkeypatch):
-    monkeypatch.setattr(serve, "installed", lambda: False)
+    monkeypatch.setattr(launch, "installed", lambda: False)
     caller, server = run_serve_capturing_exec(
         monkeypatch,
         {
@@ -79,37 +79,37 @@ def test_serve_passes_the_callers_environment_through_adding_only_pythonpath(mon
             "PYTHONPATH": "/elsewhere",
         },
     )
-    assert server == caller | {"PYTHONPATH": os.pathsep.join([str(serve.SRC_DIR), "/elsewhere"])}
+    assert server == caller | {"PYTHONPATH": os.pathsep.join([str(launch.SRC_DIR), "/elsewhere"])}
     assert "HF_HUB_OFFLINE" not in server, "a machine that can download models must be able to"
 
 
 def test_serve_leaves_the_callers_offline_choice_alone(monkeypatch):
-    monkeypatch.setattr(serve, "installed", lambda: False)
+    monkeypatch.setattr(launch, "installed", lambda: False)
     _, server = run_serve_capturing_exec(monkeypatch, {"HF_HUB_OFFLINE": "0"})
     assert server["HF_HUB_OFFLINE"] == "0"
 
 
 def test_an_installed_kvtier_serves_with_the_environment_unchanged(monkeypatch):
-    monkeypatch.setattr(serve, "installed", lambda: True)
+    monkeypatch.setattr(launch, "installed", lambda: True)
     caller, server = run_serve_capturing_exec(monkeypatch, {"PYTHONPATH": None})
     assert server == caller
     assert "PYTHONPATH" not in server
 
 
 def test_kvtier_already_on_pythonpath_is_not_added_twice(monkeypatch):
-    monkeypatch.setattr(serve, "installed", lambda: False)
-    base = {"PYTHONPATH": os.pathsep.join(["/a", str(serve.SRC_DIR)])}
-    assert serve.serve_env(base) == base
+    monkeypatch.setattr(launch, "installed", lambda: False)
+    base = {"PYTHONPATH": os.pathsep.join(["/a", str(launch.SRC_DIR)])}
+    assert launch.serve_env(base) == base
 
 
 def test_a_source_tree_is_not_mistaken_for_an_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(serve, "SRC_DIR", tmp_path)
-    assert not serve.installed()
+    monkeypatch.setattr(launch, "SRC_DIR", tmp_path)
+    assert not launch.installed()
 
 
 def test_a_kvtier_in_site_packages_counts_as_installed(monkeypatch):
-    monkeypatch.setattr(serve, "SRC_DIR", Path(site.getsitepackages()[0]).resolve())
-    assert serve.installed()
+    monkeypatch.setattr(launch, "SRC_DIR", Path(site.getsitepackages()[0]).resolve())
+    assert launch.installed()
 
 
 def test_demo_shared_without_a_server_binary_is_a_usage_error(monkeypatch):

@@ -1,51 +1,170 @@
-"""The library never imports kvtier.devtools (only the bench/probe commands do, lazily)."""
+"""The import rules between the library, the user's tools, the lab and the tests.
 
+* The library (every ``kvtier`` module outside ``kvtier.cli``, ``kvtier.bench``,
+  ``kvtier.probe`` and ``kvtier.demo``) never imports development code, not even lazily inside
+  a function: checked on the source, every import statement.
+* The CLI imports the user's tools only lazily: importing ``kvtier.cli.main`` (every command
+  registered) loads none of them.
+* Development code (``kvtier.bench``, ``kvtier.probe``, ``kvtier.demo``, ``benchmarks``) never
+  imports ``kvtier.cli``; the lab may import ``tests.support``, never the other way round.
+* The library and the operator commands import with vLLM, torch and every optional extra
+  absent (tests/unit/test_extras.py checks what those commands then say).
+"""
+
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
 
-#: Every module of these packages is imported, the packages themselves included.
-LIBRARY_PACKAGES = ["kvtier.store", "kvtier.format", "kvtier.dataplane", "kvtier.vllm"]
-LIBRARY_MODULES = ["kvtier", "kvtier.config", "kvtier.cli.main"]
+#: Development code inside the wheel: the user's benches, probes and demo.
+USER_TOOLS = ("kvtier.bench", "kvtier.probe", "kvtier.demo")
+DEVELOPMENT = (*USER_TOOLS, "benchmarks")
 
-_PROBE = """
-import importlib, json, pkgutil, sys
-sys.path.insert(0, sys.argv[1])
-names = json.loads(sys.argv[2])
-for package in json.loads(sys.argv[3]):
-    module = importlib.import_module(package)
-    names.append(package)
-    names += [m.name for m in pkgutil.walk_packages(module.__path__, package + ".")]
-for name in names:
+
+def module_name(path: Path) -> str:
+    root = SRC if path.is_relative_to(SRC) else REPO
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules_under(folder: Path) -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(folder.rglob("*.py"))}
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module an import statement of ``path`` names, at any depth (lazy ones too)."""
+    names: set[str] = set()
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                prefix = ".".join(parts[: len(parts) - node.level + 1])
+                module = f"{prefix}.{node.module}" if node.module else prefix
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def offenders(files: dict[str, Path], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {}
+    for module, path in files.items():
+        bad = sorted(n for n in imported_names(path) if within(n, forbidden))
+        if bad:
+            found[module] = bad
+    return found
+
+
+def library_files() -> dict[str, Path]:
+    every = modules_under(SRC / "kvtier")
+    return {m: p for m, p in every.items() if not within(m, (*USER_TOOLS, "kvtier.cli"))}
+
+
+def development_files() -> dict[str, Path]:
+    every = {**modules_under(SRC / "kvtier"), **modules_under(REPO / "benchmarks")}
+    return {m: p for m, p in every.items() if within(m, DEVELOPMENT)}
+
+
+def test_the_scan_sees_lazy_imports() -> None:
+    # The CLI's bench commands import kvtier.bench inside their bodies: the scan must see it,
+    # or every rule below would pass vacuously.
+    assert "kvtier.bench.ttft" in imported_names(SRC / "kvtier/cli/bench.py")
+    assert "kvtier.store.shared" in library_files()
+    assert "benchmarks.cli" in development_files() and "kvtier.demo" in development_files()
+
+
+def test_the_library_never_imports_development_code() -> None:
+    assert offenders(library_files(), (*DEVELOPMENT, "tests")) == {}
+
+
+def test_development_code_never_imports_the_cli() -> None:
+    assert offenders(development_files(), ("kvtier.cli",)) == {}
+
+
+def test_the_wheel_never_imports_the_lab_or_the_tests() -> None:
+    assert offenders(modules_under(SRC / "kvtier"), ("benchmarks", "tests")) == {}
+
+
+def test_test_support_never_imports_the_lab() -> None:
+    # The one direction between them: benchmarks reuse the tests' drivers (throttled disk,
+    # tiny models, the matrix runner), so test support must not lean on the lab.
+    assert offenders(modules_under(REPO / "tests" / "support"), ("benchmarks",)) == {}
+
+
+_LOADED = """
+import importlib, json, sys
+for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
-print(json.dumps({
-    "imported": names,
-    "devtools": sorted(m for m in sys.modules if m.split(".")[:2] == ["kvtier", "devtools"]),
-}))
+print(json.dumps(sorted(sys.modules)))
 """
 
 
-def test_library_modules_do_not_import_devtools() -> None:
+def loaded_after_importing(names: list[str], prelude: str = "") -> list[str]:
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _PROBE,
-            str(SRC),
-            json.dumps(LIBRARY_MODULES),
-            json.dumps(LIBRARY_PACKAGES),
-        ],
+        [sys.executable, "-c", prelude + _LOADED, json.dumps(names)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=300,
         check=False,
+        env={"PYTHONPATH": f"{SRC}:{REPO}", "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    # The probe really walked the packages (an empty walk would pass vacuously).
-    assert "kvtier.vllm.spec" in result["imported"]
-    assert "kvtier.store" in result["imported"]
-    assert result["devtools"] == []
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_cli_loads_the_users_tools_only_when_a_command_runs() -> None:
+    loaded = loaded_after_importing(["kvtier.cli.main"])
+    assert "kvtier.cli.bench" in loaded  # the bench and probe commands are registered
+    assert [m for m in loaded if within(m, (*DEVELOPMENT, "tests"))] == []
+
+
+#: Stands in for an operator box: vLLM, torch and every optional extra are not installed.
+ABSENT = ("vllm", "torch", "transformers", "redis", "hiredis", "matplotlib", "psutil", "gguf")
+BLOCK = f"""
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {ABSENT!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, Absent())
+"""
+
+#: What the base install must import: the library's storage core and the operator commands.
+OPERATOR = [
+    "kvtier",
+    "kvtier.config",
+    "kvtier.settings",
+    "kvtier.extras",
+    "kvtier.store",
+    "kvtier.format",
+    "kvtier.policy",
+    "kvtier.metrics_view",
+    "kvtier.cli.main",
+    "kvtier.cli.ops",
+    "kvtier.cli.stats",
+    "kvtier.cli.size",
+]
+
+
+def test_the_library_and_operator_commands_import_without_vllm_or_extras() -> None:
+    loaded = loaded_after_importing(OPERATOR, BLOCK)
+    assert "kvtier.cli.ops" in loaded and "kvtier.store.disk" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ABSENT] == []

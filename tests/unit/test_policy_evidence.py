@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvtier.devtools.bench import gpu_evidence
+from benchmarks import gpu_evidence
 from kvtier.policy import PrefillCoefficients
 
 MIB = 1 << 20
@@ -103,15 +103,21 @@ def test_a_gain_refused_by_a_pessimistic_estimate_is_graded_missed():
     assert any(r["right"] == "missed" for r in rows)
 
 
-def test_the_report_rereads_its_own_json(tmp_path, capsys):
+def test_the_report_rereads_its_own_json(tmp_path):
+    from typer.testing import CliRunner
+
+    from benchmarks.cli import app
+
     raw = tmp_path / "raw.json"
     raw.write_text(json.dumps(raw_results(2.0, 2.0)))
     saved = tmp_path / "report.json"
-    gpu_evidence.main(["report", str(raw), "--json", str(saved)])
-    first = capsys.readouterr().out
-    gpu_evidence.main(["report", str(saved)])
-    assert capsys.readouterr().out == first
-    assert "| m | 2048 | 0 | host pool -> GPU |" in first
+    runner = CliRunner()
+    first = runner.invoke(app, ["gpu-evidence", str(raw), "--json", str(saved)])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, ["gpu-evidence", str(saved)])
+    assert again.exit_code == 0, again.output
+    assert again.stdout == first.stdout
+    assert "| m | 2048 | 0 | host pool -> GPU |" in first.stdout
 
 
 def test_a_report_without_prefill_figures_says_so():

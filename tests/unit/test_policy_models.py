@@ -252,11 +252,11 @@ def test_restoring_all_or_nothing_of_a_hit_is_optimal(
 # -- purity --------------------------------------------------------------------------------
 
 
-def test_the_policy_imports_neither_vllm_nor_torch_nor_devtools():
+def test_the_policy_imports_neither_vllm_nor_torch_nor_the_benches():
     code = (
         "import sys, kvtier.policy; "
-        "bad = [m for m in ('torch', 'vllm', 'numpy', 'kvtier.devtools') if m in sys.modules]; "
-        "print(bad)"
+        "bad = [m for m in ('torch', 'vllm', 'numpy', 'kvtier.bench', 'benchmarks') "
+        "if m in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,7 +1,7 @@
 """The needle scorer tells a truncated restore, a cross-session mix-up and a model miss apart."""
 
-from kvtier.devtools.probe.needles import build_sessions
-from kvtier.devtools.probe.scoring import DEPTHS, Needle, classify, session_verdict
+from kvtier.probe.needles import build_sessions
+from kvtier.probe.scoring import DEPTHS, Needle, classify, session_verdict
 
 A = [Needle("a", d, str(1000 + i)) for i, d in enumerate(DEPTHS)]
 B = [Needle("b", d, str(2000 + i)) for i, d in enumerate(DEPTHS)]

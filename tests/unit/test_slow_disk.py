@@ -1,4 +1,4 @@
-"""The lab's slow disk (``kvtier.devtools.slowdisk``): what the slow-tier engine tests rely on.
+"""The lab's slow disk (``tests.support.throttled_disk``): what the slow-tier engine tests rely on.
 
 Root, cgroup v1 blkio and loop devices are needed; elsewhere these skip with the reason, and the
 same tier behaviour is covered through a throttled ``RecordIO`` (tests/faults/test_slow_tier.py).

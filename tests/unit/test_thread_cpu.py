@@ -5,7 +5,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kvtier.devtools.harness.cpu import session_cpu
+from kvtier.bench.harness.cpu import session_cpu
 from kvtier.threads import name_os_thread
 
 CHILD = """

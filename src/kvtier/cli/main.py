@@ -9,6 +9,7 @@ import typer
 
 from kvtier.config import DEFAULT_HOST_POOL, kv_transfer_config
 from kvtier.errors import ConfigError
+from kvtier.extras import MissingExtraError, require
 
 app = typer.Typer(
     help="Tiered, persistent, verified KV-cache offloading for vLLM.",
@@ -90,9 +91,13 @@ def serve(
 
     Example: kvtier serve ./SmolLM2 --disk-dir /var/cache/kvtier --max-model-len 8192
     """
-    from kvtier.cli.serve import serve_command, serve_env
+    from kvtier.launch import serve_command, serve_env
 
     try:
+        if not dry_run:
+            require("engine", "kvtier serve")
+        if shared is not None:
+            require("shared", "the shared tier (--shared)")
         config = kv_transfer_config(
             host_pool=host_pool,
             disk_dir=disk_dir,
@@ -149,7 +154,10 @@ def demo(
 
     Example: kvtier demo --tokens 4000 --shared
     """
-    from kvtier.devtools.demo import run_demo
+    require("bench", "kvtier demo")
+    if shared:
+        require("shared", "kvtier demo --shared")
+    from kvtier.demo import run_demo
 
     raise typer.Exit(run_demo(tokens=tokens, port=port, work_dir=work_dir, shared=shared))
 
@@ -228,7 +236,13 @@ _register_subcommands()
 
 
 def main() -> None:
-    app()
+    """The console script: the app, with a missing optional dependency reported in one line
+    (the extra to install) wherever in a command it is found, instead of a traceback."""
+    try:
+        app()
+    except MissingExtraError as exc:
+        typer.echo(str(exc), err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -258,14 +258,15 @@ def stats(
             _fail("--plot PNG and --from FILE go together", USAGE)
         if url is not None or watch is not None or record_to is not None or as_json:
             _fail("--plot draws a recorded run: give only --plot PNG --from FILE", USAGE)
-        from kvtier.cli.stats_plot import MissingMatplotlib, plot_recording
+        from kvtier.cli.stats_plot import plot_recording
+        from kvtier.extras import MissingExtraError
 
         try:
             samples = read_recording(from_file)
             plot_recording(samples, plot)
         except Unreadable as exc:
             _fail(str(exc), UNREADABLE)
-        except MissingMatplotlib as exc:
+        except MissingExtraError as exc:
             _fail(str(exc), FAILED)
         typer.echo(f"wrote {plot} ({len(samples)} samples)")
         return

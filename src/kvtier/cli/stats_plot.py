@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.errors import KvtierError
+from kvtier.extras import require
 
 SOURCES = {  # label -> (dict in a sample, key)
     "computed": ("prompt_tokens", "local_compute"),
@@ -22,10 +22,6 @@ SOURCES = {  # label -> (dict in a sample, key)
     "host pool": ("cached_tokens", "host"),
     "disk": ("cached_tokens", "disk"),
 }
-
-
-class MissingMatplotlib(KvtierError):
-    """matplotlib is not installed."""
 
 
 def _tier(sample: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -74,16 +70,12 @@ def _bandwidth(
 
 def plot_recording(samples: Sequence[dict[str, Any]], png: Path) -> None:
     """Draw the six panels of ``samples`` (a recorded run, oldest first) into ``png``."""
-    try:
-        import matplotlib
+    require("bench", "kvtier stats --plot", ("matplotlib",))
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingMatplotlib(
-            "--plot needs matplotlib, a development requirement: "
-            "pip install -r requirements/dev.txt (or pip install matplotlib)"
-        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     samples = sorted(samples, key=lambda s: s["t"])
     t0 = samples[0]["t"]
     xs = [s["t"] - t0 for s in samples]

@@ -1,12 +1,19 @@
 """The shared tier: a ``BlockStore`` on Redis/Valkey (standalone or Cluster), verified.
 
-Importing this package imports redis-py; ``kvtier.store`` does not import it, so the disk
-and memory tiers work without the client installed.
+Importing this package imports redis-py (the ``shared`` extra; without it the import raises
+``MissingExtraError`` naming the extra); ``kvtier.store`` does not import it, so the disk and
+memory tiers work without the client installed.
 """
 
-from kvtier.store.shared.config import ServerUrl, SharedStoreConfig, parse_url
-from kvtier.store.shared.stats import SharedStoreStats
-from kvtier.store.shared.store import KEY_PREFIX, SharedStore
+from kvtier.extras import require
+
+# Before the first redis import: without the extra, opening the tier (the engine's start-up
+# check) refuses with the extra to install instead of a ModuleNotFoundError from redis-py.
+require("shared", "the shared tier")
+
+from kvtier.store.shared.config import ServerUrl, SharedStoreConfig, parse_url  # noqa: E402
+from kvtier.store.shared.stats import SharedStoreStats  # noqa: E402
+from kvtier.store.shared.store import KEY_PREFIX, SharedStore  # noqa: E402
 
 __all__ = [
     "KEY_PREFIX",

@@ -1,0 +1,294 @@
+"""``python -m benchmarks``: the project's own lab, run from a source checkout.
+
+Design A/Bs (the restore decision on a throttled disk, decision on vs off), data-path and
+store microbenchmarks, the host pool on disk, the GPU evidence of the restore policy, and
+``publish``, which copies the test suites' reports into docs/. None of it ships in the wheel;
+what a user runs against their own deployment is ``kvtier bench`` / ``kvtier probe``.
+Commands import their module lazily, so one command's dependencies (torch for the GPU tools,
+root for the throttled disk) never stop another from starting.
+"""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    help="kvtier's development benchmarks (a source checkout's lab; not in the wheel).",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+)
+
+OutOption = Annotated[Path, typer.Option(help="Folder for tables (.md), raw data (.json), plots.")]
+ModelOption = Annotated[
+    str | None, typer.Option(help="HF model folder (default: SmolLM2-135M-Instruct from PyPI).")
+]
+
+
+def _model(model: str | None) -> str:
+    from kvtier.bench.common import default_model
+
+    return model or default_model()
+
+
+@app.command("decision")
+def bench_decision(
+    out: OutOption = Path("bench-out"),
+    model: ModelOption = None,
+    lengths: Annotated[str, typer.Option(help="Prompt lengths, comma separated.")] = "2048,8000",
+    reps: Annotated[int, typer.Option(help="Distinct prompts per length.")] = 3,
+    engines: Annotated[
+        int, typer.Option(help="Reader engines per setting (ABBA order: on, off, off, on...).")
+    ] = 3,
+    same_engine: Annotated[
+        bool,
+        typer.Option(
+            "--same-engine",
+            help="Both settings in one engine (per-request opt-out), singles and batches.",
+        ),
+    ] = False,
+    batch: Annotated[int, typer.Option(help="Concurrent restores per batch (--same-engine).")] = 4,
+) -> None:
+    """Disk restores with the restore decision on vs off, spread over several engines each
+    (or, with --same-engine, both in one engine).
+
+    Example: python -m benchmarks decision --lengths 2048,8000 --engines 3
+    """
+    from benchmarks import decision_abba
+    from kvtier.bench.console import print_result, progress
+
+    if same_engine:
+        with progress("decision") as report:
+            decision_abba.run_same_engine(
+                _model(model),
+                [int(x) for x in lengths.split(",")],
+                reps,
+                out,
+                batch=batch,
+                progress=report,
+            )
+        print_result(out, "decision-same-engine")
+        return
+    with progress("decision") as report:
+        decision_abba.run(
+            _model(model),
+            [int(x) for x in lengths.split(",")],
+            reps,
+            out,
+            engines_per_setting=engines,
+            progress=report,
+        )
+    print_result(out, "decision")
+
+
+@app.command("slow-tier")
+def bench_slow_tier(
+    out: OutOption = Path("slowtier-out"),
+    model: Annotated[
+        str | None, typer.Option(help="HF model folder (default: the tiny random Llama).")
+    ] = None,
+    lengths: Annotated[str, typer.Option(help="Prompt lengths, comma separated.")] = "2048,8000",
+    slowdown: Annotated[
+        float, typer.Option(help="Throttled restore / cold prefill at the largest length.")
+    ] = 3.0,
+    reps: Annotated[int, typer.Option(help="Requests per length and mode (medians).")] = 3,
+    warm_prompts: Annotated[int, typer.Option(help="Cold prompts served first per engine.")] = 3,
+    warm_restores: Annotated[
+        int, typer.Option(help="Warm-up restores per engine and disk speed.")
+    ] = 3,
+) -> None:
+    """TTFT of a disk-only prefix on a throttled and an unthrottled disk: restore decision
+    off vs on vs cold prefill, timed in one engine per disk speed (root: loop device + cgroup
+    v1 blkio throttle).
+
+    Example: python -m benchmarks slow-tier --out slowtier-out --lengths 2048,8000
+    """
+    from benchmarks import slowtier
+    from kvtier.bench.console import print_result, progress
+
+    if model is None:
+        from tests.support.models import tiny_llama
+
+        model = str(tiny_llama())
+    with progress("slow-tier") as report:
+        slowtier.run(
+            model,
+            [int(x) for x in lengths.split(",")],
+            out,
+            slowdown=slowdown,
+            reps=reps,
+            warm_prompts=warm_prompts,
+            warm_restores=warm_restores,
+            progress=report,
+        )
+    print_result(out, "slowtier")
+
+
+@app.command("bandwidth")
+def bench_bandwidth(
+    out: OutOption = Path("bench-out"),
+    reps: Annotated[int, typer.Option(help="Passes.")] = 3,
+) -> None:
+    """Restore data path GB/s next to plain sequential reads and memcpy (no engine).
+
+    Example: python -m benchmarks bandwidth --reps 3
+    """
+    from benchmarks import bandwidth
+    from kvtier.bench.console import print_result, progress
+
+    with progress("bandwidth") as report:
+        bandwidth.run(out, reps=reps, progress=report)
+    print_result(out, "bandwidth")
+
+
+@app.command("store")
+def bench_store(
+    folder: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Folder on the disk to measure (default: TMPDIR)."),
+    ] = None,
+    total_mib: Annotated[int, typer.Option(help="MiB written per pass.")] = 192,
+    repeats: Annotated[int, typer.Option(help="Passes per case.")] = 3,
+    open_records: Annotated[int, typer.Option(help="Records indexed for open()/contains().")] = (
+        100_000
+    ),
+    real_records: Annotated[int, typer.Option(help="Small records put for open().")] = 5_000,
+    cold: Annotated[bool, typer.Option(help="Cold reads (drop_caches, root only).")] = True,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write raw per-pass figures here.")
+    ] = None,
+    read_ab_only: Annotated[
+        bool, typer.Option("--read-ab-only", help="Only the O_DIRECT vs buffered read A/B.")
+    ] = False,
+) -> None:
+    """DiskStore throughput, latency and index figures next to plain file I/O (no engine).
+
+    Example: python -m benchmarks store --json /tmp/store_bench.json
+    """
+    from benchmarks import store_bench
+
+    store_bench.run(
+        folder,
+        total_mib=total_mib,
+        repeats=repeats,
+        open_records=open_records,
+        real_records=real_records,
+        cold=cold,
+        json_path=json_path,
+        read_ab_only=read_ab_only,
+        emit=typer.echo,
+    )
+
+
+@app.command("checksum")
+def bench_checksum(
+    repeats: Annotated[int, typer.Option(help="Timed runs per cell.")] = 7,
+) -> None:
+    """GB/s of candidate payload checksums over realistic block sizes (no engine).
+
+    Example: python -m benchmarks checksum --repeats 7
+    """
+    from benchmarks import checksum_bench
+
+    typer.echo(checksum_bench.run(repeats))
+
+
+@app.command("pool-on-disk")
+def bench_pool_on_disk(
+    folder: Annotated[Path, typer.Option("--dir", help="Folder for the pool file.")],
+    disk_pool: Annotated[str, typer.Option(help="Size of the pool on disk.")] = "32GiB",
+    ram_pool: Annotated[str, typer.Option(help="Size of the pool in /dev/shm.")] = "2GiB",
+    prompts: Annotated[int, typer.Option(help="Distinct 1024-token prompts.")] = 120,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON report here.")] = None,
+) -> None:
+    """What a host pool costs in RAM (/dev/shm) against a sparse file (host_pool_dir).
+
+    Runs one in-process engine per pool kind (tiny Llama). vLLM logs to stdout; the report is
+    the last JSON printed.
+
+    Example: python -m benchmarks pool-on-disk --dir /var/tmp/kvtier-pool-measure --out pool.json
+    """
+    from benchmarks import pool_on_disk
+    from kvtier.errors import ConfigError
+    from kvtier.units import parse_size
+
+    try:
+        for value, name in ((disk_pool, "--disk-pool"), (ram_pool, "--ram-pool")):
+            parse_size(value, name)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    report = pool_on_disk.run(folder, disk_pool, ram_pool, prompts)
+    typer.echo(pool_on_disk.write(report, out))
+
+
+@app.command("publish")
+def publish_reports(
+    reports: Annotated[
+        Path | None,
+        typer.Option(help="Report folder (default: $KVTIER_REPORT_DIR or out/reports)."),
+    ] = None,
+    checkout: Annotated[
+        Path | None, typer.Option(help="Source checkout whose docs/ to update.")
+    ] = None,
+) -> None:
+    """Copy the reports of the last runs into docs/ (reliability.md, model-matrix.md).
+
+    Test runs write their reports to the report folder only; this is the deliberate step that
+    puts them in the tracked docs.
+
+    Example: bash scripts/test.sh -m faults && python -m benchmarks publish
+    """
+    from tests.support.reports import checkout_dir, publish, report_dir
+
+    found = False
+    for doc, source in publish(reports or report_dir(), checkout or checkout_dir()):
+        if source is None:
+            typer.echo(f"{doc}: no report, left as it is")
+        else:
+            found = True
+            typer.echo(f"{doc}: from {source}")
+    if not found:
+        raise typer.Exit(1)
+
+
+GPU_STORE_DIR = Path("/var/tmp/kvtier-gpu-evidence")
+
+
+@app.command("gpu-measure")
+def gpu_measure(
+    out: Annotated[Path, typer.Option(help="Raw results JSON (appended per section).")],
+    folder: Annotated[
+        Path, typer.Option("--dir", help="Store folder on the disk to measure.")
+    ] = GPU_STORE_DIR,
+    budget_s: Annotated[float, typer.Option(help="Stop starting new sections after this.")] = 420.0,
+    reps: Annotated[int, typer.Option(help="Repeats per figure.")] = 3,
+) -> None:
+    """Raw GPU evidence on this CUDA machine: prefill, host->GPU copies, disk and cuFile reads.
+
+    Needs torch with CUDA; each section records its own error and the run goes on.
+
+    Example: python -m benchmarks gpu-measure --out raw.json --reps 5 --budget-s 420
+    """
+    from benchmarks.gpu_measure import measure_all
+
+    measure_all(out, folder, budget_s, reps)
+
+
+@app.command("gpu-evidence")
+def gpu_evidence(
+    raw: Annotated[Path, typer.Argument(help="gpu-measure's JSON, or a saved report's.")],
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write raw + derived results here.")
+    ] = None,
+    md: Annotated[Path | None, typer.Option(help="Write the tables here too.")] = None,
+) -> None:
+    """Feed gpu-measure's figures to kvtier.policy and tabulate its picks (no GPU needed).
+
+    Example: python -m benchmarks gpu-evidence raw.json --json docs/bench/gpu-evidence.json
+    --md docs/bench/gpu-evidence.md
+    """
+    from benchmarks.gpu_evidence import report
+
+    typer.echo(report(raw, json_path, md), nl=False)

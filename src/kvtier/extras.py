@@ -1,0 +1,66 @@
+"""Optional dependencies: which extra brings which module, and the one error when one is missing.
+
+The base install (``pip install kvtier``) is the library and the operator commands (``kvtier ls
+/ du / verify / gc / stats / size``). Everything else sits behind an extra, and each place that
+imports an optional module calls ``require`` first, so a missing one stops with one line that
+names the extra to install, never an import traceback from deep inside a tier or a bench:
+
+    kvtier: the shared tier needs redis, hiredis: pip install "kvtier[shared]"
+
+``MissingExtraError`` is a ``ConfigError``: at engine start-up it refuses the start like any
+other configuration that cannot work, and the CLI prints it and exits with code 2.
+"""
+
+import importlib.util
+
+from kvtier.errors import ConfigError
+
+#: Extra -> the modules it installs (import names). Keep in step with pyproject.toml.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "shared": ("redis", "hiredis"),
+    "bench": ("matplotlib", "psutil", "gguf"),
+    "engine": ("vllm",),
+}
+
+
+class MissingExtraError(ConfigError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+    def __init__(self, extra: str, purpose: str, missing: list[str]) -> None:
+        super().__init__(
+            f'kvtier: {purpose} needs {", ".join(missing)}: pip install "kvtier[{extra}]"'
+        )
+        self.extra = extra
+        self.missing = missing
+
+
+def missing(modules: tuple[str, ...]) -> list[str]:
+    """The modules of ``modules`` that are not installed here.
+
+    Found, not imported: checking for vLLM must not cost the seconds its import takes (``kvtier
+    serve`` checks before it starts the server, which imports it anyway).
+    """
+    return [name for name in modules if not _installed(name)]
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        # ValueError: a module in sys.modules without a spec; ImportError: a finder that
+        # refuses the name (how the tests stand in for an environment without it).
+        return False
+
+
+def require(extra: str, purpose: str, modules: tuple[str, ...] | None = None) -> None:
+    """Raise ``MissingExtraError`` unless every module of ``extra`` (or just ``modules``, a
+    subset a caller needs) imports.
+
+    ``purpose`` completes "... needs": say what the user asked for ("the shared tier",
+    "kvtier bench shared"). Cheap (no import), so call it on every use.
+    """
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r}; known: {sorted(EXTRAS)}")
+    absent = missing(EXTRAS[extra] if modules is None else modules)
+    if absent:
+        raise MissingExtraError(extra, purpose, absent)
