@@ -23,10 +23,8 @@ from kvtier.settings import DiskTierSettings, SharedTierSettings
 from kvtier.store import BlockStore, DiskStore, check_root
 from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
-from kvtier.vllm.shared_tier import check_server, open_shared_store, redacted_url
+from kvtier.vllm.shared_tier import check_server, open_shared_store
 from kvtier.vllm.store_tier import HOUSEKEEPING_INTERVAL_S, NEGATIVE_TTL_S, StoreTier
-
-setup_logging()
 
 #: How often the tier picks up blocks that other engines sharing its folder stored (and
 #: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
@@ -77,6 +75,7 @@ class KvtierDiskTier(StoreTier):
         check_shared: Callable[[SharedTierSettings, int], None] = check_server,
         **options: Any,
     ) -> None:
+        setup_logging()  # a bad KVTIER_* variable refuses start-up (kvtier.env)
         self.settings = DiskTierSettings.parse(options)
         check_root(self.settings.root_dir)
         super().__init__(
@@ -111,7 +110,7 @@ class KvtierDiskTier(StoreTier):
         )
         if self.settings.shared is not None:
             line += (
-                f"; then shared {redacted_url(self.settings.shared.url)} (capacity is the "
+                f"; then shared {self.settings.shared.url} (capacity is the "
                 "server's; shared hits written back to disk)"
             )
         return line
