@@ -64,8 +64,8 @@ DISK_INDEX_ALLOWANCE_BYTES = 832 << 10
 #: ``DiskTierSettings`` refuses less at start-up and ``DiskStore`` checks the same constant,
 #: so no cap passes start-up and fails later on the tier's opener thread.
 DISK_MIN_CAPACITY_BYTES = DISK_INDEX_ALLOWANCE_BYTES + HEADER_BYTES + 1
-#: Inputs never echoed in an error message (a URL may carry a password; so may the shared
-#: tier's settings nested in the disk tier's).
+#: Inputs never echoed in an error message (a URL with user info may carry a password; so may
+#: the shared tier's settings nested in the disk tier's).
 _HIDDEN_INPUTS = ("password", "url", "shared")
 
 
@@ -77,8 +77,9 @@ def _to_bytes(value: Any) -> Any:
         try:
             return parse_size(value)
         except ConfigError as exc:
+            # parse_size says "size=<value> is ..."; the field and value are named by _explain.
             detail = str(exc)
-            raise ValueError(detail[detail.find("not a size") :] or detail) from None
+            raise ValueError(detail.split(" is ", 1)[-1]) from None
     return value
 
 
@@ -142,8 +143,12 @@ class _Settings(BaseModel):
             extra = (info.json_schema_extra if info is not None else None) or {}
             option = extra.get("option") if isinstance(extra, dict) else None
             fix = extra.get("fix") if isinstance(extra, dict) else None
-            hidden = any(word in field for word in _HIDDEN_INPUTS)
-            shown = "<hidden>" if hidden else repr(error.get("input"))
+            given = error.get("input")
+            # A URL without "@" has no user info, so no password to hide.
+            hidden = any(word in field for word in _HIDDEN_INPUTS) and not (
+                field == "url" and isinstance(given, str) and "@" not in given
+            )
+            shown = "<hidden>" if hidden else repr(given)
             where = f"{field} ({option})" if option else field
             lines.append(f"{where}={shown}: {message}" + (f"; {fix}" if fix else ""))
         return f"kvtier: invalid {cls.component} option: " + "; ".join(lines)
