@@ -100,8 +100,14 @@ def _option(name: str, fix: str) -> dict[str, Any]:
     return {"json_schema_extra": {"option": name, "fix": fix}}
 
 
-class _Settings(BaseModel):
-    """Frozen, strict about unknown keys; ``parse`` turns validation errors into ConfigError."""
+def with_fix(fix: str) -> dict[str, Any]:
+    """Field metadata of a setting with no user-facing option of its own: how to fix it."""
+    return {"json_schema_extra": {"fix": fix}}
+
+
+class SettingsModel(BaseModel):
+    """Frozen, strict about unknown keys; a bad value is a ``ConfigError`` naming the field,
+    its option and its fix, whether the model is built by ``parse`` or by its constructor."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
     #: Name of the component in error messages.
@@ -159,12 +165,12 @@ class _Settings(BaseModel):
         for name, value in self:
             if isinstance(value, SecretStr):
                 out[name] = value.get_secret_value()
-            elif isinstance(value, _Settings):
+            elif isinstance(value, SettingsModel):
                 out[name] = value.to_dict()
         return out
 
 
-class HostPoolSettings(_Settings):
+class HostPoolSettings(SettingsModel):
     """The CPU spec: host-RAM pool (the first tier after the engine's own KV cache)."""
 
     component: ClassVar[str] = "host pool"
@@ -223,7 +229,7 @@ class HostPoolSettings(_Settings):
         return cls.parse(data)
 
 
-class DiskTierSettings(_Settings):
+class DiskTierSettings(SettingsModel):
     """kvtier's disk tier (``KvtierDiskTier``): verified, bounded, crash-safe records."""
 
     component: ClassVar[str] = "disk tier"
@@ -279,7 +285,7 @@ class DiskTierSettings(_Settings):
         return {"type": DISK_TIER_TYPE, "module_path": DISK_TIER_MODULE, **self.to_dict()}
 
 
-class SharedTierSettings(_Settings):
+class SharedTierSettings(SettingsModel):
     """kvtier's shared tier (``KvtierSharedTier``) on Valkey / Redis, standalone or Cluster.
 
     Also the shared store's own configuration (``kvtier.store.shared.SharedStore`` takes it).
