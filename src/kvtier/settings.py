@@ -21,7 +21,9 @@ value raises ``ConfigError`` naming the field, the user-facing option and the fi
 
 The storage core reads its settings from these models too (``SharedStore`` takes a
 ``SharedTierSettings``; ``DiskStore`` checks its cap against ``DISK_MIN_CAPACITY_BYTES``), so
-this module imports neither vLLM nor the storage core: only ``kvtier.format``'s constants.
+this module imports neither vLLM, redis-py nor the storage core (of ``kvtier.format`` only a
+constant). Rules across fields are model validators; environment variables are
+``kvtier.env``'s.
 """
 
 from __future__ import annotations

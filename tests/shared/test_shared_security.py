@@ -148,3 +148,27 @@ def test_plain_client_against_tls_port_is_a_config_error(
     server, _ = tls_server
     with pytest.raises(ConfigError, match=f"url=redis://127.0.0.1:{server.port}"):
         open_shared(f"redis://127.0.0.1:{server.port}", make_namespace(), connect_timeout_s=0.3)
+
+
+def test_the_password_variable_opens_a_server_that_requires_one(
+    fresh_server: Callable[..., RedisServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The engine's path: settings without a password, KVTIER_SHARED_PASSWORD in its env."""
+    from kvtier.settings import SharedTierSettings
+    from kvtier.vllm.shared_tier import open_shared_store
+
+    server = fresh_server(extra_args=["--requirepass", PASSWORD])
+    settings = SharedTierSettings.parse({"url": server.url})
+    monkeypatch.setenv("KVTIER_SHARED_PASSWORD", PASSWORD + "x")
+    with pytest.raises(ConfigError, match="username/password") as wrong:
+        open_shared_store(settings, make_namespace())
+    monkeypatch.setenv("KVTIER_SHARED_PASSWORD", PASSWORD)
+    with (
+        caplog.at_level(logging.DEBUG, logger="kvtier"),
+        open_shared_store(settings, make_namespace()) as store,
+    ):
+        assert store.put(key_of(1), payload_of(1))
+        assert store.get(key_of(1)) == payload_of(1)
+    assert_secret_absent(PASSWORD, str(wrong.value), caplog.text, repr(settings))
