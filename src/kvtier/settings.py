@@ -177,11 +177,15 @@ class HostPoolSettings(SettingsModel):
 
     component: ClassVar[str] = "host pool"
 
+    #: Size of the host-RAM pool in bytes (or '4GiB'), total over all tensor-parallel ranks; blocks
+    #: evicted from the engine's KV cache are restored from here.
     host_pool_bytes: Bytes = Field(
         default=2 * 2**30,
         gt=0,
         **_option("host_pool / --host-pool", "give the host pool a size such as '4GiB'"),
     )
+    #: Back the host pool with a sparse 0600 file in this local folder instead of /dev/shm, for a
+    #: pool larger than the RAM you can spare; unset: RAM.
     host_pool_dir: AbsolutePath | None = Field(
         default=None,
         **_option(
@@ -189,11 +193,15 @@ class HostPoolSettings(SettingsModel):
             "give a folder on a local disk, such as '/var/cache/kvtier/pool', or leave it unset",
         ),
     )
+    #: Start even when a tier cannot hold more than the engine's own KV pool (it would never serve
+    #: a restore): warn instead of refusing.
     allow_small_tiers: bool = Field(
         default=False,
         strict=True,
         **_option("allow_small_tiers / --allow-small-tiers", "give true or false"),
     )
+    #: Restore a tier's hit only when its measured restore time beats recomputing the same tokens;
+    #: false restores every hit (load deadlines apply either way).
     restore_decision: bool = Field(
         default=True,
         strict=True,
@@ -236,9 +244,13 @@ class DiskTierSettings(SettingsModel):
 
     component: ClassVar[str] = "disk tier"
 
+    #: Folder of the persistent disk tier; its blocks survive restarts and are served to a fresh
+    #: process.
     root_dir: AbsolutePath = Field(
         **_option("disk_dir / --disk-dir", "give the disk tier's folder, e.g. /var/cache/kvtier")
     )
+    #: Byte cap of the folder, stored in the folder and shared by every engine using it; unset
+    #: keeps the folder's cap (a new folder: a quarter of its file system, at most 256 GiB).
     capacity_bytes: Bytes | None = Field(
         default=None,
         **_option(
@@ -247,6 +259,7 @@ class DiskTierSettings(SettingsModel):
             "(a new folder gets a quarter of its file system, at most 256 GiB)",
         ),
     )
+    #: Free space the disk tier leaves on the file system; unset: 5 % of it, at most 10 GiB.
     free_space_floor_bytes: Bytes | None = Field(
         default=None,
         ge=0,
@@ -255,6 +268,7 @@ class DiskTierSettings(SettingsModel):
             "give a size such as '10GiB', or leave it unset (5 % of the file system, <= 10 GiB)",
         ),
     )
+    #: I/O threads per direction (reads, writes), at background I/O priority.
     io_threads: int = Field(
         default=4,
         ge=1,
@@ -262,10 +276,13 @@ class DiskTierSettings(SettingsModel):
         strict=True,
         **_option("disk_threads / --disk-threads", "give a whole number from 1 to 64, e.g. 4"),
     )
+    #: When a record is synced: never (a crash loses only the newest records; every load is
+    #: checksummed), data, or always (data and folder).
     fsync: Literal["never", "data", "always"] = Field(
         default="never",
         **_option("fsync / --fsync", "use 'never' (default), 'data' or 'always'"),
     )
+    #: The shared tier behind this disk tier: read after the local disk, hits written back to it.
     shared: SharedTierSettings | None = Field(
         default=None,
         **_option("shared / --shared", "give the shared tier's settings, or leave it unset"),
@@ -297,30 +314,38 @@ class SharedTierSettings(SettingsModel):
 
     component: ClassVar[str] = "shared tier"
 
+    #: Server URL: redis://, rediss:// (TLS), redis+cluster:// or rediss+cluster:// with
+    #: comma-separated nodes.
     url: str = Field(
         **_option("shared / --shared", f"give {URL_FORMS}")
     )
+    #: ACL user; unset: the server's default user.
     username: str | None = Field(default=None, **_option("shared_username", "give an ACL user"))
+    #: Server password; kvtier serve and kv_transfer_config read it from KVTIER_SHARED_PASSWORD
+    #: inside the engine, so it stays off command lines.
     password: SecretStr | None = Field(
         default=None,
         **_option("shared_password / KVTIER_SHARED_PASSWORD", "give the server's password"),
     )
+    #: PEM file of the CA certificates that signed the server's certificate (rediss://).
     tls_ca_file: AbsolutePath | None = Field(
         default=None, **_option("shared_tls_ca_file", "give a PEM file of CA certificates")
     )
+    #: PEM client certificate, for servers that require one.
     tls_cert_file: AbsolutePath | None = Field(
         default=None, **_option("shared_tls_cert_file", "give a PEM client certificate")
     )
+    #: Key of the client certificate.
     tls_key_file: AbsolutePath | None = Field(
         default=None,
         repr=False,
         **_option("shared_tls_key_file", "give the client certificate's key"),
     )
-    #: Seconds to wait for a TCP (and TLS) connection.
+    #: Seconds to connect to a server before the operation fails (and the breaker counts it).
     connect_timeout_s: float = Field(
         default=0.5, gt=0, le=60, **_option("shared_connect_timeout_s", "give seconds, e.g. 0.5")
     )
-    #: Seconds to wait for any one reply; a 6 MiB GET takes ~4 ms on loopback.
+    #: Seconds one server operation may take (a 6 MiB GET takes ~4 ms on loopback).
     op_timeout_s: float = Field(
         default=2.0, gt=0, le=600, **_option("shared_op_timeout_s", "give seconds, e.g. 2")
     )
@@ -357,11 +382,11 @@ class SharedTierSettings(SettingsModel):
         strict=True,
         **_option("shared_view_max_keys", "give a positive whole number, e.g. 262144"),
     )
-    #: I/O threads of the tier (vLLM adapter).
+    #: I/O threads of the shared tier.
     io_threads: int = Field(
         default=4, ge=1, le=64, strict=True, **_option("shared_threads", "give 1 to 64, e.g. 4")
     )
-    #: Blocks queued for the server before further stores are dropped (vLLM adapter).
+    #: Stores waiting for the server beyond this are dropped and counted.
     max_queued_blocks: int = Field(
         default=1024,
         ge=1,

@@ -234,8 +234,7 @@ def test_a_full_file_system_refuses_puts_and_keeps_serving(
         stored + 6,
         f"{stored} records stored, then every put False (no exception, no temp file left, no "
         "index entry without a file, no reservation left behind); every stored record still "
-        "served; once space is freed, puts work again; verify() clean (was: a reservation "
-        "the full index could not drop stayed charged against the cap; fixed)",
+        "served; once space is freed, puts work again; verify() clean",
     )
 
 
@@ -310,7 +309,7 @@ def test_a_folder_turned_read_only_under_the_store_degrades_to_misses(
         1,
         "good records still served; rotten one a miss and never offered again; puts False; "
         "once writable the files evicted or condemned meanwhile are unlinked (no orphan), "
-        "verify() clean (was: they were left as orphans outside the cap; fixed)",
+        "verify() clean",
     )
 
 
@@ -431,8 +430,7 @@ def test_permission_denials_under_a_running_store_are_misses_and_refusals(
         "unreadable and non-private records: miss + quarantined (io_error, not_private x2); "
         "records in a read-only folder still served; puts into it or with tmp/ locked: False, "
         "no temp left; a delete there keeps the file named in trash, unlinked by the next "
-        "open; verify() clean (was: non-private records served, the undeletable file "
-        "orphaned; fixed)",
+        "open; verify() clean",
     )
 
 
@@ -478,8 +476,7 @@ def test_an_evicted_file_that_cannot_be_unlinked_stays_named_and_goes_later(
         "store",
         1,
         "the files stay named and charged in trash (verify() clean, no orphan, the put that "
-        "needed the room refused) and are unlinked with the next put (was: trash entry "
-        "dropped, file orphaned outside the cap; fixed)",
+        "needed the room refused) and are unlinked with the next put",
     )
 
 
@@ -501,5 +498,5 @@ def test_a_failed_put_whose_file_cannot_be_unlinked_leaves_no_orphan(outside, re
         "store",
         1,
         "put False, reservation dropped, file stays named and charged in trash until "
-        "unlinked (was: orphan file outside the cap; fixed)",
+        "unlinked",
     )

@@ -6,7 +6,8 @@ namespaces, processes and restarts. WAL mode with ``synchronous=NORMAL``: reader
 for the writer, and a commit costs no fsync (a power cut may lose the last commits; see the
 crash story in kvtier.store.disk for why that is safe). The WAL is bounded
 (``wal_autocheckpoint`` and ``journal_size_limit``) and the index files are charged against
-the cap by the store (``kvtier.store.footprint``).
+the cap by the store (``DiskStore.footprint_bytes``; reservations charge them at
+``kvtier.store.root.index_charge``).
 
 Tables::
 
