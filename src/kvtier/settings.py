@@ -357,7 +357,7 @@ class SharedTierSettings(SettingsModel):
         strict=True,
         **_option("shared_retries", "give 0 to 3 (each retry can cost op_timeout_s)"),
     )
-    #: Largest record (header + payload) a put sends; None: 1/8 of the smallest maxmemory.
+    #: Largest record (header + payload) a put sends; unset: 1/8 of the smallest maxmemory.
     max_record_bytes: Bytes | None = Field(
         default=None,
         gt=0,
