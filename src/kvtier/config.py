@@ -7,9 +7,10 @@ vLLM's stock ``OffloadingConnector`` and plugs kvtier in through ``spec_module_p
 """
 
 import os
-from typing import Any
+from typing import Any, ClassVar, Literal, Self
 
-from kvtier.errors import ConfigError
+from pydantic import Field, field_validator, model_validator
+
 from kvtier.settings import (
     DISK_TIER_MODULE,
     DISK_TIER_TYPE,
@@ -17,10 +18,18 @@ from kvtier.settings import (
     SPEC_NAME,
     DiskTierSettings,
     HostPoolSettings,
+    SettingsModel,
     SharedTierSettings,
+    with_fix,
 )
 
-__all__ = ["DEFAULT_HOST_POOL", "DISK_TIER_MODULE", "DISK_TIER_TYPE", "kv_transfer_config"]
+__all__ = [
+    "DEFAULT_HOST_POOL",
+    "DISK_TIER_MODULE",
+    "DISK_TIER_TYPE",
+    "TransferOptions",
+    "kv_transfer_config",
+]
 
 DEFAULT_HOST_POOL = "2GiB"
 # Upstream connector keys a user may still pass through ``extra``; anything else is a typo.
@@ -94,85 +103,158 @@ def kv_transfer_config(
         machines have no GPU for vLLM (docs/gpu-evidence.md says what was measured on one).
 
     Every value is validated here by ``kvtier.settings`` (the same code the engine runs on the
-    dict); a bad one raises ``ConfigError`` naming the option and the fix.
+    dict) and the rules across components by ``TransferOptions``; a bad one raises
+    ``ConfigError`` naming the option and the fix.
     """
-    extra = dict(extra or {})
-    unknown = sorted(set(extra) - PASSTHROUGH_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown extra option(s) {unknown}; known: {sorted(PASSTHROUGH_KEYS)}")
-    if disk_tier not in ("kvtier", "fs"):
-        raise ConfigError(f"disk_tier={disk_tier!r}; use 'kvtier' (default) or 'fs'")
-    if disk_dir is None and disk_capacity is not None:
-        raise ConfigError("disk_capacity is set but disk_dir is not; give disk_dir too")
-    pool = HostPoolSettings.parse(
+    options = TransferOptions.parse(
         {
-            "host_pool_bytes": host_pool,
+            "host_pool": host_pool,
+            "disk_dir": disk_dir,
+            "disk_capacity": disk_capacity,
+            "disk_threads": disk_threads,
+            "disk_tier": disk_tier,
+            "fsync": fsync,
             "host_pool_dir": host_pool_dir,
             "allow_small_tiers": allow_small_tiers,
             "restore_decision": restore_decision,
+            "shared": shared,
+            "shared_username": shared_username,
+            "shared_tls_ca_file": shared_tls_ca_file,
+            "shared_tls_cert_file": shared_tls_cert_file,
+            "shared_tls_key_file": shared_tls_key_file,
+            "extra": extra or {},
+            "platform": platform,
         }
     )
-    if platform not in ("cpu", "cuda"):
-        raise ConfigError(f"platform={platform!r}; use 'cpu' (default) or 'cuda'")
-    if platform == "cuda":
-        if host_pool_dir is not None or allow_small_tiers or not restore_decision:
-            raise ConfigError(
+    return options.to_transfer_config()
+
+
+class TransferOptions(SettingsModel):
+    """``kv_transfer_config``'s arguments: the choices among components and the rules across
+    them. Each component's own values are checked by its settings model (``kvtier.settings``)
+    when ``to_transfer_config`` builds it, so no value is checked here a second time."""
+
+    component: ClassVar[str] = "kv_transfer_config"
+
+    host_pool: Any = DEFAULT_HOST_POOL
+    disk_dir: Any = None
+    disk_capacity: Any = None
+    disk_threads: Any = 4
+    disk_tier: Literal["kvtier", "fs"] = Field(
+        default="kvtier", **with_fix("use 'kvtier' (default) or 'fs'")
+    )
+    fsync: Any = "never"
+    host_pool_dir: Any = None
+    allow_small_tiers: Any = False
+    restore_decision: Any = True
+    shared: Any = None
+    shared_username: Any = None
+    shared_tls_ca_file: Any = None
+    shared_tls_cert_file: Any = None
+    shared_tls_key_file: Any = None
+    extra: dict[str, Any] = Field(
+        default_factory=dict, **with_fix(f"use only {sorted(PASSTHROUGH_KEYS)}")
+    )
+    platform: Literal["cpu", "cuda"] = Field(
+        default="cpu", **with_fix("use 'cpu' (default) or 'cuda'")
+    )
+
+    @field_validator("extra")
+    @classmethod
+    def _only_upstream_keys(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(extra) - PASSTHROUGH_KEYS)
+        if unknown:
+            raise ValueError(f"unknown extra option(s) {unknown}")
+        return extra
+
+    @model_validator(mode="after")
+    def _rules_across_components(self) -> Self:
+        shared_files = (
+            self.shared_tls_ca_file,
+            self.shared_tls_cert_file,
+            self.shared_tls_key_file,
+        )
+        if self.disk_dir is None and self.disk_capacity is not None:
+            raise ValueError("disk_capacity is set but disk_dir is not; give disk_dir too")
+        if self.platform == "cuda" and (
+            self.host_pool_dir is not None or self.allow_small_tiers or not self.restore_decision
+        ):
+            raise ValueError(
                 "host_pool_dir, allow_small_tiers and restore_decision=False need kvtier's CPU "
                 "spec; on platform='cuda' vLLM's own spec runs the host pool: remove them"
             )
-        spec = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": pool.host_pool_bytes}
-    else:
-        spec = {"spec_name": SPEC_NAME, "spec_module_path": SPEC_MODULE, **pool.to_extra_config()}
-    connector_extra: dict[str, Any] = {**spec, "secondary_tiers": [], **extra}
-    shared_settings = None
-    if shared is not None:
-        shared_settings = SharedTierSettings.parse(
-            {
-                "url": shared,
-                "username": shared_username,
-                "tls_ca_file": shared_tls_ca_file,
-                "tls_cert_file": shared_tls_cert_file,
-                "tls_key_file": shared_tls_key_file,
-            }
-        )
-    elif shared_username or shared_tls_ca_file or shared_tls_cert_file or shared_tls_key_file:
-        raise ConfigError("shared_* options are set but shared is not; give the shared URL too")
-    if disk_dir is not None:
-        disk = DiskTierSettings.parse(
-            {
-                "root_dir": disk_dir,
-                "capacity_bytes": disk_capacity,
-                "io_threads": disk_threads,
-                "fsync": fsync,
-                "shared": shared_settings if disk_tier == "kvtier" else None,
-            }
-        )
-        if disk_tier == "fs":
-            if shared_settings is not None:
-                raise ConfigError(
+        if self.shared is None and (self.shared_username or any(shared_files)):
+            raise ValueError("shared_* options are set but shared is not; give the shared URL too")
+        if self.disk_tier == "fs" and self.disk_dir is not None:
+            if self.shared is not None:
+                raise ValueError(
                     "disk_tier='fs' (vLLM's stock tier, for comparisons) cannot sit in front "
                     "of the shared tier; use disk_tier='kvtier' (default) with shared"
                 )
-            if disk_capacity is not None or fsync != "never":
-                raise ConfigError(
+            if self.disk_capacity is not None or self.fsync != "never":
+                raise ValueError(
                     "disk_tier='fs' (vLLM's stock tier) has no cap and no fsync policy; "
                     "remove disk_capacity/fsync or use disk_tier='kvtier'"
                 )
-            tier: dict[str, Any] = {
-                "type": "fs",
-                "root_dir": str(disk.root_dir),
-                "n_read_threads": disk.io_threads,
-                "n_write_threads": disk.io_threads,
+        return self
+
+    def to_transfer_config(self) -> dict[str, Any]:
+        """vLLM's ``kv_transfer_config`` dict (each component validated by its model)."""
+        pool = HostPoolSettings.parse(
+            {
+                "host_pool_bytes": self.host_pool,
+                "host_pool_dir": self.host_pool_dir,
+                "allow_small_tiers": self.allow_small_tiers,
+                "restore_decision": self.restore_decision,
             }
+        )
+        if self.platform == "cuda":
+            spec = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": pool.host_pool_bytes}
         else:
-            tier = disk.to_tier_config()
-        connector_extra["secondary_tiers"].append(tier)
-    elif shared_settings is not None:
-        connector_extra["secondary_tiers"].append(shared_settings.to_tier_config())
-    return {
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        # A failed restore is recomputed, never turned into a failed request.
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": connector_extra,
-    }
+            spec = {
+                "spec_name": SPEC_NAME,
+                "spec_module_path": SPEC_MODULE,
+                **pool.to_extra_config(),
+            }
+        connector_extra: dict[str, Any] = {**spec, "secondary_tiers": [], **self.extra}
+        shared = None
+        if self.shared is not None:
+            shared = SharedTierSettings.parse(
+                {
+                    "url": self.shared,
+                    "username": self.shared_username,
+                    "tls_ca_file": self.shared_tls_ca_file,
+                    "tls_cert_file": self.shared_tls_cert_file,
+                    "tls_key_file": self.shared_tls_key_file,
+                }
+            )
+        if self.disk_dir is not None:
+            connector_extra["secondary_tiers"].append(self._disk_tier(shared))
+        elif shared is not None:
+            connector_extra["secondary_tiers"].append(shared.to_tier_config())
+        return {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            # A failed restore is recomputed, never turned into a failed request.
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": connector_extra,
+        }
+
+    def _disk_tier(self, shared: SharedTierSettings | None) -> dict[str, Any]:
+        disk = DiskTierSettings.parse(
+            {
+                "root_dir": self.disk_dir,
+                "capacity_bytes": self.disk_capacity,
+                "io_threads": self.disk_threads,
+                "fsync": self.fsync,
+                "shared": shared,
+            }
+        )
+        if self.disk_tier == "kvtier":
+            return disk.to_tier_config()
+        return {
+            "type": "fs",
+            "root_dir": str(disk.root_dir),
+            "n_read_threads": disk.io_threads,
+            "n_write_threads": disk.io_threads,
+        }

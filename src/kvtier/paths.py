@@ -1,7 +1,8 @@
 """Where kvtier keeps files of its own: one answer for every caller."""
 
-import os
 from pathlib import Path
+
+from kvtier.env import read_env
 
 
 def cache_dir() -> Path:
@@ -10,4 +11,4 @@ def cache_dir() -> Path:
     An empty ``KVTIER_CACHE_DIR`` counts as unset (``VAR= cmd`` is how shells clear a
     variable); it never means the current folder.
     """
-    return Path(os.environ.get("KVTIER_CACHE_DIR") or Path.home() / ".cache" / "kvtier")
+    return read_env().cache_dir or Path.home() / ".cache" / "kvtier"

@@ -19,7 +19,11 @@ Every size field is in bytes and named ``*_bytes``, every duration ``*_s``; size
 strings such as ``"64GiB"``. Unknown keys are refused with the list of known ones. An invalid
 value raises ``ConfigError`` naming the field, the user-facing option and the fix.
 
-This module imports neither vLLM nor the storage core.
+The storage core reads its settings from these models too (``SharedStore`` takes a
+``SharedTierSettings``; ``DiskStore`` checks its cap against ``DISK_MIN_CAPACITY_BYTES``), so
+this module imports neither vLLM, redis-py nor the storage core (of ``kvtier.format`` only a
+constant). Rules across fields are model validators; environment variables are
+``kvtier.env``'s.
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from kvtier.errors import ConfigError
-from kvtier.units import parse_size
+from kvtier.format.record import HEADER_BYTES
+from kvtier.shared_url import URL_FORMS, ServerUrl, split_url
+from kvtier.units import format_size, parse_size
 
 SPEC_NAME = "KvtierCpuSpec"
 SPEC_MODULE = "kvtier.vllm.spec"
@@ -51,6 +58,17 @@ SHARED_TIER_TYPE = "KvtierSharedTier"
 SHARED_TIER_MODULE = "kvtier.vllm.shared_tier"
 #: Keys vLLM's ``SecondaryTierFactory`` reads itself from a tier's dict; not ours to check.
 FACTORY_KEYS = frozenset({"type", "module_path", "locality", "backpressure"})
+#: The least a disk folder's index files (database, WAL, shared memory, namespace.json files)
+#: are charged against its cap (kvtier.store.root charges them at least this much). Defined
+#: here because the smallest cap a user may give is derived from it.
+DISK_INDEX_ALLOWANCE_BYTES = 832 << 10
+#: The smallest disk cap: the index allowance and one record header, plus a byte of payload.
+#: ``DiskTierSettings`` refuses less at start-up and ``DiskStore`` checks the same constant,
+#: so no cap passes start-up and fails later on the tier's opener thread.
+DISK_MIN_CAPACITY_BYTES = DISK_INDEX_ALLOWANCE_BYTES + HEADER_BYTES + 1
+#: Inputs never echoed in an error message (a URL with user info may carry a password; so may
+#: the shared tier's settings nested in the disk tier's).
+_HIDDEN_INPUTS = ("password", "url", "shared")
 
 
 def _to_bytes(value: Any) -> Any:
@@ -61,8 +79,9 @@ def _to_bytes(value: Any) -> Any:
         try:
             return parse_size(value)
         except ConfigError as exc:
+            # parse_size says "size=<value> is ..."; the field and value are named by _explain.
             detail = str(exc)
-            raise ValueError(detail[detail.find("not a size") :] or detail) from None
+            raise ValueError(detail.split(" is ", 1)[-1]) from None
     return value
 
 
@@ -83,12 +102,26 @@ def _option(name: str, fix: str) -> dict[str, Any]:
     return {"json_schema_extra": {"option": name, "fix": fix}}
 
 
-class _Settings(BaseModel):
-    """Frozen, strict about unknown keys; ``parse`` turns validation errors into ConfigError."""
+def with_fix(fix: str) -> dict[str, Any]:
+    """Field metadata of a setting with no user-facing option of its own: how to fix it."""
+    return {"json_schema_extra": {"fix": fix}}
+
+
+class SettingsModel(BaseModel):
+    """Frozen, strict about unknown keys; a bad value is a ``ConfigError`` naming the field,
+    its option and its fix, whether the model is built by ``parse`` or by its constructor."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
     #: Name of the component in error messages.
     component: ClassVar[str] = "kvtier"
+
+    def __init__(self, **data: Any) -> None:
+        # Built in code (tests, the storage core's callers) a bad value is the same
+        # ConfigError as from ``parse``, not pydantic's ValidationError.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(type(self)._explain(exc)) from None
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Self:
@@ -101,23 +134,30 @@ class _Settings(BaseModel):
             raise ConfigError(
                 f"kvtier: unknown {cls.component} option(s) {unknown}; known: {known}"
             )
-        try:
-            return cls.model_validate(dict(data))
-        except ValidationError as exc:
-            raise ConfigError(cls._explain(exc)) from None
+        # The constructor turns validation errors into ConfigError (pydantic runs a custom
+        # __init__ from model_validate too, so there is one way in).
+        return cls(**{str(k): v for k, v in data.items()})
 
     @classmethod
     def _explain(cls, exc: ValidationError) -> str:
         lines = []
         for error in exc.errors(include_url=False):
-            field = str(error["loc"][0]) if error["loc"] else ""
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if not error["loc"]:  # a model validator: a rule across fields, named in its text
+                lines.append(message)
+                continue
+            field = str(error["loc"][0])
             info = cls.model_fields.get(field)
             extra = (info.json_schema_extra if info is not None else None) or {}
             option = extra.get("option") if isinstance(extra, dict) else None
             fix = extra.get("fix") if isinstance(extra, dict) else None
-            shown = "<hidden>" if "password" in field else repr(error.get("input"))
+            given = error.get("input")
+            # A URL without "@" has no user info, so no password to hide.
+            hidden = any(word in field for word in _HIDDEN_INPUTS) and not (
+                field == "url" and isinstance(given, str) and "@" not in given
+            )
+            shown = "<hidden>" if hidden else repr(given)
             where = f"{field} ({option})" if option else field
-            message = str(error["msg"]).removeprefix("Value error, ")
             lines.append(f"{where}={shown}: {message}" + (f"; {fix}" if fix else ""))
         return f"kvtier: invalid {cls.component} option: " + "; ".join(lines)
 
@@ -127,12 +167,12 @@ class _Settings(BaseModel):
         for name, value in self:
             if isinstance(value, SecretStr):
                 out[name] = value.get_secret_value()
-            elif isinstance(value, _Settings):
+            elif isinstance(value, SettingsModel):
                 out[name] = value.to_dict()
         return out
 
 
-class HostPoolSettings(_Settings):
+class HostPoolSettings(SettingsModel):
     """The CPU spec: host-RAM pool (the first tier after the engine's own KV cache)."""
 
     component: ClassVar[str] = "host pool"
@@ -199,7 +239,7 @@ class HostPoolSettings(_Settings):
         return cls.parse(data)
 
 
-class DiskTierSettings(_Settings):
+class DiskTierSettings(SettingsModel):
     """kvtier's disk tier (``KvtierDiskTier``): verified, bounded, crash-safe records."""
 
     component: ClassVar[str] = "disk tier"
@@ -213,7 +253,6 @@ class DiskTierSettings(_Settings):
     #: keeps the folder's cap (a new folder: a quarter of its file system, at most 256 GiB).
     capacity_bytes: Bytes | None = Field(
         default=None,
-        gt=4096,
         **_option(
             "disk_capacity / --disk-capacity",
             "give a size such as '64GiB', or leave it unset to keep the folder's cap "
@@ -223,6 +262,7 @@ class DiskTierSettings(_Settings):
     #: Free space the disk tier leaves on the file system; unset: 5 % of it, at most 10 GiB.
     free_space_floor_bytes: Bytes | None = Field(
         default=None,
+        ge=0,
         **_option(
             "free_space_floor_bytes",
             "give a size such as '10GiB', or leave it unset (5 % of the file system, <= 10 GiB)",
@@ -248,24 +288,36 @@ class DiskTierSettings(_Settings):
         **_option("shared / --shared", "give the shared tier's settings, or leave it unset"),
     )
 
+    @field_validator("capacity_bytes")
+    @classmethod
+    def _holds_the_index(cls, capacity: int | None) -> int | None:
+        if capacity is not None and capacity < DISK_MIN_CAPACITY_BYTES:
+            raise ValueError(
+                f"below the smallest disk cap, {DISK_MIN_CAPACITY_BYTES} bytes "
+                f"({format_size(DISK_MIN_CAPACITY_BYTES)}: the index files are charged "
+                "against the cap, and a record needs its 4 KiB header)"
+            )
+        return capacity
+
     def to_tier_config(self) -> dict[str, Any]:
         """The tier's entry in ``secondary_tiers``."""
         return {"type": DISK_TIER_TYPE, "module_path": DISK_TIER_MODULE, **self.to_dict()}
 
 
-class SharedTierSettings(_Settings):
-    """kvtier's shared tier (``KvtierSharedTier``) on Valkey / Redis, standalone or Cluster."""
+class SharedTierSettings(SettingsModel):
+    """kvtier's shared tier (``KvtierSharedTier``) on Valkey / Redis, standalone or Cluster.
+
+    Also the shared store's own configuration (``kvtier.store.shared.SharedStore`` takes it).
+    Credentials given in the URL move to ``username``/``password`` when it is parsed (those
+    options win over the URL's), so ``url`` never holds a secret: it is ``ServerUrl.redacted``.
+    """
 
     component: ClassVar[str] = "shared tier"
 
     #: Server URL: redis://, rediss:// (TLS), redis+cluster:// or rediss+cluster:// with
     #: comma-separated nodes.
     url: str = Field(
-        **_option(
-            "shared / --shared",
-            "give redis://HOST:PORT, rediss://HOST:PORT (TLS) or "
-            "redis+cluster://HOST:PORT[,HOST:PORT...]",
-        )
+        **_option("shared / --shared", f"give {URL_FORMS}")
     )
     #: ACL user; unset: the server's default user.
     username: str | None = Field(default=None, **_option("shared_username", "give an ACL user"))
@@ -285,15 +337,50 @@ class SharedTierSettings(_Settings):
     )
     #: Key of the client certificate.
     tls_key_file: AbsolutePath | None = Field(
-        default=None, **_option("shared_tls_key_file", "give the client certificate's key")
+        default=None,
+        repr=False,
+        **_option("shared_tls_key_file", "give the client certificate's key"),
     )
     #: Seconds to connect to a server before the operation fails (and the breaker counts it).
     connect_timeout_s: float = Field(
         default=0.5, gt=0, le=60, **_option("shared_connect_timeout_s", "give seconds, e.g. 0.5")
     )
-    #: Seconds one server operation may take.
+    #: Seconds one server operation may take (a 6 MiB GET takes ~4 ms on loopback).
     op_timeout_s: float = Field(
         default=2.0, gt=0, le=600, **_option("shared_op_timeout_s", "give seconds, e.g. 2")
+    )
+    #: Retries after a connection error or timeout before the operation misses.
+    retries: int = Field(
+        default=1,
+        ge=0,
+        le=3,
+        strict=True,
+        **_option("shared_retries", "give 0 to 3 (each retry can cost op_timeout_s)"),
+    )
+    #: Largest record (header + payload) a put sends; unset: 1/8 of the smallest maxmemory.
+    max_record_bytes: Bytes | None = Field(
+        default=None,
+        gt=0,
+        **_option(
+            "shared_max_record_bytes",
+            "give a size such as '64MiB', or leave it unset (1/8 of the server's maxmemory)",
+        ),
+    )
+    #: First circuit-breaker back-off after a server fault; doubles per failed probe.
+    breaker_base_s: float = Field(
+        default=0.5, gt=0, le=60, **_option("shared_breaker_base_s", "give seconds, e.g. 0.5")
+    )
+    #: Longest circuit-breaker back-off.
+    breaker_max_s: float = Field(
+        default=30.0, gt=0, le=3600, **_option("shared_breaker_max_s", "give seconds, e.g. 30")
+    )
+    #: Most keys kept in the in-memory view that answers lookups (LRU beyond that); ~200
+    #: bytes of process memory each.
+    view_max_keys: int = Field(
+        default=262_144,
+        ge=1,
+        strict=True,
+        **_option("shared_view_max_keys", "give a positive whole number, e.g. 262144"),
     )
     #: I/O threads of the shared tier.
     io_threads: int = Field(
@@ -307,12 +394,62 @@ class SharedTierSettings(_Settings):
         **_option("shared_max_queued_blocks", "give a positive whole number, e.g. 1024"),
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_out_of_the_url(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+            return data
+        try:
+            server = split_url(data["url"])
+        except ValueError:
+            return data  # the url field's own check reports it, naming the option
+        data = {**data, "url": server.redacted}
+        if server.username is not None and data.get("username") is None:
+            data["username"] = server.username
+        if server.password is not None and data.get("password") is None:
+            data["password"] = server.password
+        return data
+
     @field_validator("url")
     @classmethod
-    def _known_scheme(cls, url: str) -> str:
-        if not url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
-            raise ValueError("not a redis://, rediss:// or redis+cluster:// URL")
+    def _known_form(cls, url: str) -> str:
+        split_url(url)  # raises ValueError saying what is wrong, never echoing the URL
         return url
+
+    @model_validator(mode="after")
+    def _rules_across_fields(self) -> Self:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                "shared_tls_cert_file and shared_tls_key_file go together; give both or neither"
+            )
+        if not self.server.tls and (self.tls_ca_file or self.tls_cert_file):
+            raise ValueError(
+                f"TLS files are given but url={self.url} is not TLS; use rediss:// "
+                "(or rediss+cluster://), or remove the shared_tls_* options"
+            )
+        if self.breaker_max_s < self.breaker_base_s:
+            raise ValueError(
+                f"shared_breaker_max_s={self.breaker_max_s} is below shared_breaker_base_s="
+                f"{self.breaker_base_s}; give a longest back-off >= the first"
+            )
+        return self
+
+    @property
+    def server(self) -> ServerUrl:
+        """The parsed ``url`` (which holds no credentials)."""
+        return split_url(self.url)
+
+    @property
+    def password_text(self) -> str | None:
+        """The password in clear, for the client library only: never log it."""
+        return None if self.password is None else self.password.get_secret_value()
+
+    def with_password(self, password: SecretStr | None) -> SharedTierSettings:
+        """These settings with ``password`` where none was given (the engine's environment
+        variable fills it in, so it never travels in the serialised config)."""
+        if self.password is not None or password is None:
+            return self
+        return self.model_copy(update={"password": password})
 
     def to_tier_config(self) -> dict[str, Any]:
         return {"type": SHARED_TIER_TYPE, "module_path": SHARED_TIER_MODULE, **self.to_dict()}

@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 from redis.cluster import RedisCluster
 
-from kvtier.store.shared import KEY_PREFIX, SharedStore
+from kvtier.store.shared import KEY_PREFIX
 from tests.support.redis_servers import RedisClusterServers
+from tests.support.shared_store import open_shared
 from tests.support.store import key_of, make_namespace, payload_of
 
 OP_TIMEOUT_S = 0.5
@@ -31,7 +32,7 @@ def test_killed_master_misses_its_keys_while_live_masters_serve(
     fresh_cluster: RedisClusterServers,
 ) -> None:
     namespace = make_namespace()
-    store = SharedStore(
+    store = open_shared(
         fresh_cluster.url, namespace, op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
         breaker_base_s=0.2, breaker_max_s=1.0,
     )  # fmt: skip
@@ -70,7 +71,7 @@ def test_killed_master_misses_its_keys_while_live_masters_serve(
 def test_frozen_master_opens_only_its_own_breaker_and_recovers_after_sigcont(
     fresh_cluster: RedisClusterServers,
 ) -> None:
-    store = SharedStore(
+    store = open_shared(
         fresh_cluster.url, make_namespace(), op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
         breaker_base_s=0.2, breaker_max_s=1.0,
     )  # fmt: skip

@@ -19,6 +19,7 @@ from kvtier.store import BlockStore
 from kvtier.store.shared import KEY_PREFIX, SharedStore
 from tests.support.conformance import StoreContract
 from tests.support.redis_servers import RedisClusterServers, RedisServer
+from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, make_namespace, payload_of
 
 
@@ -27,7 +28,7 @@ class _SharedContract(StoreContract):
     new_namespace: Callable[[], Namespace]
 
     def make_store(self, records: int = 8) -> BlockStore:
-        store = SharedStore(
+        store = open_shared(
             self.url,
             self.new_namespace(),
             max_record_bytes=records * self.record_bytes(PAYLOAD_BYTES),
@@ -123,7 +124,7 @@ def test_server_evicts_old_records_and_lookups_miss_cleanly(
     """allkeys-lru: puts never fail when full; evicted keys are plain misses, never errors."""
     server = fresh_server(maxmemory_bytes=8 * 2**20)
     payload_len = 256 * 1024
-    with SharedStore(server.url, make_namespace(block_bytes=payload_len)) as store:
+    with open_shared(server.url, make_namespace(block_bytes=payload_len)) as store:
         for i in range(80):  # 20 MiB of records into an 8 MiB server
             assert store.put(key_of(i), payload_of(i, payload_len))
         hits = sum(store.get(key_of(i)) == payload_of(i, payload_len) for i in range(80))

@@ -13,6 +13,7 @@ import redis
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store.shared import KEY_PREFIX, SharedStore
 from tests.support.redis_servers import RedisServer
+from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
 
@@ -30,7 +31,7 @@ def open_store(
     opened: list[SharedStore] = []
 
     def open_(namespace: Namespace | None = None) -> SharedStore:
-        store = SharedStore(redis_standalone.url, namespace or unique_namespace())
+        store = open_shared(redis_standalone.url, namespace or unique_namespace())
         opened.append(store)
         return store
 

@@ -15,6 +15,7 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.store.shared import SharedStore
 from tests.support.redis_servers import RedisServer, free_port
+from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, make_namespace, payload_of
 
 OP_TIMEOUT_S = 0.5
@@ -28,7 +29,7 @@ def open_store() -> Iterator[Callable[[str], SharedStore]]:
     opened: list[SharedStore] = []
 
     def open_(url: str) -> SharedStore:
-        store = SharedStore(
+        store = open_shared(
             url,
             make_namespace(),
             connect_timeout_s=CONNECT_TIMEOUT_S,
@@ -63,7 +64,7 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
 def test_unreachable_server_at_start_up_raises_config_error_naming_the_url() -> None:
     port = free_port()
     with pytest.raises(ConfigError, match=f"url=redis://127.0.0.1:{port} .*start the server"):
-        SharedStore(f"redis://127.0.0.1:{port}", make_namespace(), connect_timeout_s=0.3)
+        open_shared(f"redis://127.0.0.1:{port}", make_namespace(), connect_timeout_s=0.3)
 
 
 def test_killed_server_turns_every_op_into_a_miss_in_bounded_time(
@@ -144,7 +145,7 @@ def test_server_full_with_noeviction_fails_puts_counted_and_warned_at_start_up(
     server = fresh_server(maxmemory_bytes=6 * 2**20, maxmemory_policy="noeviction")
     payload_len = 256 * 1024
     with caplog.at_level(logging.WARNING, logger="kvtier"):
-        store = SharedStore(server.url, make_namespace(block_bytes=payload_len))
+        store = open_shared(server.url, make_namespace(block_bytes=payload_len))
     assert "noeviction" in caplog.text
     with store:
         results = [store.put(key_of(i), payload_of(i, payload_len)) for i in range(40)]
@@ -159,7 +160,7 @@ def test_server_full_with_noeviction_fails_puts_counted_and_warned_at_start_up(
 def test_record_over_the_cap_is_refused_without_io(
     redis_standalone: RedisServer,
 ) -> None:
-    with SharedStore(redis_standalone.url, make_namespace(), max_record_bytes=64 * 1024) as store:
+    with open_shared(redis_standalone.url, make_namespace(), max_record_bytes=64 * 1024) as store:
         assert not store.put(key_of(1), bytes(64 * 1024))
         assert store.stats().errors == {"too_large": 1}
         assert store.exists_many([key_of(1)]) == set()
@@ -170,7 +171,7 @@ def test_namespace_whose_records_exceed_the_server_cap_is_refused_at_start_up(
 ) -> None:
     server = fresh_server(maxmemory_bytes=8 * 2**20)
     with pytest.raises(ConfigError, match=r"over the record cap.*raise the server's maxmemory"):
-        SharedStore(server.url, make_namespace(block_bytes=2 * 2**20))
+        open_shared(server.url, make_namespace(block_bytes=2 * 2**20))
 
 
 def test_refresh_with_the_server_down_forgets_nothing(

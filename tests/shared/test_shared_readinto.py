@@ -23,6 +23,7 @@ from kvtier.store.shared import KEY_PREFIX, SharedStore
 from kvtier.store.shared.client import RecordPool
 from kvtier.store.shared.readinto import OPTION, ReadInto, read_reply_into
 from tests.support.redis_servers import RedisClusterServers, RedisServer
+from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 from tests.support.tcp_proxy import FaultyProxy
 
@@ -129,7 +130,7 @@ def restore(store: SharedStore, key: bytes, out: bytearray) -> bool:
 def store(
     redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]
 ) -> Iterator[SharedStore]:
-    with SharedStore(redis_standalone.url, unique_namespace()) as opened:
+    with open_shared(redis_standalone.url, unique_namespace()) as opened:
         yield opened
 
 
@@ -248,7 +249,7 @@ def proxied(
 
     def open_(retries: int) -> tuple[SharedStore, FaultyProxy]:
         proxy = FaultyProxy(server.port)
-        store = SharedStore(
+        store = open_shared(
             proxy.url, unique_namespace(), op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
             retries=retries, breaker_base_s=0.2, breaker_max_s=0.2,
         )  # fmt: skip
@@ -323,7 +324,7 @@ def _redirects(node: redis.Redis) -> dict[str, int]:
 def test_slot_migration_redirects_with_ask_then_moved_and_reads_directly_on_the_new_node(
     fresh_cluster: RedisClusterServers, unique_namespace: Callable[[], Namespace]
 ) -> None:
-    store = SharedStore(fresh_cluster.url, unique_namespace())
+    store = open_shared(fresh_cluster.url, unique_namespace())
     nodes = {n.port: redis.Redis(port=n.port) for n in fresh_cluster.nodes}
     try:
         assert store.put(key_of(1), payload_of(1))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.store.shared import SharedStore
 from tests.support.redis_servers import RedisServer
+from tests.support.shared_store import open_shared
 from tests.support.store import key_of, make_namespace, payload_of
 
 PASSWORD = "pw-7f3a9c-not-in-logs"
@@ -34,9 +34,9 @@ def test_requirepass_without_password_is_a_config_error_naming_the_options(
 ) -> None:
     server = fresh_server(extra_args=["--requirepass", PASSWORD])
     with pytest.raises(ConfigError, match="username/password") as info:
-        SharedStore(server.url, make_namespace())
+        open_shared(server.url, make_namespace())
     with pytest.raises(ConfigError, match="username/password") as wrong:
-        SharedStore(server.url, make_namespace(), password=PASSWORD + "x")
+        open_shared(server.url, make_namespace(), password=PASSWORD + "x")
     assert_secret_absent(PASSWORD, str(info.value), str(wrong.value), caplog.text)
 
 
@@ -45,7 +45,7 @@ def test_password_works_and_stays_out_of_repr_and_logs(
 ) -> None:
     server = fresh_server(extra_args=["--requirepass", PASSWORD])
     with caplog.at_level(logging.DEBUG, logger="kvtier"):
-        store = SharedStore(server.url, make_namespace(), password=PASSWORD)
+        store = open_shared(server.url, make_namespace(), password=PASSWORD)
         with store:
             assert store.put(key_of(1), payload_of(1))
             assert store.get(key_of(1)) == payload_of(1)
@@ -53,7 +53,7 @@ def test_password_works_and_stays_out_of_repr_and_logs(
             assert store.get(key_of(1)) is None  # fault logs must not leak it either
             texts = [repr(store), repr(store.config), str(store.stats())]
     assert_secret_absent(PASSWORD, *texts, caplog.text)
-    assert "auth=yes" in repr(store.config)
+    assert "password=SecretStr('**********')" in repr(store.config)
 
 
 def test_acl_user_limited_to_the_prefix_works_without_config_permission(
@@ -62,7 +62,7 @@ def test_acl_user_limited_to_the_prefix_works_without_config_permission(
     server = fresh_server(extra_args=["--user", *ACL_RULE.split()])
     url = f"redis://kvtier:{ACL_PASSWORD}@127.0.0.1:{server.port}"
     with caplog.at_level(logging.INFO, logger="kvtier"):
-        store = SharedStore(url, make_namespace(), max_record_bytes=2**20)
+        store = open_shared(url, make_namespace(), max_record_bytes=2**20)
     with store:
         assert store.put(key_of(1), payload_of(1))
         assert store.get(key_of(1)) == payload_of(1)
@@ -112,7 +112,7 @@ def tls_server(
 def test_tls_with_the_ca_round_trips(tls_server: tuple[RedisServer, Path]) -> None:
     server, ca = tls_server
     assert server.url.startswith("rediss://")
-    with SharedStore(server.url, make_namespace(), tls_ca_file=str(ca)) as store:
+    with open_shared(server.url, make_namespace(), tls_ca_file=str(ca)) as store:
         assert store.put(key_of(1), payload_of(1))
         assert store.get(key_of(1)) == payload_of(1)
 
@@ -123,7 +123,7 @@ def test_tls_load_of_a_multi_mib_record_is_read_directly_through_the_ssl_socket(
     server, ca = tls_server
     payload_len = 3 * 2**20 + 12_345  # ~200 TLS records, an odd tail
     namespace = make_namespace(block_bytes=payload_len)
-    with SharedStore(server.url, namespace, tls_ca_file=str(ca)) as store:
+    with open_shared(server.url, namespace, tls_ca_file=str(ca)) as store:
         assert store.put(key_of(1), payload_of(1, payload_len))
         out, bounce = bytearray(payload_len), memoryview(bytearray(payload_len))
         assert store.get_into_when(key_of(1), memoryview(out), lambda: True, bounce)
@@ -139,7 +139,7 @@ def test_tls_without_the_ca_is_a_config_error_naming_the_tls_options(
 ) -> None:
     server, _ = tls_server
     with pytest.raises(ConfigError, match="tls_ca_file"):
-        SharedStore(server.url, make_namespace())
+        open_shared(server.url, make_namespace())
 
 
 def test_plain_client_against_tls_port_is_a_config_error(
@@ -147,4 +147,28 @@ def test_plain_client_against_tls_port_is_a_config_error(
 ) -> None:
     server, _ = tls_server
     with pytest.raises(ConfigError, match=f"url=redis://127.0.0.1:{server.port}"):
-        SharedStore(f"redis://127.0.0.1:{server.port}", make_namespace(), connect_timeout_s=0.3)
+        open_shared(f"redis://127.0.0.1:{server.port}", make_namespace(), connect_timeout_s=0.3)
+
+
+def test_the_password_variable_opens_a_server_that_requires_one(
+    fresh_server: Callable[..., RedisServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The engine's path: settings without a password, KVTIER_SHARED_PASSWORD in its env."""
+    from kvtier.settings import SharedTierSettings
+    from kvtier.vllm.shared_tier import open_shared_store
+
+    server = fresh_server(extra_args=["--requirepass", PASSWORD])
+    settings = SharedTierSettings.parse({"url": server.url})
+    monkeypatch.setenv("KVTIER_SHARED_PASSWORD", PASSWORD + "x")
+    with pytest.raises(ConfigError, match="username/password") as wrong:
+        open_shared_store(settings, make_namespace())
+    monkeypatch.setenv("KVTIER_SHARED_PASSWORD", PASSWORD)
+    with (
+        caplog.at_level(logging.DEBUG, logger="kvtier"),
+        open_shared_store(settings, make_namespace()) as store,
+    ):
+        assert store.put(key_of(1), payload_of(1))
+        assert store.get(key_of(1)) == payload_of(1)
+    assert_secret_absent(PASSWORD, str(wrong.value), caplog.text, repr(settings))

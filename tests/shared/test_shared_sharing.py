@@ -9,6 +9,7 @@ import pytest
 from kvtier.format import Namespace
 from kvtier.store.shared import SharedStore
 from tests.support.redis_servers import RedisClusterServers, RedisServer
+from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
 
@@ -26,7 +27,7 @@ def open_store(url: str) -> Iterator[Callable[[Namespace], SharedStore]]:
     opened: list[SharedStore] = []
 
     def open_(namespace: Namespace) -> SharedStore:
-        store = SharedStore(url, namespace)
+        store = open_shared(url, namespace)
         opened.append(store)
         return store
 

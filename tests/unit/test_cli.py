@@ -1,5 +1,6 @@
 """`kvtier serve` builds the API-server command line; bad options exit 2 with the fix."""
 
+import inspect
 import json
 import os
 import shlex
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+import kvtier
 from kvtier import launch
 from kvtier.cli.main import app
 
@@ -117,3 +119,35 @@ def test_demo_shared_without_a_server_binary_is_a_usage_error(monkeypatch):
     result = runner.invoke(app, ["demo", "--shared", "--tokens", "100"])
     assert result.exit_code == 2, result.output
     assert "--shared needs redis-server or valkey-server on PATH" in result.output
+
+
+def test_serve_has_exactly_kv_transfer_configs_options():
+    """The options are written twice (a Python signature, Typer's options); this keeps the
+    two lists one, so an option added to one is never missing from the other."""
+    from kvtier.cli import main
+
+    serve_options = set(inspect.signature(main.serve).parameters) - {"ctx", "model", "dry_run"}
+    python_options = set(inspect.signature(kvtier.kv_transfer_config).parameters)
+    assert serve_options == python_options - {"extra", "platform"}
+    assert set(main.TRANSFER_OPTIONS) == serve_options
+
+
+def test_serve_passes_each_option_on(tmp_path):
+    result = runner.invoke(
+        app,
+        [
+            "serve", "m", "--dry-run", "--host-pool", "64MiB", "--disk-dir", str(tmp_path),
+            "--disk-capacity", "1GiB", "--disk-threads", "3", "--fsync", "data",
+            "--allow-small-tiers", "--no-restore-decision", "--shared", "redis://cache:6390",
+            "--shared-username", "kv",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads(shlex.split(result.output)[-1])
+    extra = config["kv_connector_extra_config"]
+    assert extra["cpu_bytes_to_use"] == 64 << 20
+    assert extra["kvtier"]["allow_small_tiers"] is True
+    assert extra["kvtier"]["restore_decision"] is False
+    (tier,) = extra["secondary_tiers"]
+    assert (tier["capacity_bytes"], tier["io_threads"], tier["fsync"]) == (1 << 30, 3, "data")
+    assert (tier["shared"]["url"], tier["shared"]["username"]) == ("redis://cache:6390", "kv")

@@ -162,6 +162,27 @@ def test_an_unusable_root_refuses_start_up_naming_disk_dir(tmp_path, pool):
     assert root.read_text() == "not a folder"
 
 
+def test_a_cap_the_store_cannot_open_refuses_start_up_not_the_opener_thread(tmp_path, pool):
+    """A cap above the old settings minimum (4 KiB) but too small for the store's index:
+    the tier must refuse in its constructor, naming the option, instead of starting and
+    missing every lookup after its opener thread fails ("fail-open")."""
+    init_none_hash(sha256)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    made = None
+    try:
+        option = r"capacity_bytes \(disk_capacity / --disk-capacity\)"
+        with pytest.raises(ConfigError, match=option):
+            made = KvtierDiskTier(
+                spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), capacity_bytes="512KiB"
+            )
+    finally:
+        if made is not None:  # before the fix: started; its store then failed to open
+            wait_open(made)
+            failures = made.counters.open_failures
+            made.shutdown()
+            assert failures == 0, "the tier started and its store failed to open later"
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0

@@ -124,7 +124,7 @@ def test_symlink_in_place_of_the_pool_file_is_not_followed(tmp_path, engine_id):
 def test_pool_file_left_by_a_dead_engine_is_removed(tmp_path, monkeypatch):
     stale = pool_path(tmp_path, "dead")
     stale.write_bytes(b"\0" * 4096)
-    monkeypatch.setattr("kvtier.vllm.regions.MIN_AGE_S", 0.0)
+    monkeypatch.setenv("KVTIER_SHM_MIN_AGE_S", "0")
     assert clean_stale_pool_files(tmp_path) == [stale]
 
 
@@ -132,7 +132,7 @@ def test_pool_file_mapped_by_a_live_process_is_kept(tmp_path, monkeypatch):
     live = pool_path(tmp_path, "live")
     live.write_bytes(b"\0" * 4096)
     with mapped_by_another_process(live):
-        monkeypatch.setattr("kvtier.vllm.regions.MIN_AGE_S", 0.0)
+        monkeypatch.setenv("KVTIER_SHM_MIN_AGE_S", "0")
         assert clean_stale_pool_files(tmp_path) == []
         assert live.exists()
 
@@ -140,6 +140,6 @@ def test_pool_file_mapped_by_a_live_process_is_kept(tmp_path, monkeypatch):
 def test_other_files_in_the_pool_folder_are_never_touched(tmp_path, monkeypatch):
     other = tmp_path / "notes.txt"
     other.write_text("keep")
-    monkeypatch.setattr("kvtier.vllm.regions.MIN_AGE_S", 0.0)
+    monkeypatch.setenv("KVTIER_SHM_MIN_AGE_S", "0")
     assert clean_stale_pool_files(tmp_path) == []
     assert other.exists()

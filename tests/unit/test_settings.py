@@ -7,11 +7,14 @@ import pytest
 import kvtier
 from kvtier.errors import ConfigError
 from kvtier.settings import (
+    DISK_MIN_CAPACITY_BYTES,
     DiskTierSettings,
     HostPoolSettings,
     SharedTierSettings,
     parse_tier,
 )
+from kvtier.store import DiskStore
+from tests.support.store import make_namespace
 
 
 def test_defaults_work_without_any_option():
@@ -68,7 +71,8 @@ def test_bad_host_pool_values_name_the_field_the_option_and_the_fix(data, match)
     ("data", "match"),
     [
         ({}, r"root_dir \(disk_dir / --disk-dir\)"),
-        ({"root_dir": "/x", "capacity_bytes": "1KiB"}, r"capacity_bytes .*greater than 4096"),
+        ({"root_dir": "/x", "capacity_bytes": "1KiB"}, r"capacity_bytes .*smallest disk cap"),
+        ({"root_dir": "/x", "free_space_floor_bytes": -1}, r"free_space_floor_bytes .*=-1: neg"),
         ({"root_dir": "/x", "io_threads": 1.5}, r"io_threads .*whole number"),
         ({"root_dir": "/x", "fsync": "sometimes"}, r"'never' \(default\), 'data' or 'always'"),
     ],
@@ -90,7 +94,8 @@ def test_a_tier_that_is_not_kvtiers_is_left_to_vllm():
 
 
 def test_shared_tier_url_is_checked_and_its_password_never_shown():
-    with pytest.raises(ConfigError, match=r"url .*not a redis://"):
+    shown = r"url \(shared / --shared\)='http://cache:6379': has scheme"
+    with pytest.raises(ConfigError, match=shown):
         SharedTierSettings.parse({"url": "http://cache:6379"})
     with pytest.raises(ConfigError, match=r"password .*=<hidden>") as refused:
         SharedTierSettings.parse({"url": "redis://h:1", "password": 12345})
@@ -98,3 +103,35 @@ def test_shared_tier_url_is_checked_and_its_password_never_shown():
     shared = SharedTierSettings.parse({"url": "redis://h:1", "password": "s3cret"})
     assert "s3cret" not in repr(shared) and "s3cret" not in str(shared)
     assert SharedTierSettings.parse(shared.to_dict()) == shared
+
+
+def test_the_store_and_the_settings_share_one_minimum_cap(tmp_path):
+    """No cap passes start-up (settings) and fails later when the tier opens its store."""
+    smallest = {"root_dir": tmp_path / "a", "capacity_bytes": DISK_MIN_CAPACITY_BYTES}
+    assert DiskTierSettings.parse(smallest).capacity_bytes == DISK_MIN_CAPACITY_BYTES
+    DiskStore(tmp_path / "a", make_namespace(), DISK_MIN_CAPACITY_BYTES).close()
+    below = DISK_MIN_CAPACITY_BYTES - 1
+    with pytest.raises(ConfigError, match=r"capacity_bytes \(disk_capacity / --disk-capacity\)"):
+        DiskTierSettings.parse({"root_dir": tmp_path / "b", "capacity_bytes": below})
+    with pytest.raises(ConfigError, match=f"capacity_bytes={below}"):
+        DiskStore(tmp_path / "b", make_namespace(), below)
+
+
+def test_a_too_small_cap_is_refused_even_when_small_tiers_are_allowed(tmp_path):
+    with pytest.raises(ConfigError, match=r"disk_capacity.*smallest disk cap.*give a size"):
+        kvtier.kv_transfer_config(
+            disk_dir=tmp_path, disk_capacity="512KiB", allow_small_tiers=True
+        )
+
+
+def test_settings_built_in_code_raise_the_same_config_error():
+    with pytest.raises(ConfigError, match=r"io_threads \(disk_threads / --disk-threads\)=0"):
+        DiskTierSettings(root_dir="/x", io_threads=0)
+
+
+def test_a_shared_url_with_a_password_inside_the_disk_tier_is_never_echoed():
+    with pytest.raises(ConfigError, match=r"shared .*=<hidden>: .*retries") as refused:
+        DiskTierSettings.parse(
+            {"root_dir": "/x", "shared": {"url": "redis://u:s3cret@h:1", "retries": 9}}
+        )
+    assert "s3cret" not in str(refused.value)

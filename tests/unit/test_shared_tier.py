@@ -11,10 +11,12 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.errors import ConfigError
+from kvtier.settings import SharedTierSettings
 from kvtier.store import MemoryStore
 from kvtier.store.tiered import LocalThenShared
-from kvtier.vllm.shared_tier import KvtierSharedTier, redacted_url
+from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
 from tests.support.fake_remote import FakeRemoteStore
+from tests.support.store import make_namespace
 from tests.support.tiers import offloading_config
 
 ROWS, ROW_BYTES = 8, 8192
@@ -131,9 +133,47 @@ def test_an_unreachable_server_refuses_start_up(tmp_path):
         KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", check=unreachable)
 
 
-def test_credentials_never_appear_in_the_tier_description():
-    assert redacted_url("redis://kv:s3cret@cache:6379/0") == "redis://cache:6379/0"
-    assert redacted_url("redis+cluster://a:1,b:2") == "redis+cluster://a:1,b:2"
+def test_credentials_never_appear_in_the_tier_description(tmp_path):
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    made = KvtierSharedTier(
+        spec, memoryview(pool), "t", url="redis://kv:s3cret@cache:6379/0",
+        store_factory=lambda s, n: FakeRemoteStore(), check=lambda s, r: None,
+    )  # fmt: skip
+    try:
+        line = made.describe(FakeRemoteStore(), make_namespace())
+        assert "s3cret" not in line and "kv:" not in line
+        assert "redis://cache:6379" in line
+        assert made.settings.username == "kv"
+        assert made.settings.password is not None
+        assert made.settings.password.get_secret_value() == "s3cret"
+    finally:
+        made.shutdown()
+
+
+def test_the_password_variable_reaches_the_store_but_never_the_settings(monkeypatch):
+    """KVTIER_SHARED_PASSWORD is read in the engine, so it never travels in the config."""
+    monkeypatch.setenv("KVTIER_SHARED_PASSWORD", "from-env")
+    opened = []
+    monkeypatch.setattr(
+        "kvtier.store.shared.SharedStore", lambda settings, ns: opened.append(settings)
+    )
+    settings = SharedTierSettings.parse({"url": "redis://cache:6379"})
+    open_shared_store(settings, make_namespace())
+    assert settings.password is None and "from-env" not in str(settings.to_dict())
+    (given,) = opened
+    assert given.password is not None and given.password.get_secret_value() == "from-env"
+    explicit = SharedTierSettings.parse({"url": "redis://cache:6379", "password": "mine"})
+    open_shared_store(explicit, make_namespace())
+    assert opened[-1].password.get_secret_value() == "mine", "the settings' password wins"
+
+
+def test_a_bad_kvtier_variable_refuses_the_tiers_start_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTIER_LOG_LEVEL", "loud")
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    with pytest.raises(ConfigError, match=r"KVTIER_LOG_LEVEL='loud': .*use one of DEBUG, INFO"):
+        KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", check=lambda s, r: None)
 
 
 def test_a_composite_read_refused_by_its_claim_leaves_the_row_untouched():

@@ -203,6 +203,22 @@ def test_bad_options_refuse_start_up_before_any_pool_exists(engine_id, extra, ma
     assert not region_path(engine_id).exists()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "match"),
+    [
+        ("KVTIER_LOG_LEVEL", "loud", r"^kvtier: KVTIER_LOG_LEVEL='loud': .*; use one of DEBUG, "),
+        ("KVTIER_SHM_MIN_AGE_S", "soon", r"^kvtier: KVTIER_SHM_MIN_AGE_S='soon': .*; give seconds"),
+    ],
+)
+def test_a_bad_kvtier_variable_refuses_start_up_before_any_pool_exists(
+    engine_id, monkeypatch, variable, value, match
+):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=match):
+        KvtierCpuSpec(offloading_config(engine_id, 64 * MiB))
+    assert not region_path(engine_id).exists()
+
+
 def test_an_unusable_disk_folder_refuses_start_up_before_any_pool_exists(engine_id, tmp_path):
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("x")

@@ -82,7 +82,7 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
     payload = memoryview(bytearray(os.urandom(payload_len)))
     out = memoryview(bytearray(payload_len))
     bounce = BounceBuffers(payload_len).get()
-    store = SharedStore(url, _namespace(payload_len), op_timeout_s=10.0)
+    store = SharedStore.from_options({"url": url, "op_timeout_s": 10.0}, _namespace(payload_len))
     plain = plain_client(url)
     keys = [i.to_bytes(32, "big") + bytes(4) for i in range(count)]
     plain_keys = [b"bench:plain:" + k.hex().encode() for k in keys]

@@ -1,5 +1,6 @@
 """``kvtier`` command: serve a model with offloading, run the demo, benchmarks and probes."""
 
+import inspect
 import os
 import shlex
 from pathlib import Path
@@ -10,6 +11,14 @@ import typer
 from kvtier.config import DEFAULT_HOST_POOL, kv_transfer_config
 from kvtier.errors import ConfigError
 from kvtier.extras import MissingExtraError, require
+
+#: ``kvtier serve``'s options that go to ``kv_transfer_config`` unchanged (all of its
+#: arguments but ``extra`` and ``platform``: vLLM's CPU build is what ``serve`` runs).
+TRANSFER_OPTIONS = [
+    name
+    for name in inspect.signature(kv_transfer_config).parameters
+    if name not in ("extra", "platform")
+]
 
 app = typer.Typer(
     help="Tiered, persistent, verified KV-cache offloading for vLLM.",
@@ -98,22 +107,10 @@ def serve(
             require("engine", "kvtier serve")
         if shared is not None:
             require("shared", "the shared tier (--shared)")
-        config = kv_transfer_config(
-            host_pool=host_pool,
-            disk_dir=disk_dir,
-            disk_capacity=disk_capacity,
-            disk_threads=disk_threads,
-            disk_tier=disk_tier,
-            fsync=fsync,
-            host_pool_dir=host_pool_dir,
-            allow_small_tiers=allow_small_tiers,
-            restore_decision=restore_decision,
-            shared=shared,
-            shared_username=shared_username,
-            shared_tls_ca_file=shared_tls_ca_file,
-            shared_tls_cert_file=shared_tls_cert_file,
-            shared_tls_key_file=shared_tls_key_file,
-        )
+        # Every option but the model and --dry-run is kv_transfer_config's argument of the
+        # same name (tests/unit/test_cli.py pins the two lists together).
+        given = locals()
+        config = kv_transfer_config(**{name: given[name] for name in TRANSFER_OPTIONS})
         argv = serve_command(model, config, list(ctx.args))
     except ConfigError as exc:
         _fail(str(exc))

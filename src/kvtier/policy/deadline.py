@@ -16,33 +16,39 @@ plus the recompute it would have paid anyway.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from typing import ClassVar, Self
 
-from kvtier.errors import ConfigError
+from pydantic import Field, model_validator
+
+from kvtier.settings import SettingsModel, with_fix
 
 
-@dataclass(frozen=True)
-class DeadlineRule:
+class DeadlineRule(SettingsModel):
     """How long a load may take before it is abandoned."""
 
-    #: Hard upper bound in seconds, whatever the prediction.
-    ceiling_s: float = 30.0
-    #: Allowed multiple of the predicted load time.
-    multiplier: float = 4.0
-    #: Lower bound in seconds, so tiny loads are not abandoned over jitter.
-    floor_s: float = 0.05
+    component: ClassVar[str] = "policy deadline"
 
-    def __post_init__(self) -> None:
-        if not (self.ceiling_s > 0 and math.isfinite(self.ceiling_s)):
-            raise ConfigError(f"policy: deadline ceiling_s={self.ceiling_s}; give e.g. 30")
-        if not (self.multiplier >= 1 and math.isfinite(self.multiplier)):
-            raise ConfigError(f"policy: deadline multiplier={self.multiplier}; give >= 1, e.g. 4")
-        if not (0 <= self.floor_s <= self.ceiling_s):
-            raise ConfigError(
-                f"policy: deadline floor_s={self.floor_s}; give 0 <= floor_s <= ceiling_s "
-                f"({self.ceiling_s}), e.g. 0.05"
+    #: Hard upper bound in seconds, whatever the prediction.
+    ceiling_s: float = Field(
+        default=30.0, gt=0, allow_inf_nan=False, **with_fix("give seconds > 0, e.g. 30")
+    )
+    #: Allowed multiple of the predicted load time.
+    multiplier: float = Field(
+        default=4.0, ge=1, allow_inf_nan=False, **with_fix("give a number >= 1, e.g. 4")
+    )
+    #: Lower bound in seconds, so tiny loads are not abandoned over jitter.
+    floor_s: float = Field(
+        default=0.05, ge=0, allow_inf_nan=False, **with_fix("give seconds >= 0, e.g. 0.05")
+    )
+
+    @model_validator(mode="after")
+    def _floor_under_ceiling(self) -> Self:
+        if self.floor_s > self.ceiling_s:
+            raise ValueError(
+                f"floor_s={self.floor_s}; give 0 <= floor_s <= ceiling_s ({self.ceiling_s}), "
+                "e.g. 0.05"
             )
+        return self
 
     def deadline_s(self, predicted_s: float) -> float:
         """Seconds a load predicted to take ``predicted_s`` may run before it is abandoned."""

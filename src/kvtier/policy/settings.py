@@ -1,67 +1,72 @@
-"""The decision's settings: one frozen dataclass, validated once, with defaults that work."""
+"""The decision's settings: one frozen model, validated once, with defaults that work."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
+
+from pydantic import Field, model_validator
 
 from kvtier.errors import ConfigError
 from kvtier.policy.deadline import DeadlineRule
+from kvtier.settings import SettingsModel, with_fix
+
+#: The flat keys of ``from_mapping`` that build the deadline rule.
+_DEADLINE_KEYS = {
+    "deadline_ceiling_s": "ceiling_s",
+    "deadline_multiplier": "multiplier",
+    "deadline_floor_s": "floor_s",
+}
 
 
-@dataclass(frozen=True)
-class PolicySettings:
+class PolicySettings(SettingsModel):
     """Restore-or-recompute decision and load deadlines (kvtier.policy.RestorePolicy)."""
 
+    component: ClassVar[str] = "policy"
+
     #: The decision switch. False: every hit is restored (deadlines still apply).
-    enabled: bool = True
+    enabled: bool = Field(default=True, strict=True, **with_fix("give true or false"))
     #: A restore is chosen only if predicted faster by this factor (>= 1): estimates are noisy
     #: and a wrong "restore" costs the request, a wrong "recompute" only a missed gain.
-    safety_factor: float = 1.2
+    safety_factor: float = Field(
+        default=1.2, ge=1, allow_inf_nan=False, **with_fix("give a number >= 1, e.g. 1.2")
+    )
     #: How long one load may run before it is abandoned.
-    deadline: DeadlineRule = field(default_factory=DeadlineRule)
+    deadline: DeadlineRule = Field(default_factory=DeadlineRule, **with_fix("give a DeadlineRule"))
     #: Factor on a tier's predictions after its first overrun; doubled for each further one.
-    slow_inflation: float = 4.0
-    #: Largest factor a run of overruns can reach.
-    slow_inflation_max: float = 64.0
+    slow_inflation: float = Field(
+        default=4.0, gt=1, allow_inf_nan=False, **with_fix("give a number > 1, e.g. 4")
+    )
+    #: Largest factor a run of overruns can reach (>= slow_inflation).
+    slow_inflation_max: float = Field(
+        default=64.0, gt=1, allow_inf_nan=False, **with_fix("give a number >= slow_inflation")
+    )
     #: Consecutive on-time loads (or probes) that clear a tier's slow mark.
-    recovery_loads: int = 3
+    recovery_loads: int = Field(
+        default=3, ge=1, strict=True, **with_fix("give an integer >= 1, e.g. 3")
+    )
     #: Seconds between background probes of a slow or never-measured tier.
-    probe_interval_s: float = 10.0
+    probe_interval_s: float = Field(
+        default=10.0, gt=0, allow_inf_nan=False, **with_fix("give seconds > 0, e.g. 10")
+    )
     #: Loads after which a measurement's weight in a tier's estimate has halved.
-    half_life_loads: float = 8.0
+    half_life_loads: float = Field(
+        default=8.0, gt=0, allow_inf_nan=False, **with_fix("give a number of loads > 0, e.g. 8")
+    )
     #: Measurements a tier's prior is worth. Tiny on purpose: the prior decides alone only
     #: until the first measurement, then merely settles what the data cannot tell apart.
-    prior_weight: float = 1e-6
+    prior_weight: float = Field(
+        default=1e-6, gt=0, allow_inf_nan=False, **with_fix("give a number > 0, e.g. 1e-6")
+    )
 
-    def __post_init__(self) -> None:
-        def bad(name: str, hint: str) -> ConfigError:
-            return ConfigError(f"policy: {name}={getattr(self, name)!r}; {hint}")
-
-        if not isinstance(self.enabled, bool):
-            raise bad("enabled", "give true or false")
-        if not (self.safety_factor >= 1 and math.isfinite(self.safety_factor)):
-            raise bad("safety_factor", "give a number >= 1, e.g. 1.2")
-        if not isinstance(self.deadline, DeadlineRule):
-            raise bad("deadline", "give a DeadlineRule")
-        if not (self.slow_inflation > 1 and math.isfinite(self.slow_inflation)):
-            raise bad("slow_inflation", "give a number > 1, e.g. 4")
-        top = self.slow_inflation_max
-        if not (top >= self.slow_inflation and math.isfinite(top)):
-            raise bad(
-                "slow_inflation_max", f"give a number >= slow_inflation {self.slow_inflation}"
+    @model_validator(mode="after")
+    def _inflation_cap_above_its_start(self) -> Self:
+        if self.slow_inflation_max < self.slow_inflation:
+            raise ValueError(
+                f"slow_inflation_max={self.slow_inflation_max}; give a number >= "
+                f"slow_inflation {self.slow_inflation}"
             )
-        if not (isinstance(self.recovery_loads, int) and self.recovery_loads >= 1):
-            raise bad("recovery_loads", "give an integer >= 1, e.g. 3")
-        if not (self.probe_interval_s > 0 and math.isfinite(self.probe_interval_s)):
-            raise bad("probe_interval_s", "give seconds > 0, e.g. 10")
-        if not (self.half_life_loads > 0 and math.isfinite(self.half_life_loads)):
-            raise bad("half_life_loads", "give a number of loads > 0, e.g. 8")
-        if not (self.prior_weight > 0 and math.isfinite(self.prior_weight)):
-            raise bad("prior_weight", "give a number > 0, e.g. 1e-6")
+        return self
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> PolicySettings:
@@ -70,14 +75,17 @@ class PolicySettings:
         Deadline keys are flat: ``deadline_ceiling_s``, ``deadline_multiplier``,
         ``deadline_floor_s``.
         """
-        deadline_keys = {"deadline_ceiling_s": "ceiling_s", "deadline_multiplier": "multiplier",
-                         "deadline_floor_s": "floor_s"}  # fmt: skip
-        own = {f.name for f in dataclasses.fields(cls) if f.name != "deadline"}
-        known = sorted(own | set(deadline_keys))
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ConfigError(f"policy: unknown option(s) {unknown}; known: {known}")
-        deadline = DeadlineRule(
-            **{deadline_keys[k]: float(v) for k, v in values.items() if k in deadline_keys}
+        own = {k: v for k, v in values.items() if k not in _DEADLINE_KEYS}
+        if "deadline" in own:
+            raise ConfigError(
+                "kvtier: policy option 'deadline' is not a mapping key; give "
+                f"{sorted(_DEADLINE_KEYS)} instead"
+            )
+        rule = DeadlineRule.parse(
+            {_DEADLINE_KEYS[k]: v for k, v in values.items() if k in _DEADLINE_KEYS}
         )
-        return cls(deadline=deadline, **{k: v for k, v in values.items() if k in own})
+        known = sorted((set(cls.model_fields) - {"deadline"}) | set(_DEADLINE_KEYS))
+        unknown = sorted(str(k) for k in own if k not in cls.model_fields)
+        if unknown:
+            raise ConfigError(f"kvtier: unknown policy option(s) {unknown}; known: {known}")
+        return cls.parse({**own, "deadline": rule})

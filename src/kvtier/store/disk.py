@@ -66,6 +66,7 @@ from kvtier.format.record import (
     make_header,
     verify_payload,
 )
+from kvtier.settings import DISK_MIN_CAPACITY_BYTES
 from kvtier.store import check, layout, recovery
 from kvtier.store import root as root_settings
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
@@ -142,11 +143,13 @@ class DiskStore(BlockStore):
         root's quarantine is pruned, oldest first, to these (bytes default: a quarter of the cap).
         Raises ``ConfigError`` for bad values, an unsafe root or an index of a newer schema.
         """
-        minimum = root_settings.INDEX_ALLOWANCE_BYTES + HEADER_BYTES
-        if capacity_bytes is not None and capacity_bytes <= minimum:
+        # The minimum is the settings' (kvtier.settings), so a cap the engine accepted at
+        # start-up never fails here, later, on the tier's opener thread.
+        if capacity_bytes is not None and capacity_bytes < DISK_MIN_CAPACITY_BYTES:
             raise ConfigError(
                 f"disk tier: capacity_bytes={capacity_bytes}; give a size such as '64GiB' "
-                f"(at least {minimum} bytes: the index files are charged against the cap)"
+                f"(at least {DISK_MIN_CAPACITY_BYTES} bytes: the index files are charged "
+                "against the cap)"
             )
         if low_watermark is not None and not 0 < low_watermark <= 1:
             raise ConfigError(f"disk tier: low_watermark={low_watermark}; use 0 < x <= 1, e.g. 0.9")

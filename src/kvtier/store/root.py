@@ -27,6 +27,7 @@ import stat
 from pathlib import Path
 
 from kvtier.errors import ConfigError
+from kvtier.settings import DISK_INDEX_ALLOWANCE_BYTES
 from kvtier.store import layout
 from kvtier.store.index import (
     ALLOC_UNIT,
@@ -46,7 +47,8 @@ AUTO_CAPACITY_FRACTION = 0.25
 AUTO_CAPACITY_MAX = 256 * 2**30
 #: The least the index files are charged against the cap (database, WAL, shared memory and
 #: the namespace.json files); a constant while they are small, so a cap of N records holds N.
-INDEX_ALLOWANCE_BYTES = 832 << 10
+#: Defined with the disk tier's settings, whose smallest cap is derived from it.
+INDEX_ALLOWANCE_BYTES = DISK_INDEX_ALLOWANCE_BYTES
 #: Growth of the database between two measurements (rows written by a few transactions).
 INDEX_GROWTH_MARGIN_BYTES = 192 << 10
 _DIGEST_HEX = re.compile(r"^[0-9a-f]{32}$")

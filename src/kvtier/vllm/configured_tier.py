@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from vllm.v1.kv_offload.base import Medium
 
 from kvtier.format import Namespace
+from kvtier.log import setup_logging
 from kvtier.store import BlockStore
 from kvtier.vllm.store_tier import NEGATIVE_TTL_S, StoreTier
 
@@ -64,6 +65,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
         load_deadline_s: Callable[[int], float] | None = None,
         **options: Any,
     ) -> None:
+        setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
         self.settings = self.parse_settings(options)
         self.check_settings(self.settings)
         factory = store_factory if store_factory is not None else self.open_store

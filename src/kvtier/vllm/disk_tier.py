@@ -16,16 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
-from kvtier.log import setup_logging
 from kvtier.settings import DiskTierSettings
 from kvtier.store import BlockStore, DiskStore, check_root
 from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
 from kvtier.vllm.configured_tier import ConfiguredTier
-from kvtier.vllm.shared_tier import check_server, open_shared_store, redacted_url
+from kvtier.vllm.shared_tier import check_server, open_shared_store
 from kvtier.vllm.tier_opener import HOUSEKEEPING_INTERVAL_S
-
-setup_logging()
 
 #: How often the tier picks up blocks that other engines sharing its folder stored (and
 #: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
@@ -91,7 +88,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
         )
         if self.settings.shared is not None:
             line += (
-                f"; then shared {redacted_url(self.settings.shared.url)} (capacity is the "
+                f"; then shared {self.settings.shared.url} (capacity is the "
                 "server's; shared hits written back to disk)"
             )
         return line

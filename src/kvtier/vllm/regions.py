@@ -13,14 +13,12 @@ import os
 import time
 from pathlib import Path
 
+from kvtier.env import read_env
+
 logger = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 REGION_GLOB = "vllm_offload_*.mmap*"
-# A region younger than this is never removed even if no holder is visible: its creator may be
-# in another PID namespace sharing /dev/shm, or between open() and our /proc scan.
-# ``KVTIER_SHM_MIN_AGE_S`` overrides it (tests use 0).
-MIN_AGE_S = float(os.environ.get("KVTIER_SHM_MIN_AGE_S", "30"))
 
 
 def region_path(engine_id: str) -> Path:
@@ -62,12 +60,17 @@ def clean_stale_regions(
 ) -> list[Path]:
     """Remove region files that no live process holds; return the paths removed.
 
-    A region some process has open or mapped is never touched, whoever owns it. Errors are
-    logged, never raised: a failed cleanup must not stop an engine from starting. ``pattern``
+    A region some process has open or mapped is never touched, whoever owns it. File-system
+    errors are logged, never raised: a failed cleanup must not stop an engine from starting
+    (a bad ``KVTIER_SHM_MIN_AGE_S`` is a ``ConfigError``: it does). ``pattern``
     selects the files (the disk-backed pool uses its own, see ``kvtier.vllm.file_region``).
     """
     if min_age_s is None:
-        min_age_s = MIN_AGE_S
+        # A region younger than this is never removed even if no holder is visible: its
+        # creator may be in another PID namespace sharing /dev/shm, or between open() and our
+        # /proc scan. ``KVTIER_SHM_MIN_AGE_S`` (default 30; tests use 0). Read here, not at
+        # import, so a bad value is a ConfigError while the engine starts (kvtier.env).
+        min_age_s = read_env().shm_min_age_s
     removed: list[Path] = []
     try:
         candidates = sorted(shm_dir.glob(pattern))

@@ -13,46 +13,29 @@ with a probe namespace (the engine's own is known only once vLLM seeds its block
 Faults while serving (server killed, frozen, restarted empty, a corrupt value) are misses.
 
 The password never appears on the command line when it comes from the environment variable
-``KVTIER_SHARED_PASSWORD`` (read here, in the engine's process) instead of the settings.
+``KVTIER_SHARED_PASSWORD`` (read here, in the engine's process, by ``kvtier.env``) instead of
+the settings. The settings' ``url`` holds no credentials (they are moved out when it is parsed),
+so it is printed as it is.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from kvtier.env import read_env
 from kvtier.format import Namespace
-from kvtier.log import setup_logging
 from kvtier.settings import SharedTierSettings
 from kvtier.store import BlockStore
 from kvtier.vllm.configured_tier import ConfiguredTier
 
-setup_logging()
-
-PASSWORD_ENV = "KVTIER_SHARED_PASSWORD"
-
-
-def _store_options(settings: SharedTierSettings) -> dict[str, Any]:
-    password = settings.password.get_secret_value() if settings.password is not None else None
-    if password is None:
-        password = os.environ.get(PASSWORD_ENV) or None
-    return {
-        "connect_timeout_s": settings.connect_timeout_s,
-        "op_timeout_s": settings.op_timeout_s,
-        "username": settings.username,
-        "password": password,
-        "tls_ca_file": None if settings.tls_ca_file is None else str(settings.tls_ca_file),
-        "tls_cert_file": None if settings.tls_cert_file is None else str(settings.tls_cert_file),
-        "tls_key_file": None if settings.tls_key_file is None else str(settings.tls_key_file),
-    }
-
 
 def open_shared_store(settings: SharedTierSettings, namespace: Namespace) -> BlockStore:
-    """The shared store of this engine's namespace (raises ``ConfigError`` if unusable)."""
+    """The shared store of this engine's namespace (raises ``ConfigError`` if unusable); the
+    password comes from ``KVTIER_SHARED_PASSWORD`` when the settings give none."""
     from kvtier.store.shared import SharedStore  # imports redis-py: only when configured
 
-    return SharedStore(settings.url, namespace, **_store_options(settings))
+    return SharedStore(settings.with_password(read_env().shared_password), namespace)
 
 
 def check_server(settings: SharedTierSettings, row_bytes: int) -> None:
@@ -92,15 +75,7 @@ class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         return (
-            f"shared {redacted_url(self.settings.url)}: capacity is the server's (maxmemory), "
+            f"shared {self.settings.url}: capacity is the server's (maxmemory), "
             f"namespace {namespace.digest_hex()[:12]}"
         )
 
-
-def redacted_url(url: str) -> str:
-    """The URL without credentials (``user:password@`` removed)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    hosts = rest.rsplit("@", 1)[-1]
-    return f"{scheme}://{hosts}"

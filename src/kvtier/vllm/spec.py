@@ -41,7 +41,6 @@ from kvtier.vllm.guards import (
 from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)
-setup_logging()
 
 
 def _current_vllm_config() -> Any:
@@ -55,6 +54,7 @@ class KvtierCpuSpec(TieringOffloadingSpec):
     """Tiering spec whose worker copies KV with host memory operations."""
 
     def __init__(self, config) -> None:  # type: ignore[no-untyped-def]  # vLLM's OffloadingConfig
+        setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
         extra = config.extra_config
         self.settings = HostPoolSettings.from_extra_config(extra)
         check_connector_options(extra)

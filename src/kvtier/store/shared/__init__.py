@@ -2,7 +2,9 @@
 
 Importing this package imports redis-py (the ``shared`` extra; without it the import raises
 ``MissingExtraError`` naming the extra); ``kvtier.store`` does not import it, so the disk and
-memory tiers work without the client installed.
+memory tiers work without the client installed. The store's configuration is
+``kvtier.settings.SharedTierSettings`` (the same model the vLLM tier parses) and its URL
+forms are ``kvtier.shared_url``'s.
 """
 
 from kvtier.extras import require
@@ -11,7 +13,8 @@ from kvtier.extras import require
 # check) refuses with the extra to install instead of a ModuleNotFoundError from redis-py.
 require("shared", "the shared tier")
 
-from kvtier.store.shared.config import ServerUrl, SharedStoreConfig, parse_url  # noqa: E402
+from kvtier.settings import SharedTierSettings  # noqa: E402
+from kvtier.shared_url import ServerUrl, parse_url  # noqa: E402
 from kvtier.store.shared.stats import SharedStoreStats  # noqa: E402
 from kvtier.store.shared.store import KEY_PREFIX, SharedStore  # noqa: E402
 
@@ -19,7 +22,7 @@ __all__ = [
     "KEY_PREFIX",
     "ServerUrl",
     "SharedStore",
-    "SharedStoreConfig",
     "SharedStoreStats",
+    "SharedTierSettings",
     "parse_url",
 ]

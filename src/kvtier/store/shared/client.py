@@ -32,8 +32,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from kvtier.settings import SharedTierSettings
 from kvtier.store.shared import readinto
-from kvtier.store.shared.config import SharedStoreConfig
 
 try:
     import hiredis
@@ -181,31 +181,35 @@ class RecordPool(ConnectionPool):
         super().__init__(connection_class=swapped, **kwargs)
 
 
-def _retry(config: SharedStoreConfig) -> Retry:
+def _retry(config: SharedTierSettings) -> Retry:
     # redis-py's default (10 retries, up to 1 s apart) turns a dead server into a 4-10 s stall.
     return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), config.retries)
 
 
-def _common_kwargs(config: SharedStoreConfig) -> dict[str, Any]:
+def _common_kwargs(config: SharedTierSettings) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "socket_timeout": config.op_timeout_s,
         "socket_connect_timeout": config.connect_timeout_s,
         "socket_keepalive": True,
         "health_check_interval": 30,
-        "username": config.effective_username,
-        "password": config.effective_password,
+        "username": config.username,
+        "password": config.password_text,
     }
     if config.server.tls:
         kwargs.update(
             ssl_cert_reqs="required",
-            ssl_ca_certs=config.tls_ca_file,
-            ssl_certfile=config.tls_cert_file,
-            ssl_keyfile=config.tls_key_file,
+            ssl_ca_certs=_text(config.tls_ca_file),
+            ssl_certfile=_text(config.tls_cert_file),
+            ssl_keyfile=_text(config.tls_key_file),
         )
     return kwargs
 
 
-def build_standalone(config: SharedStoreConfig) -> redis.Redis:
+def _text(path: object) -> str | None:
+    return None if path is None else str(path)
+
+
+def build_standalone(config: SharedTierSettings) -> redis.Redis:
     """A client for one server; connects lazily (the caller PINGs to fail early)."""
     server = config.server
     host, port = server.hosts[0]
@@ -216,7 +220,7 @@ def build_standalone(config: SharedStoreConfig) -> redis.Redis:
     return redis.Redis(connection_pool=pool, retry=_retry(config))
 
 
-def build_cluster(config: SharedStoreConfig) -> RedisCluster:
+def build_cluster(config: SharedTierSettings) -> RedisCluster:
     """A Cluster client; connects at once (raises if no node named in the URL answers).
 
     ``require_full_coverage=False``: with a master down, keys on the live masters keep working

@@ -15,8 +15,8 @@ from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissi
 
 from kvtier.errors import ConfigError
 from kvtier.format.record import HEADER_BYTES
+from kvtier.settings import SharedTierSettings
 from kvtier.store.shared.client import build_cluster, build_standalone
-from kvtier.store.shared.config import SharedStoreConfig
 
 log = logging.getLogger("kvtier.store.shared")
 
@@ -26,13 +26,13 @@ FALLBACK_MAX_RECORD_BYTES = 64 * 2**20
 SETTINGS = ("maxmemory", "maxmemory-policy", "proto-max-bulk-len")
 
 
-def scrub(text: str, config: SharedStoreConfig) -> str:
+def scrub(text: str, config: SharedTierSettings) -> str:
     """``text`` with the password masked (a server's error text could echo it back)."""
-    secret = config.effective_password
+    secret = config.password_text
     return text.replace(secret, "***") if secret else text
 
 
-def connect(config: SharedStoreConfig) -> redis.Redis | RedisCluster:
+def connect(config: SharedTierSettings) -> redis.Redis | RedisCluster:
     """A client that has answered PING; ``ConfigError`` naming the option to fix otherwise."""
     server = config.server
     where = server.redacted
@@ -67,7 +67,7 @@ def masters(client: redis.Redis | RedisCluster) -> list[Any]:
 
 
 def server_settings(
-    client: redis.Redis | RedisCluster, config: SharedStoreConfig
+    client: redis.Redis | RedisCluster, config: SharedTierSettings
 ) -> list[dict[str, str]]:
     """``SETTINGS`` of every master; [] when CONFIG is not permitted (an ACL user) or fails."""
     settings = []
@@ -88,7 +88,7 @@ def server_settings(
     return settings
 
 
-def record_cap(settings: list[dict[str, str]], config: SharedStoreConfig, block_bytes: int) -> int:
+def record_cap(settings: list[dict[str, str]], config: SharedTierSettings, block_bytes: int) -> int:
     """The largest record put may send; warns about settings that make a poor cache.
 
     ``max_record_bytes`` when given, else 1/8 of the smallest master's maxmemory and half its

@@ -35,7 +35,6 @@ instant between our GET and DEL is lost too, which costs a miss, never wrong byt
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -67,11 +66,11 @@ from kvtier.format.record import (
     make_header,
     verify_payload,
 )
+from kvtier.settings import SharedTierSettings
 from kvtier.store.base import BlockStore, Problem, StoreAbilities
 from kvtier.store.shared import readinto, startup
 from kvtier.store.shared.breaker import CircuitBreaker
 from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue
-from kvtier.store.shared.config import SharedStoreConfig
 from kvtier.store.shared.stats import SharedStoreStats
 from kvtier.store.shared.view import KeyView
 
@@ -111,45 +110,26 @@ class SharedStore(BlockStore):
 
     def __init__(
         self,
-        url: str,
+        settings: SharedTierSettings,
         namespace: Namespace,
         *,
-        connect_timeout_s: float = 0.5,
-        op_timeout_s: float = 2.0,
-        retries: int = 1,
-        username: str | None = None,
-        password: str | None = None,
-        tls_ca_file: str | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-        max_record_bytes: int | None = None,
-        breaker_base_s: float = 0.5,
-        breaker_max_s: float = 30.0,
-        view_max_keys: int = 262_144,
         clock: Callable[[], float] | None = None,
     ) -> None:
         """Connect, read the server's memory settings and fail closed on a bad configuration.
 
-        Raises ``ConfigError`` when an option is invalid, the server cannot be reached
-        (naming ``url``), authentication fails (naming ``username``/``password``), TLS fails
-        (naming the ``tls_*`` options) or one record of ``namespace`` would exceed the record
-        cap. ``clock`` (monotonic seconds) is a seam for tests of the breaker.
+        ``settings`` were validated when they were built (``SharedTierSettings.parse``).
+        Raises ``ConfigError`` when the server cannot be reached (naming ``url``),
+        authentication fails (naming ``username``/``password``), TLS fails (naming the
+        ``tls_*`` options) or one record of ``namespace`` would exceed the record cap.
+        ``clock`` (monotonic seconds) is a seam for tests of the breaker.
         """
-        self.config = SharedStoreConfig(
-            url=url,
-            connect_timeout_s=connect_timeout_s,
-            op_timeout_s=op_timeout_s,
-            retries=retries,
-            username=username,
-            password=password,
-            tls_ca_file=tls_ca_file,
-            tls_cert_file=tls_cert_file,
-            tls_key_file=tls_key_file,
-            max_record_bytes=max_record_bytes,
-            breaker_base_s=breaker_base_s,
-            breaker_max_s=breaker_max_s,
-            view_max_keys=view_max_keys,
-        )
+        if not isinstance(settings, SharedTierSettings):
+            raise TypeError(
+                f"SharedStore takes SharedTierSettings, not {type(settings).__name__}; "
+                "build them with SharedTierSettings.parse({'url': ...})"
+            )
+        #: The validated settings (``url`` holds no credentials; ``password`` is a SecretStr).
+        self.config = settings
         self.namespace = namespace
         self._digest = namespace.digest()
         self._prefix = KEY_PREFIX + namespace.digest_hex().encode() + b":"
@@ -161,12 +141,17 @@ class SharedStore(BlockStore):
         self._breakers: dict[str, CircuitBreaker] = {}
         self._closed = False
         self._client: redis.Redis | RedisCluster = startup.connect(self.config)
-        settings = startup.server_settings(self._client, self.config)
+        found = startup.server_settings(self._client, self.config)
         #: Largest record (header + payload) ``put`` sends; bigger puts return False.
-        self.max_record_bytes = startup.record_cap(settings, self.config, namespace.block_bytes)
+        self.max_record_bytes = startup.record_cap(found, self.config, namespace.block_bytes)
         log.info(
-            "shared tier: %r, namespace %s, records <= %d bytes",
-            self.config,
+            "shared tier: %s (connect %gs, reply %gs, %d retries, auth %s), namespace %s, "
+            "records <= %d bytes",
+            self._server.redacted,
+            settings.connect_timeout_s,
+            settings.op_timeout_s,
+            settings.retries,
+            "yes" if settings.password is not None else "no",
             namespace.digest_hex(),
             self.max_record_bytes,
         )
@@ -178,10 +163,9 @@ class SharedStore(BlockStore):
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], namespace: Namespace) -> SharedStore:
-        """A store from a plain mapping of ``SharedStoreConfig`` options (unknown keys raise
-        ``ConfigError``): the form a tier adapter's store factory receives."""
-        config = SharedStoreConfig.from_options(options)
-        return cls(namespace=namespace, **dataclasses.asdict(config))
+        """A store from a plain mapping of ``SharedTierSettings`` options (a bad or unknown
+        one raises ``ConfigError`` naming it)."""
+        return cls(SharedTierSettings.parse(options), namespace)
 
     # ------------------------------------------------------------------ plumbing
 
