@@ -284,3 +284,12 @@ def test_refused_direct_writes_fall_back_once_with_a_warning(
     assert io.direct_attempts == 1
     assert "O_DIRECT writes refused" in caplog.text
     assert all(store.get(key_of(i)) == payload(i) for i in range(3))
+
+
+def test_put_of_an_empty_payload_fails_and_commits_nothing(open_disk: OpenDisk) -> None:
+    store = open_disk()
+    assert not store.put(key_of(1), b"")
+    assert not store.contains(key_of(1)) and store.stats().put_failures == 1
+    assert files_under(store.namespace_dir / "blocks") == []
+    assert store.used_bytes() == 0
+    assert store.put(key_of(1), payload(1)) and store.get(key_of(1)) == payload(1)

@@ -207,6 +207,10 @@ class DiskStore(BlockStore):
         record_bytes = HEADER_BYTES + view.nbytes
         if self._closed:
             return self._put_failed(key, "closed")
+        if not view.nbytes:
+            # No block is empty: an empty payload is a caller's slice gone wrong (a row past
+            # the end of its pool), and its record would shadow the key's good ones.
+            return self._put_failed(key, "empty payload")
         if charge(record_bytes) + self._index_charge() > self.capacity_bytes:
             return self._put_failed(key, "larger than the cap")
         if self._trash.has_retries():

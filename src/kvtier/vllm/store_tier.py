@@ -563,6 +563,10 @@ class StoreTier(SecondaryTierManager):
 
     # -- I/O threads ---------------------------------------------------------------------
     def _row(self, row: int) -> memoryview:
+        # A slice past the pool's end is short or empty, and a negative row counts from the
+        # end: either would store a record of the wrong length (or another row's bytes).
+        if not 0 <= row < self._pool_bytes.nbytes // self._row_bytes:
+            raise IndexError(f"host-pool row {row} outside the pool's rows")
         start = row * self._row_bytes
         return self._pool_bytes[start : start + self._row_bytes]
 
@@ -572,7 +576,9 @@ class StoreTier(SecondaryTierManager):
             if store is None:
                 return False
             started = time.perf_counter()
-            stored = store.contains(key) or store.put(key, self._row(row))
+            row_view = self._row(row)
+            # A record of another length can never load into a row: replace it.
+            stored = store.payload_len(key) == self._row_bytes or store.put(key, row_view)
             self.counters.write_seconds += time.perf_counter() - started
             if stored:
                 self.counters.stores += 1
@@ -614,6 +620,8 @@ class StoreTier(SecondaryTierManager):
             return True
         if load.state is LoadState.ABANDONED:
             return False  # counted when it was abandoned
+        if store is not None and store.payload_len(key) not in (None, self._row_bytes):
+            store.delete(key)  # it can never load: drop it so lookups stop offering it
         self.counters.load_failures += 1
         with self._failed_lock:
             self._failed_until[key] = self._clock() + self._negative_ttl_s
