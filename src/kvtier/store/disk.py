@@ -35,10 +35,10 @@ so no caller retries it.
 
 Capacity: the cap is the root's (kvtier.store.root) and bounds everything kvtier keeps under
 the root at every instant, SIGKILL included: records (pending and ready, so temp files too),
-evicted records not unlinked yet (trash), the quarantine, and the index files (charged by
-``kvtier.store.root.index_charge``). Each file is charged its size rounded up to 4 KiB, so
-the bound holds for the sum of file sizes and for ``du``'s allocated blocks of the files;
-folders themselves are not charged (see docs/store.md). Keys being read by this process are
+evicted records not unlinked yet (trash), the quarantine, the index files (charged by
+``kvtier.store.root.index_charge``) and the folders (``kvtier.store.folders``). Each file
+and folder is charged its size rounded up to 4 KiB, so the bound holds for the sum of file
+sizes and for ``du -s`` of the root (see docs/store.md). Keys being read by this process are
 pinned: eviction skips them.
 """
 
@@ -69,6 +69,7 @@ from kvtier.format.record import (
 from kvtier.store import check, layout, recovery
 from kvtier.store import root as root_settings
 from kvtier.store.base import BlockStore, Problem, StoreStats
+from kvtier.store.folders import FolderCharge
 from kvtier.store.index import TXN_ROWS_MAX, Row, Trashed, charge
 from kvtier.store.io import RecordIO
 from kvtier.store.quarantine import Limits, quarantine
@@ -167,6 +168,7 @@ class DiskStore(BlockStore):
         self._quarantine_max_entries = quarantine_max_entries
         self._quarantine_max_bytes = quarantine_max_bytes
         self._session = Session(self.namespace_dir)
+        self._folders = FolderCharge(self.root)
         try:
             self._index = root_settings.open_index(
                 self.root, self._session.session_id, namespace.digest_hex(), busy_timeout_s
@@ -247,6 +249,7 @@ class DiskStore(BlockStore):
         try:
             self._io.write_temp(temp, header, view)
             self._io.publish(temp, final)
+            self._folders.note_put(final.parent, temp.parent)
             committed = self._index.commit(record_id, key)
         except (OSError, sqlite3.Error) as exc:
             self._trash.discard_write(record_id, temp, final)
@@ -347,10 +350,14 @@ class DiskStore(BlockStore):
             return self.capacity_bytes
 
     def footprint_bytes(self) -> int:
-        """What the cap bounds, now: ``used_bytes`` plus what the index files and the
-        namespace.json files take (reservations charge those at a bound with room to grow,
-        ``kvtier.store.root.index_charge``)."""
-        return self.used_bytes() + root_settings.index_files_bytes(self.root, self._namespaces)
+        """What the cap bounds, now: ``used_bytes`` plus what the index files, the
+        namespace.json files and the folders take (reservations charge those at a bound with
+        room to grow, ``kvtier.store.root.index_charge``)."""
+        return (
+            self.used_bytes()
+            + root_settings.index_files_bytes(self.root, self._namespaces)
+            + self._folders.measure()
+        )
 
     def stats(self) -> StoreStats:
         with self._lock:
@@ -442,7 +449,7 @@ class DiskStore(BlockStore):
             self.low_watermark = ppm / 1_000_000
 
     def _index_charge(self) -> int:
-        return root_settings.index_charge(self.root, self._namespaces)
+        return root_settings.index_charge(self.root, self._namespaces, self._folders.charge())
 
     def _quarantine_limits(self) -> Limits:
         max_bytes = self._quarantine_max_bytes
