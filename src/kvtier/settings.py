@@ -226,6 +226,16 @@ class DiskTierSettings(_Settings):
         default="never",
         **_option("fsync / --fsync", "use 'never' (default), 'data' or 'always'"),
     )
+    #: Seconds shutdown waits for queued and running transfers before it drops the rest.
+    drain_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        **_option(
+            "drain_deadline_s",
+            "give seconds inside the orchestrator's grace period, e.g. 10 (default)",
+        ),
+    )
     shared: SharedTierSettings | None = Field(
         default=None,
         **_option("shared / --shared", "give the shared tier's settings, or leave it unset"),

@@ -352,3 +352,37 @@ def test_a_record_that_can_never_load_is_dropped_and_stored_again(tmp_path, pool
         assert store.get(key(6)) == bytes(pool[0])
     finally:
         tier.shutdown()
+
+
+class StalledWrites(MemoryStore):
+    """A MemoryStore whose puts hang until released (a stalled disk)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.release = threading.Event()
+
+    def put(self, key, payload):
+        self.release.wait(60)
+        return super().put(key, payload)
+
+
+def test_shutdown_behind_a_stalled_disk_returns_within_its_drain_deadline(tmp_path, pool):
+    init_none_hash(sha256)
+    stalled = StalledWrites()
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), io_threads=2,
+        drain_deadline_s=0.5, store_factory=lambda settings, namespace: stalled,
+    )
+    try:
+        wait_open(tier)
+        keys = [key(i) for i in range(ROWS)]
+        tier.submit_store(TransferJob(1, keys, np.arange(ROWS, dtype=np.int32), False, CTX))
+        started = time.monotonic()
+        tier.shutdown()
+        took = time.monotonic() - started
+        assert 0.4 <= took < 3.0, f"shutdown took {took:.1f} s with a 0.5 s drain deadline"
+        assert tier.counters.stuck_at_shutdown == 2, "both I/O threads are stuck in a put"
+        assert tier.counters.dropped_at_shutdown == ROWS - 2, "queued stores are dropped"
+    finally:
+        stalled.release.set()

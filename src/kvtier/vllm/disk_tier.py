@@ -85,6 +85,7 @@ class KvtierDiskTier(StoreTier):
             tier_type,
             open_store=lambda namespace: store_factory(self.settings, namespace),
             io_threads=self.settings.io_threads,
+            drain_deadline_s=self.settings.drain_deadline_s,
             follow_other_processes=True,
             clock=clock,
             negative_ttl_s=negative_ttl_s,

@@ -33,11 +33,12 @@ Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,9 @@ ABSENT_TTL_S = 2.0
 LOAD_DEADLINE_S = 30.0
 #: How long a tier that overran a deadline is skipped by lookups (doubles, up to 16x).
 SLOW_BACKOFF_S = 5.0
+#: How long ``shutdown`` lets queued and running transfers go on (well inside the 30 s
+#: grace period orchestrators give); what has not started by then is dropped and counted.
+DRAIN_DEADLINE_S = 10.0
 
 StoreOpener = Callable[[Namespace], BlockStore]
 
@@ -93,6 +97,10 @@ class TierCounters:
     loads: int = 0
     stores: int = 0
     open_failures: int = 0
+    #: Blocks whose transfer shutdown dropped (not started by its drain deadline).
+    dropped_at_shutdown: int = 0
+    #: Transfers still running in an I/O thread when shutdown's drain deadline passed.
+    stuck_at_shutdown: int = 0
     #: Seconds spent in store I/O by the tier's threads, per direction.
     read_seconds: float = 0.0
     write_seconds: float = 0.0
@@ -136,8 +144,10 @@ class StoreTier(SecondaryTierManager):
         locality: str | None = None,
         backpressure_detector: Any = None,
         start: bool = True,
+        drain_deadline_s: float = DRAIN_DEADLINE_S,
     ) -> None:
         """``start=False`` leaves the opener thread to ``start()`` (after more checks)."""
+        self._drain_deadline_s = drain_deadline_s
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
         self.counters = TierCounters()
@@ -177,6 +187,9 @@ class StoreTier(SecondaryTierManager):
             io_threads, f"{prefix}-write", initializer=_start_io_thread
         )
         self._jobs: dict[int, _Job] = {}
+        # Every task on the I/O threads not finished yet: what shutdown waits for.
+        self._inflight: set[Future[Any]] = set()
+        self._inflight_lock = threading.Lock()
         self._queued_stores = 0
         self._queued_lock = threading.Lock()
         self._failed_until: dict[OffloadKey, float] = {}
@@ -394,7 +407,7 @@ class StoreTier(SecondaryTierManager):
         rows = [int(c) for c in job_metadata.chunk_ids]
         loads = [AbandonableLoad() for _ in keys]
         futures = [
-            self._read_pool.submit(self._load_one, k, r, load)
+            self._io(self._read_pool, self._load_one, k, r, load)
             for k, r, load in zip(keys, rows, loads, strict=True)
         ]
         nbytes = len(keys) * self._row_bytes
@@ -419,9 +432,22 @@ class StoreTier(SecondaryTierManager):
         """Queue one store task per block (tasks wait for the store if it is still opening)."""
         rows = [int(c) for c in job.chunk_ids]
         futures = [
-            self._write_pool.submit(self._store_one, k, r) for k, r in zip(keys, rows, strict=True)
+            self._io(self._write_pool, self._store_one, k, r)
+            for k, r in zip(keys, rows, strict=True)
         ]
         self._jobs[job.job_id] = _Job(job.job_id, is_load, keys, futures, time.perf_counter())
+
+    def _io(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Submit a task to an I/O pool, tracked until done (for ``shutdown``)."""
+        future = pool.submit(fn, *args)
+        with self._inflight_lock:
+            self._inflight.add(future)
+        future.add_done_callback(self._task_done)
+        return future
+
+    def _task_done(self, future: Future[Any]) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(future)
 
     def _finished(self, job: _Job) -> bool:
         """Done, or a load past its deadline whose unfinished blocks are now abandoned."""
@@ -487,17 +513,48 @@ class StoreTier(SecondaryTierManager):
                 future.exception()  # waits; never cancels a copy under way
 
     def shutdown(self) -> None:
+        """Let transfers go on for at most the drain deadline, then drop what has not
+        started (counted in ``dropped_at_shutdown``) and abandon pending loads, so shutdown
+        never waits on a slow or stalled disk for longer than that.
+
+        Rejected: carrying out every queued store (what ``drain_jobs`` does), whose time
+        grows with the queue and the disk's speed, past any orchestrator's grace period.
+        A transfer still running at the deadline (a thread stuck in the kernel) cannot be
+        stopped: it is counted in ``stuck_at_shutdown`` and the store is left open for it
+        (closing would wait on the index lock it may hold).
+        """
         self._stopping.set()
         self._probe_wanted.set()
-        self.drain_jobs()
-        self._read_pool.shutdown(wait=True)
-        self._write_pool.shutdown(wait=True)
+        with self._inflight_lock:
+            futures = list(self._inflight)  # jobs', abandoned loads' and probes' tasks
+        wait(futures, timeout=self._drain_deadline_s)
+        dropped = sum(f.cancel() for f in futures)
+        for job in self._jobs.values():
+            for load in job.loads or ():
+                load.abandon()  # a late read must not write a row vLLM is freeing
+        self._read_pool.shutdown(wait=False, cancel_futures=True)
+        self._write_pool.shutdown(wait=False, cancel_futures=True)
+        stuck = sum(not f.done() for f in futures)
+        self.counters.dropped_at_shutdown += dropped
+        self.counters.stuck_at_shutdown += stuck
+        if dropped or stuck:
+            logger.warning(
+                "kvtier %s: shutdown drained for %.0f s; %d queued transfer(s) dropped, "
+                "%d still running left behind",
+                self.label,
+                self._drain_deadline_s,
+                dropped,
+                stuck,
+            )
         store = self._wait_store() if self._opened.done() else None
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
-            store.close()
-        # Our view of the host pool pins its mmap: release it so the pool can be unmapped.
-        self._pool_bytes.release()
+            if not stuck:
+                store.close()
+        # Our view of the host pool pins its mmap: release it so the pool can be unmapped
+        # (a transfer left running still holds a row of it: then the exit unmaps it).
+        with contextlib.suppress(BufferError):
+            self._pool_bytes.release()
 
     def _maybe_probe(self, store: BlockStore) -> None:
         """A refused or never-measured tier gets a timed read of one stored record off any
@@ -517,7 +574,7 @@ class StoreTier(SecondaryTierManager):
         if self._stopping.is_set():
             return
         try:
-            self._read_pool.submit(probe)
+            self._io(self._read_pool, probe)
         except RuntimeError:  # shut down between the check and the submit
             return
 
