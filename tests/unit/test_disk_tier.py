@@ -304,9 +304,14 @@ def test_a_load_past_its_deadline_is_abandoned_and_never_writes_its_row(tmp_path
         (result,) = tier.get_finished_jobs()
         assert not result.success and not result.successful_keys
         assert tier.counters.loads_abandoned == 1
+        assert tier.counters.loads_stuck == 1, "the stuck read still holds its thread"
         assert tier.lookup(key(3), CTX) is LookupResult.MISS, "a slow tier is skipped"
         pool[5] = 11  # vLLM reuses the row for another block
         stalling.release.set()
+        deadline = time.monotonic() + 10
+        while tier.counters.loads_stuck and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tier.counters.loads_stuck == 0, "the read returned: its thread is free again"
         tier.shutdown()  # joins the I/O threads: the late read has returned
         assert (pool[5] == 11).all(), "the late read overwrote a reused row"
     finally:

@@ -94,6 +94,8 @@ class TierCounters:
     load_failures: int = 0
     #: Blocks whose load was abandoned at its deadline.
     loads_abandoned: int = 0
+    #: Abandoned loads still running in an I/O thread now (a gauge, not a counter).
+    loads_stuck: int = 0
     loads: int = 0
     stores: int = 0
     open_failures: int = 0
@@ -192,6 +194,7 @@ class StoreTier(SecondaryTierManager):
         self._inflight_lock = threading.Lock()
         self._queued_stores = 0
         self._queued_lock = threading.Lock()
+        self._io_threads = io_threads
         self._failed_until: dict[OffloadKey, float] = {}
         self._failed_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -309,6 +312,8 @@ class StoreTier(SecondaryTierManager):
             return LookupResult.MISS if self._open_error is not None else LookupResult.RETRY
         if self._slow_until and self._slow_until > self._clock():
             return LookupResult.MISS  # overran a deadline recently: recompute instead
+        if self.counters.loads_stuck >= self._io_threads:
+            return LookupResult.MISS  # every read thread is held by an abandoned load
         if not store.contains(key):
             return self._probe(store, key)
         if self._failed_until and self._recently_failed(key):
@@ -483,6 +488,15 @@ class StoreTier(SecondaryTierManager):
             for key, future in zip(job.keys, job.futures, strict=True):
                 if not future.done():
                     self._failed_until[key] = now + self._negative_ttl_s
+        for future in job.futures:
+            if future.running():  # its thread is held until the read returns: count it
+                with self._queued_lock:
+                    self.counters.loads_stuck += 1
+                future.add_done_callback(self._unstuck)
+
+    def _unstuck(self, future: Future[bool]) -> None:
+        with self._queued_lock:
+            self.counters.loads_stuck -= 1
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results: list[JobResult] = []
