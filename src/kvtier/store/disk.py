@@ -91,6 +91,10 @@ RESERVE_BACKOFF_S = 0.001
 RESERVE_BACKOFF_MAX_S = 0.05
 #: Default quarantine byte limit: this share of the cap.
 QUARANTINE_CAP_FRACTION = 0.25
+#: Longest a load waits on the index (a quarantine, a dropped row, access times): past it
+#: the bookkeeping is skipped (a quarantined file is then removed, its row dropped later) so
+#: a load never costs the index's 30 s busy timeout (kvtier.store.index.Index.bounded).
+LOAD_INDEX_WAIT_S = 0.5
 #: Errors that say nothing about the record itself: a miss, but no quarantine.
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN}
 
@@ -288,16 +292,19 @@ class DiskStore(BlockStore):
             # Evicted or replaced by another process (its row is already gone), or deleted
             # behind the store's back: drop the row too, so its bytes leave the cap and no
             # later refresh (which replays this record's commit) offers the key again.
-            self._drop_missing(key, entry.record_id)
+            with self._index.bounded(LOAD_INDEX_WAIT_S):
+                self._drop_missing(key, entry.record_id)
             return self._missed()
         except CorruptRecordError as exc:
-            self._quarantine(key, entry.record_id, exc.reason, str(exc))
+            with self._index.bounded(LOAD_INDEX_WAIT_S):
+                self._quarantine(key, entry.record_id, exc.reason, str(exc))
             return self._missed()
         except OSError as exc:
             if exc.errno in _TRANSIENT:
                 log.warning("disk tier: read of %s failed, will retry later: %s", relative, exc)
             else:
-                self._quarantine(key, entry.record_id, "io_error", str(exc))
+                with self._index.bounded(LOAD_INDEX_WAIT_S):
+                    self._quarantine(key, entry.record_id, "io_error", str(exc))
             return self._missed()
         finally:
             with self._lock:
@@ -310,7 +317,8 @@ class DiskStore(BlockStore):
             self._touches[key] = time.time_ns()
             flush = len(self._touches) >= TOUCH_BATCH
         if flush:
-            self._flush_touches()
+            with self._index.bounded(LOAD_INDEX_WAIT_S):
+                self._flush_touches()
         return True
 
     def contains(self, key: bytes) -> bool:
