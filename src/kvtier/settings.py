@@ -282,6 +282,16 @@ class DiskTierSettings(SettingsModel):
         default="never",
         **_option("fsync / --fsync", "use 'never' (default), 'data' or 'always'"),
     )
+    #: Seconds shutdown waits for queued and running transfers before it drops the rest.
+    drain_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        **_option(
+            "drain_deadline_s",
+            "give seconds inside the orchestrator's grace period, e.g. 10 (default)",
+        ),
+    )
     #: The shared tier behind this disk tier: read after the local disk, hits written back to it.
     shared: SharedTierSettings | None = Field(
         default=None,

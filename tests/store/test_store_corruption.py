@@ -211,3 +211,56 @@ def test_verify_reconciles_quarantine_files_with_their_charges(open_disk: OpenDi
     assert not (quarantine / "planted.kvb").exists()
     assert store.used_bytes() == charged_bytes(quarantine) == 0
     assert store.verify() == []
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def test_a_corrupt_load_does_not_wait_the_busy_timeout_behind_a_slow_reader(
+    open_disk: Callable[..., DiskStore], root: Path
+) -> None:
+    """Busy CPUs slow a reader in another process (``kvtier du``, a second engine) that
+    holds an index snapshot; the WAL passes its bound behind it, so every index write waits
+    the busy timeout (30 s by default, the load deadline's ceiling). A load's quarantine
+    must not: the load answers within a bounded wait and the record is never offered again."""
+    import multiprocessing
+    import sqlite3
+    import time
+    from contextlib import closing
+
+    from kvtier.store.index import WAL_SIZE_LIMIT_BYTES
+    from tests.support.store import aligned_buffer
+
+    store = open_disk(records=64, busy_timeout_s=10.0)
+    for i in range(4):
+        assert store.put(key_of(i), payload_of(i))
+    index = root / "index.sqlite3"
+    reader = sqlite3.connect(f"file:{index}?mode=ro", uri=True, isolation_level=None)
+    hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+    try:
+        with closing(sqlite3.connect(index)) as conn:  # the WAL starts empty, as after a checkpoint
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM records").fetchone()
+        i = 4
+        while os.path.getsize(f"{index}-wal") <= WAL_SIZE_LIMIT_BYTES:
+            assert store.put(key_of(i), payload_of(i))
+            i += 1
+        os.truncate(store.record_path(key_of(1)), 100)
+        for hog in hogs:
+            hog.start()
+        started = time.monotonic()
+        assert not store.get_into(key_of(1), aligned_buffer(PAYLOAD_BYTES))
+        took = time.monotonic() - started
+        assert took < 3.0, f"a corrupt load waited {took:.1f} s on the index"
+        assert not store.contains(key_of(1)), "a bad record is not offered again"
+        assert store.get(key_of(2)) == payload_of(2)
+    finally:
+        for hog in hogs:
+            if hog.is_alive():
+                hog.kill()
+        reader.close()
+    store.verify(fix=True)  # the row whose bookkeeping was skipped
+    assert store.verify() == []

@@ -284,3 +284,36 @@ def test_refused_direct_writes_fall_back_once_with_a_warning(
     assert io.direct_attempts == 1
     assert "O_DIRECT writes refused" in caplog.text
     assert all(store.get(key_of(i)) == payload(i) for i in range(3))
+
+
+def test_put_of_an_empty_payload_fails_and_commits_nothing(open_disk: OpenDisk) -> None:
+    store = open_disk()
+    assert not store.put(key_of(1), b"")
+    assert not store.contains(key_of(1)) and store.stats().put_failures == 1
+    assert files_under(store.namespace_dir / "blocks") == []
+    assert store.used_bytes() == 0
+    assert store.put(key_of(1), payload(1)) and store.get(key_of(1)) == payload(1)
+
+
+def du_bytes(root: Path) -> int:
+    """``du -s``: allocated bytes of everything under ``root``, folders and ``root`` included."""
+    total = os.lstat(root).st_blocks * 512
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def test_the_cap_bounds_du_of_the_folder_its_folders_included(
+    open_disk: OpenDisk, root: Path
+) -> None:
+    # 256 keys, one per fan-out folder: 1 MiB of folders in a cap of 120 small records.
+    store = open_disk(records=120)
+    peak = 0
+    for i in range(256):
+        assert store.put(bytes([i]) + key_of(i)[1:], payload(i))
+        peak = max(peak, du_bytes(root))
+    assert peak <= store.capacity_bytes, (peak, store.capacity_bytes)
+    assert store.stats().evictions > 0
+    assert store.footprint_bytes() <= store.capacity_bytes
+    assert store.footprint_bytes() >= du_bytes(root) - 4096  # session lock files aside

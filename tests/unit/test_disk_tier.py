@@ -191,14 +191,23 @@ class FakeClock:
         return self.now
 
 
+class FailingReads(MemoryStore):
+    """A MemoryStore whose reads fail while ``failing`` (an I/O error that keeps the record)."""
+
+    failing = False
+
+    def get_into(self, key, out):
+        return False if self.failing else super().get_into(key, out)
+
+
 def test_a_failed_key_is_a_miss_until_its_negative_entry_expires(tmp_path, pool):
-    """MemoryStore as the tier's store and a fake clock: the negative cache expires."""
+    """A store that keeps the record and a fake clock: the negative cache expires."""
     init_none_hash(sha256)
     clock = FakeClock()
-    stores: list[MemoryStore] = []
+    stores: list[FailingReads] = []
 
     def memory_store(settings, namespace):
-        stores.append(MemoryStore(1 << 20))
+        stores.append(FailingReads(1 << 20))
         return stores[-1]
 
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
@@ -211,8 +220,9 @@ def test_a_failed_key_is_a_miss_until_its_negative_entry_expires(tmp_path, pool)
         pool[0] = 9
         assert run(tier, 1, [key(4)], [0], False).success
         (store,) = stores
-        store._records[key(4)] = b"short"  # a damaged record: wrong length, the load fails
+        store.failing = True
         assert not run(tier, 2, [key(4)], [3], True).success
+        store.failing = False
         assert tier.lookup(key(4), CTX) is LookupResult.MISS
         clock.now += 59.0
         assert tier.lookup(key(4), CTX) is LookupResult.MISS, "still inside its TTL"
@@ -315,11 +325,90 @@ def test_a_load_past_its_deadline_is_abandoned_and_never_writes_its_row(tmp_path
         (result,) = tier.get_finished_jobs()
         assert not result.success and not result.successful_keys
         assert tier.counters.loads_abandoned == 1
+        assert tier.counters.loads_stuck == 1, "the stuck read still holds its thread"
         assert tier.lookup(key(3), CTX) is LookupResult.MISS, "a slow tier is skipped"
         pool[5] = 11  # vLLM reuses the row for another block
         stalling.release.set()
+        deadline = time.monotonic() + 10
+        while tier.counters.loads_stuck and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tier.counters.loads_stuck == 0, "the read returned: its thread is free again"
         tier.shutdown()  # joins the I/O threads: the late read has returned
         assert (pool[5] == 11).all(), "the late read overwrote a reused row"
     finally:
         stalling.release.set()
         tier.shutdown()
+
+
+@pytest.mark.parametrize("row", [ROWS, ROWS + 3, -1])
+def test_a_store_from_a_row_outside_the_pool_fails_and_writes_nothing(tier, pool, row):
+    wait_open(tier)
+    assert not run(tier, 1, [key(4)], [row], False).success
+    assert tier.lookup(key(4), CTX) is LookupResult.MISS
+    store = tier._wait_store()
+    assert list(store.keys()) == [] and store.stats().puts == 0
+    pool[2] = 9
+    assert run(tier, 2, [key(4)], [2], False).success, "the key's next good store is kept"
+    assert run(tier, 3, [key(4)], [5], True).success
+    assert np.array_equal(pool[5], pool[2])
+
+
+def test_a_record_that_can_never_load_is_dropped_and_stored_again(tmp_path, pool):
+    """A record of another length than a row (written by whatever) leaves the store at its
+    failed load, so the key's next good store is kept, not skipped as already there."""
+    init_none_hash(sha256)
+    stores: list[MemoryStore] = []
+
+    def memory_store(settings, namespace):
+        stores.append(MemoryStore(1 << 20))
+        return stores[-1]
+
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), store_factory=memory_store
+    )
+    try:
+        wait_open(tier)
+        (store,) = stores
+        assert store.put(key(6), b"short")
+        assert not run(tier, 1, [key(6)], [3], True).success
+        assert not store.contains(key(6))
+        pool[0] = 7
+        assert run(tier, 2, [key(6)], [0], False).success
+        assert store.get(key(6)) == bytes(pool[0])
+    finally:
+        tier.shutdown()
+
+
+class StalledWrites(MemoryStore):
+    """A MemoryStore whose puts hang until released (a stalled disk)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.release = threading.Event()
+
+    def put(self, key, payload):
+        self.release.wait(60)
+        return super().put(key, payload)
+
+
+def test_shutdown_behind_a_stalled_disk_returns_within_its_drain_deadline(tmp_path, pool):
+    init_none_hash(sha256)
+    stalled = StalledWrites()
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), io_threads=2,
+        drain_deadline_s=0.5, store_factory=lambda settings, namespace: stalled,
+    )
+    try:
+        wait_open(tier)
+        keys = [key(i) for i in range(ROWS)]
+        tier.submit_store(TransferJob(1, keys, np.arange(ROWS, dtype=np.int32), False, CTX))
+        started = time.monotonic()
+        tier.shutdown()
+        took = time.monotonic() - started
+        assert 0.4 <= took < 3.0, f"shutdown took {took:.1f} s with a 0.5 s drain deadline"
+        assert tier.counters.stuck_at_shutdown == 2, "both I/O threads are stuck in a put"
+        assert tier.counters.dropped_at_shutdown == ROWS - 2, "queued stores are dropped"
+    finally:
+        stalled.release.set()

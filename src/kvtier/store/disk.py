@@ -35,10 +35,10 @@ so no caller retries it.
 
 Capacity: the cap is the root's (kvtier.store.root) and bounds everything kvtier keeps under
 the root at every instant, SIGKILL included: records (pending and ready, so temp files too),
-evicted records not unlinked yet (trash), the quarantine, and the index files (charged by
-``kvtier.store.root.index_charge``). Each file is charged its size rounded up to 4 KiB, so
-the bound holds for the sum of file sizes and for ``du``'s allocated blocks of the files;
-folders themselves are not charged (see docs/store.md). Keys being read by this process are
+evicted records not unlinked yet (trash), the quarantine, the index files (charged by
+``kvtier.store.root.index_charge``) and the folders (``kvtier.store.folders``). Each file
+and folder is charged its size rounded up to 4 KiB, so the bound holds for the sum of file
+sizes and for ``du -s`` of the root (see docs/store.md). Keys being read by this process are
 pinned: eviction skips them.
 """
 
@@ -70,6 +70,7 @@ from kvtier.settings import DISK_MIN_CAPACITY_BYTES
 from kvtier.store import check, layout, recovery
 from kvtier.store import root as root_settings
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
+from kvtier.store.folders import FolderCharge
 from kvtier.store.index import TXN_ROWS_MAX, Row, Trashed, charge
 from kvtier.store.io import RecordIO
 from kvtier.store.quarantine import Limits, quarantine
@@ -91,6 +92,10 @@ RESERVE_BACKOFF_S = 0.001
 RESERVE_BACKOFF_MAX_S = 0.05
 #: Default quarantine byte limit: this share of the cap.
 QUARANTINE_CAP_FRACTION = 0.25
+#: Longest a load waits on the index (a quarantine, a dropped row, access times): past it
+#: the bookkeeping is skipped (a quarantined file is then removed, its row dropped later) so
+#: a load never costs the index's 30 s busy timeout (kvtier.store.index.Index.bounded).
+LOAD_INDEX_WAIT_S = 0.5
 #: Errors that say nothing about the record itself: a miss, but no quarantine.
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN}
 
@@ -174,6 +179,7 @@ class DiskStore(BlockStore):
         self._quarantine_max_entries = quarantine_max_entries
         self._quarantine_max_bytes = quarantine_max_bytes
         self._session = Session(self.namespace_dir)
+        self._folders = FolderCharge(self.root)
         try:
             self._index = root_settings.open_index(
                 self.root, self._session.session_id, namespace.digest_hex(), busy_timeout_s
@@ -214,6 +220,10 @@ class DiskStore(BlockStore):
         record_bytes = HEADER_BYTES + view.nbytes
         if self._closed:
             return self._put_failed(key, "closed")
+        if not view.nbytes:
+            # No block is empty: an empty payload is a caller's slice gone wrong (a row past
+            # the end of its pool), and its record would shadow the key's good ones.
+            return self._put_failed(key, "empty payload")
         if charge(record_bytes) + self._index_charge() > self.capacity_bytes:
             return self._put_failed(key, "larger than the cap")
         if self._trash.has_retries():
@@ -250,6 +260,7 @@ class DiskStore(BlockStore):
         try:
             self._io.write_temp(temp, header, view)
             self._io.publish(temp, final)
+            self._folders.note_put(final.parent, temp.parent)
             committed = self._index.commit(record_id, key)
         except (OSError, sqlite3.Error) as exc:
             self._trash.discard_write(record_id, temp, final)
@@ -288,16 +299,19 @@ class DiskStore(BlockStore):
             # Evicted or replaced by another process (its row is already gone), or deleted
             # behind the store's back: drop the row too, so its bytes leave the cap and no
             # later refresh (which replays this record's commit) offers the key again.
-            self._drop_missing(key, entry.record_id)
+            with self._index.bounded(LOAD_INDEX_WAIT_S):
+                self._drop_missing(key, entry.record_id)
             return self._missed()
         except CorruptRecordError as exc:
-            self._quarantine(key, entry.record_id, exc.reason, str(exc))
+            with self._index.bounded(LOAD_INDEX_WAIT_S):
+                self._quarantine(key, entry.record_id, exc.reason, str(exc))
             return self._missed()
         except OSError as exc:
             if exc.errno in _TRANSIENT:
                 log.warning("disk tier: read of %s failed, will retry later: %s", relative, exc)
             else:
-                self._quarantine(key, entry.record_id, "io_error", str(exc))
+                with self._index.bounded(LOAD_INDEX_WAIT_S):
+                    self._quarantine(key, entry.record_id, "io_error", str(exc))
             return self._missed()
         finally:
             with self._lock:
@@ -310,7 +324,8 @@ class DiskStore(BlockStore):
             self._touches[key] = time.time_ns()
             flush = len(self._touches) >= TOUCH_BATCH
         if flush:
-            self._flush_touches()
+            with self._index.bounded(LOAD_INDEX_WAIT_S):
+                self._flush_touches()
         return True
 
     def contains(self, key: bytes) -> bool:
@@ -350,10 +365,14 @@ class DiskStore(BlockStore):
             return self.capacity_bytes
 
     def footprint_bytes(self) -> int:
-        """What the cap bounds, now: ``used_bytes`` plus what the index files and the
-        namespace.json files take (reservations charge those at a bound with room to grow,
-        ``kvtier.store.root.index_charge``)."""
-        return self.used_bytes() + root_settings.index_files_bytes(self.root, self._namespaces)
+        """What the cap bounds, now: ``used_bytes`` plus what the index files, the
+        namespace.json files and the folders take (reservations charge those at a bound with
+        room to grow, ``kvtier.store.root.index_charge``)."""
+        return (
+            self.used_bytes()
+            + root_settings.index_files_bytes(self.root, self._namespaces)
+            + self._folders.measure()
+        )
 
     def stats(self) -> StoreStats:
         with self._lock:
@@ -445,7 +464,7 @@ class DiskStore(BlockStore):
             self.low_watermark = ppm / 1_000_000
 
     def _index_charge(self) -> int:
-        return root_settings.index_charge(self.root, self._namespaces)
+        return root_settings.index_charge(self.root, self._namespaces, self._folders.charge())
 
     def _quarantine_limits(self) -> Limits:
         max_bytes = self._quarantine_max_bytes

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.store import layout
+from kvtier.store.folders import folders_bytes
 from kvtier.store.index import Index, Trashed, charge
 from kvtier.store.inspect import UnreadableRoot
 from kvtier.store.io import RecordIO
@@ -59,7 +60,7 @@ def collect(
     folders = namespace_folders(root)
     # Measured before this process opens the index (which creates its -shm and -wal), so
     # the target means what `kvtier du` showed.
-    overhead = index_files_bytes(root, len(folders))
+    overhead = index_files_bytes(root, len(folders)) + folders_bytes(root)
     session = _hold_session(root, namespace, folders)
     session_id = session.session_id if session is not None else f"gc{os.urandom(6).hex()}"
     try:

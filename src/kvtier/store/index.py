@@ -114,6 +114,7 @@ class Index:
         self._wal_path = f"{path}-wal"
         self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._conn = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
@@ -155,6 +156,43 @@ class Index:
                     raise
                 time.sleep(0.01)
 
+    @contextmanager
+    def bounded(self, wait_s: float) -> Iterator[None]:
+        """Within the block, this thread's index calls wait at most about ``wait_s`` for the
+        index (this process's other threads, another process's write lock, readers holding
+        the WAL past its bound) and then raise ``sqlite3.OperationalError``.
+
+        For the read path: a load must cost at most its deadline, and the busy timeout
+        (30 s by default) is as long as the load deadline's ceiling. A reader in another
+        process (``kvtier du``, a second engine) slowed by busy CPUs held a snapshot long
+        enough that the WAL passed its bound, and a corrupt record's quarantine then waited
+        for the whole busy timeout inside a load, with the index lock held.
+        """
+        self._local.wait_s = wait_s
+        try:
+            yield
+        finally:
+            self._local.wait_s = None
+
+    @contextmanager
+    def _locked(self) -> Iterator[float | None]:
+        """The connection's lock, waited for as ``bounded`` says (None: unbounded)."""
+        wait_s = getattr(self._local, "wait_s", None)
+        if wait_s is None:
+            with self._lock:
+                yield None
+            return
+        if not self._lock.acquire(timeout=wait_s):
+            raise sqlite3.OperationalError(f"index busy for {wait_s:.1f} s in this process")
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout={int(wait_s * 1000)}")
+            try:
+                yield wait_s
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+        finally:
+            self._lock.release()
+
     def _wal_bytes(self) -> int:
         try:
             return os.stat(self._wal_path).st_size
@@ -171,8 +209,8 @@ class Index:
         if the WAL stays past its limit, the write is refused (``sqlite3.OperationalError``)
         rather than let the WAL outgrow its charge.
         """
-        with self._lock:
-            deadline = time.monotonic() + self._busy_timeout_s
+        with self._locked() as wait_s:
+            deadline = time.monotonic() + (wait_s or self._busy_timeout_s)
             pause = 0.001
             while True:
                 self._conn.execute("BEGIN IMMEDIATE")
@@ -198,7 +236,7 @@ class Index:
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         """A consistent read snapshot under the lock."""
-        with self._lock:
+        with self._locked():
             self._conn.execute("BEGIN")
             try:
                 yield self._conn
@@ -231,7 +269,7 @@ class Index:
 
     def used_bytes(self) -> int:
         """Charge of records, trash and quarantine (the index files are not included)."""
-        with self._lock:
+        with self._locked():
             return self._conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
 
     def load_ready(self) -> tuple[list[tuple[bytes, int, int]], int]:
@@ -265,7 +303,7 @@ class Index:
 
     def is_ready(self, record_id: int) -> bool:
         """True if record ``record_id`` is still in the index and ready (one indexed query)."""
-        with self._lock:
+        with self._locked():
             return (
                 self._conn.execute(
                     "SELECT 1 FROM records WHERE id = ? AND state = 1", (record_id,)
@@ -275,14 +313,14 @@ class Index:
 
     def all_rows(self) -> list[Row]:
         """Every row of ``ns`` (of every namespace if ``ns`` is None)."""
-        with self._lock:
+        with self._locked():
             if self.ns is None:
                 return _rows(self._conn, "1")
             return _rows(self._conn, "ns = ?", (self.ns,))
 
     def trash(self) -> list[tuple[Trashed, str]]:
         """(entry, session) of every trash entry of the root."""
-        with self._lock:
+        with self._locked():
             return [
                 (Trashed(p, t), s)
                 for p, t, s in self._conn.execute("SELECT path, temp, session FROM trash")
@@ -290,7 +328,7 @@ class Index:
 
     def quarantined(self) -> list[tuple[str, int, int]]:
         """(path, charge, added ns) of every quarantine entry of the root, oldest first."""
-        with self._lock:
+        with self._locked():
             return list(
                 self._conn.execute(
                     "SELECT path, charge, added_ns FROM quarantine ORDER BY added_ns"
@@ -496,7 +534,7 @@ class Index:
 
     def writer_sessions(self) -> set[str]:
         """Sessions that own pending rows or trash entries (candidates for ``reclaim``)."""
-        with self._lock:
+        with self._locked():
             return {
                 s
                 for (s,) in self._conn.execute(

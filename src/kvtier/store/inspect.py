@@ -19,6 +19,7 @@ from kvtier.errors import ConfigError, KvtierError
 from kvtier.format.namespace import Namespace
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store import layout
+from kvtier.store.folders import folders_bytes
 from kvtier.store.index import ALLOC_UNIT, SCHEMA_VERSION, read_schema_version
 from kvtier.store.root import index_files_bytes, namespace_folders
 
@@ -156,7 +157,7 @@ def root_usage(root: Path) -> RootUsage:
         meta.get("capacity_bytes"),
         None if ppm is None else ppm / 1_000_000,
         used,
-        used + index_files_bytes(root, len(namespace_folders(root))),
+        used + index_files_bytes(root, len(namespace_folders(root))) + folders_bytes(root),
         trash,
         q_bytes,
         q_entries,

@@ -91,10 +91,11 @@ def _index_sizes(root: Path) -> dict[str, int]:
     return sizes
 
 
-def index_charge(root: Path, namespaces: int) -> int:
+def index_charge(root: Path, namespaces: int, folders_bytes: int = 0) -> int:
     """What the index files cost against the cap at a reservation, with room for their
     growth until the next one: the database and shared memory as allocated, the WAL at its
-    bound, one allocation unit per namespace.json; at least INDEX_ALLOWANCE_BYTES."""
+    bound, one allocation unit per namespace.json; plus ``folders_bytes`` (what the root's
+    folders take, ``kvtier.store.folders``); at least INDEX_ALLOWANCE_BYTES."""
     sizes = _index_sizes(root)
     # Every write transaction starts with the WAL within its limit (Index._write) and adds
     # at most WAL_TXN_BYTES; writers are serialized, so that is the WAL's bound.
@@ -105,6 +106,7 @@ def index_charge(root: Path, namespaces: int) -> int:
         + max(sizes["-wal"], wal_bound)
         + INDEX_GROWTH_MARGIN_BYTES
         + namespaces * ALLOC_UNIT
+        + folders_bytes
     )
     return max(measured, INDEX_ALLOWANCE_BYTES)
 

@@ -28,7 +28,7 @@ from vllm.v1.kv_offload.base import Medium
 from kvtier.format import Namespace
 from kvtier.log import setup_logging
 from kvtier.store import BlockStore
-from kvtier.vllm.store_tier import NEGATIVE_TTL_S, StoreTier
+from kvtier.vllm.store_tier import DRAIN_DEADLINE_S, NEGATIVE_TTL_S, StoreTier
 
 SettingsT = TypeVar("SettingsT")
 
@@ -83,6 +83,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
             locality=locality if locality is not None else self.default_locality,
             backpressure_detector=backpressure_detector,
             start=False,
+            drain_deadline_s=self.drain_deadline_s(self.settings),
         )
         (check if check is not None else self.check_start_up)(self.settings, self.block_size_bytes)
         self.start()
@@ -104,6 +105,11 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
     @staticmethod
     def check_start_up(settings: Any, row_bytes: int) -> None:
         """The default ``check``: none."""
+
+    @staticmethod
+    def drain_deadline_s(settings: Any) -> float:
+        """How long ``shutdown`` lets transfers go on (see ``kvtier.vllm.tier_jobs``)."""
+        return DRAIN_DEADLINE_S
 
     @staticmethod
     def io_threads(settings: Any) -> int:

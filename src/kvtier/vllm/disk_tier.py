@@ -77,6 +77,10 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
         """Bounded only with a shared tier behind (a slow server must not hold the pool)."""
         return None if settings.shared is None else settings.shared.max_queued_blocks
 
+    @staticmethod
+    def drain_deadline_s(settings: DiskTierSettings) -> float:
+        return settings.drain_deadline_s
+
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         capacity = store.capacity_bytes
         record = HEADER_BYTES + self.block_size_bytes

@@ -24,6 +24,7 @@ kvtier:tier_reconnects               counter  events  reconnects to the shared t
 kvtier:tier_used_bytes               gauge    bytes   bytes held under the cap (all engines)
 kvtier:tier_capacity_bytes           gauge    bytes   the cap (0: the server's business)
 kvtier:tier_loads_abandoned          counter  blocks  loads abandoned at their deadline
+kvtier:tier_loads_stuck              gauge    blocks  abandoned loads still holding an I/O thread
 kvtier:restore_decisions             counter  reqs    per-request verdicts (``verdict``)
 kvtier:tier_estimated_bandwidth      gauge    B/s     the policy's restore bandwidth estimate
 kvtier:tier_slow                     gauge    0/1     the tier overran a deadline, not recovered
@@ -60,6 +61,7 @@ RECONNECTS = "kvtier:tier_reconnects"
 USED_BYTES = "kvtier:tier_used_bytes"
 CAPACITY_BYTES = "kvtier:tier_capacity_bytes"
 ABANDONED = "kvtier:tier_loads_abandoned"
+STUCK = "kvtier:tier_loads_stuck"
 DECISIONS = "kvtier:restore_decisions"
 EST_BANDWIDTH = "kvtier:tier_estimated_bandwidth"
 SLOW = "kvtier:tier_slow"
@@ -99,6 +101,10 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         USED_BYTES: gauge("Bytes held under the kvtier tier's cap (every engine sharing it)."),
         CAPACITY_BYTES: gauge("Byte cap of the kvtier tier (0: capacity is the server's)."),
         ABANDONED: counter("Block loads abandoned at their deadline (then recomputed)."),
+        STUCK: gauge(
+            "Abandoned block loads still running in an I/O thread (a read stuck in the "
+            "kernel or on a lock); while every read thread is held so, lookups miss."
+        ),
         DECISIONS: counter(
             "Requests whose tier hit was restored or recomputed, by verdict (restore, "
             "recompute, unmeasured: restored before prefill was measured, off: decision off).",
@@ -151,10 +157,9 @@ def snapshot(
         counters[(RECONNECTS, store_label)] = getattr(store_stats, "reconnects", 0)
         for reason, count in Counter(store_stats.corrupt).items():
             counters[(QUARANTINED, (word, reason))] = count
-    return TierSnapshot(
-        counters=counters,
-        gauges={(name, label): value for name, value in gauges.items()},
-    )
+    gauge_values = {(name, label): value for name, value in gauges.items()}
+    gauge_values[(STUCK, label)] = float(tier_counters.loads_stuck)
+    return TierSnapshot(counters=counters, gauges=gauge_values)
 
 
 def delta_stats(before: TierSnapshot, now: TierSnapshot) -> OffloadingConnectorStats | None:

@@ -41,6 +41,7 @@ deadlines).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -63,7 +64,7 @@ from kvtier.vllm.decision import TierDecider, make_policy
 from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
 from kvtier.vllm.startup_line import report_to
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.vllm.tier_jobs import FinishedJob, JobTable
+from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable
 from kvtier.vllm.tier_opener import (
     HOUSEKEEPING_INTERVAL_S,
     OPEN_TIMEOUT_S,
@@ -77,6 +78,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ABSENT_TTL_S",
+    "DRAIN_DEADLINE_S",
     "HOUSEKEEPING_INTERVAL_S",
     "NEGATIVE_TTL_S",
     "OPEN_TIMEOUT_S",
@@ -111,9 +113,12 @@ class StoreTier(SecondaryTierManager):
         locality: str | None = None,
         backpressure_detector: Any = None,
         start: bool = True,
+        drain_deadline_s: float = DRAIN_DEADLINE_S,
     ) -> None:
         """``start=False`` leaves the opener thread to ``start()`` (after more checks).
-        ``load_deadline_s(nbytes)``, when given (tests), replaces the policy's deadlines."""
+        ``load_deadline_s(nbytes)``, when given (tests), replaces the policy's deadlines.
+        ``drain_deadline_s``: how long ``shutdown`` lets transfers go on."""
+        self._drain_deadline_s = drain_deadline_s
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
         self._spec = offloading_spec
@@ -137,6 +142,7 @@ class StoreTier(SecondaryTierManager):
             io_threads=io_threads,
             clock=clock,
             label=self.label,
+            stats=self._stats,
             max_queued_blocks=max_queued_blocks,
         )
         self._opener = TierOpener(
@@ -242,6 +248,8 @@ class StoreTier(SecondaryTierManager):
         health = self._health
         if health.is_slow():
             return LookupResult.MISS  # overran a deadline recently: recompute instead
+        if self._stats.snapshot().loads_stuck >= self._jobs.io_threads:
+            return LookupResult.MISS  # every read thread is held by an abandoned load
         if not store.contains(key):
             return self._ask_server(key)
         if health.recently_failed(key):
@@ -334,13 +342,16 @@ class StoreTier(SecondaryTierManager):
         self._opener.stop()
         if self._prober is not None:
             self._prober.stop()
-        self._jobs.shutdown()
+        stuck = self._jobs.shutdown(self._drain_deadline_s)
         store = self._opener.wait() if self._opener.done else None
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
-            store.close()
-        # Our view of the host pool pins its mmap: release it so the pool can be unmapped.
-        self._pool_bytes.release()
+            if not stuck:  # closing would wait on the index lock a stuck transfer may hold
+                store.close()
+        # Our view of the host pool pins its mmap: release it so the pool can be unmapped
+        # (a transfer left running still holds a row of it: then the exit unmaps it).
+        with contextlib.suppress(BufferError):
+            self._pool_bytes.release()
 
     # -- metrics -------------------------------------------------------------------------
     @classmethod
@@ -391,6 +402,10 @@ class StoreTier(SecondaryTierManager):
 
     # -- I/O threads ---------------------------------------------------------------------
     def _row(self, row: int) -> memoryview:
+        # A slice past the pool's end is short or empty, and a negative row counts from the
+        # end: either would store a record of the wrong length (or another row's bytes).
+        if not 0 <= row < self._pool_bytes.nbytes // self._row_bytes:
+            raise IndexError(f"host-pool row {row} outside the pool's rows")
         start = row * self._row_bytes
         return self._pool_bytes[start : start + self._row_bytes]
 
@@ -399,7 +414,9 @@ class StoreTier(SecondaryTierManager):
         if store is None:
             return False
         started = time.perf_counter()
-        stored = store.contains(key) or store.put(key, self._row(row))
+        row_view = self._row(row)
+        # A record of another length can never load into a row: replace it.
+        stored = store.payload_len(key) == self._row_bytes or store.put(key, row_view)
         self._stats.stored(time.perf_counter() - started, ok=stored)
         if stored:
             self._health.stored(key)  # a fresh good copy is authoritative
@@ -417,6 +434,8 @@ class StoreTier(SecondaryTierManager):
             return True
         if load.state is LoadState.ABANDONED:
             return False  # counted when it was abandoned
+        if store is not None and store.payload_len(key) not in (None, self._row_bytes):
+            store.delete(key)  # it can never load: drop it so lookups stop offering it
         self._stats.load_failed()
         self._health.load_failed([key])
         logger.warning(

@@ -10,7 +10,11 @@ milliseconds).
 
 Stores beyond ``max_queued_blocks`` waiting blocks are dropped (a slow tier never holds the
 host pool), and reported as failed. Draining waits for every task; it never cancels a copy
-under way.
+under way. Shutdown waits at most its drain deadline (``shutdown``).
+
+An abandoned load whose read is still running holds its I/O thread until the read returns;
+such loads are counted (``TierStats.stuck``) so the tier can stop offering hits while every
+read thread is held.
 
 Called from the scheduler thread (submit, finished, drain, shutdown); the tasks run on the
 pools. Knows nothing of vLLM: the tier turns ``FinishedJob`` into vLLM's ``JobResult``.
@@ -22,15 +26,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.dataplane.abandonable import AbandonableLoad
 from kvtier.store import set_background_io_priority
 from kvtier.threads import name_os_thread
+from kvtier.vllm.tier_stats import TierStats
 
 logger = logging.getLogger(__name__)
+
+#: How long ``shutdown`` lets queued and running transfers go on (well inside the 30 s
+#: grace period orchestrators give); what has not started by then is dropped and counted.
+DRAIN_DEADLINE_S = 10.0
 
 #: One block's task: (key, host-pool row) -> True when the block was transferred.
 StoreTask = Callable[[bytes, int], bool]
@@ -74,10 +83,14 @@ class JobTable:
         io_threads: int,
         clock: Callable[[], float],
         label: str,
+        stats: TierStats | None = None,
         max_queued_blocks: int | None = None,
     ) -> None:
+        """``stats``: where stuck loads and shutdown's drops are counted (the tier's)."""
         self._clock = clock
         self._label = label
+        self._stats = stats if stats is not None else TierStats()
+        self.io_threads = io_threads
         self._max_queued = max_queued_blocks
         self._read_pool = ThreadPoolExecutor(
             io_threads, f"{thread_prefix}-read", initializer=_start_io_thread
@@ -88,6 +101,21 @@ class JobTable:
         self._jobs: dict[int, Job] = {}
         self._queued_stores = 0
         self._queued_lock = threading.Lock()
+        # Every task on the I/O threads not finished yet: what shutdown waits for.
+        self._inflight: set[Future[Any]] = set()
+        self._inflight_lock = threading.Lock()
+
+    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Submit a task to an I/O pool, tracked until done (for ``shutdown``)."""
+        future = pool.submit(fn, *args)
+        with self._inflight_lock:
+            self._inflight.add(future)
+        future.add_done_callback(self._task_done)
+        return future
+
+    def _task_done(self, future: Future[Any]) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(future)
 
     def submit_stores(
         self, job_id: int, keys: Sequence[bytes], rows: Sequence[int], task: StoreTask
@@ -107,7 +135,7 @@ class JobTable:
             self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
             return False
         futures = [
-            self._write_pool.submit(self._counted_store, task, k, r)
+            self._submit(self._write_pool, self._counted_store, task, k, r)
             for k, r in zip(keys, rows, strict=True)
         ]
         self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
@@ -135,7 +163,7 @@ class JobTable:
         keys = list(keys)
         loads = [AbandonableLoad() for _ in keys]
         futures = [
-            self._read_pool.submit(task, k, r, load)
+            self._submit(self._read_pool, task, k, r, load)
             for k, r, load in zip(keys, rows, loads, strict=True)
         ]
         self._jobs[job_id] = Job(
@@ -145,7 +173,7 @@ class JobTable:
     def submit_read(self, task: Callable[[], object]) -> bool:
         """Run ``task`` on a read thread (off any request's path); False once shut down."""
         try:
-            self._read_pool.submit(task)
+            self._submit(self._read_pool, task)
         except RuntimeError:  # shut down between the caller's check and the submit
             return False
         return True
@@ -175,6 +203,10 @@ class JobTable:
         ]
         if not all(load.abandon() for _, load in pending):
             return None  # a copy is under way; it ends within the next steps
+        for future in job.futures:
+            if future.running():  # its thread is held until the read returns: count it
+                self._stats.stuck(1)
+                future.add_done_callback(lambda _: self._stats.stuck(-1))
         return [key for key, _ in pending]
 
     def has_pending_work(self) -> bool:
@@ -186,11 +218,36 @@ class JobTable:
             for future in job.futures:
                 future.exception()
 
-    def shutdown(self) -> None:
-        """Drain, then stop the pools (joins their threads: no task runs afterwards)."""
-        self.drain()
-        self._read_pool.shutdown(wait=True)
-        self._write_pool.shutdown(wait=True)
+    def shutdown(self, drain_deadline_s: float = DRAIN_DEADLINE_S) -> int:
+        """Let tasks go on for at most ``drain_deadline_s``, then drop what has not started
+        and abandon pending loads, so shutdown never waits on a slow or stalled disk for
+        longer than that. Returns the tasks still running (a thread stuck in the kernel cannot
+        be stopped); dropped and stuck tasks are counted in the stats.
+
+        Rejected: carrying out every queued store (what ``drain`` does), whose time grows with
+        the queue and the disk's speed, past any orchestrator's grace period.
+        """
+        with self._inflight_lock:
+            futures = list(self._inflight)  # jobs', abandoned loads' and timed reads' tasks
+        wait(futures, timeout=drain_deadline_s)
+        dropped = sum(f.cancel() for f in futures)
+        for job in self._jobs.values():
+            for load in job.loads or ():
+                load.abandon()  # a late read must not write a row vLLM is freeing
+        self._read_pool.shutdown(wait=False, cancel_futures=True)
+        self._write_pool.shutdown(wait=False, cancel_futures=True)
+        stuck = sum(not f.done() for f in futures)
+        self._stats.shut_down(dropped=dropped, stuck=stuck)
+        if dropped or stuck:
+            logger.warning(
+                "kvtier %s: shutdown drained for %.0f s; %d queued transfer(s) dropped, "
+                "%d still running left behind",
+                self._label,
+                drain_deadline_s,
+                dropped,
+                stuck,
+            )
+        return stuck
 
 
 def _start_io_thread() -> None:

@@ -27,12 +27,18 @@ class TierCounters:
     load_failures: int = 0
     #: Blocks whose load was abandoned at its deadline.
     loads_abandoned: int = 0
+    #: Abandoned loads still running in an I/O thread now (a gauge, not a counter).
+    loads_stuck: int = 0
     #: Blocks loaded into the host pool.
     loads: int = 0
     #: Blocks stored (or found already stored).
     stores: int = 0
     #: Times the store could not be opened.
     open_failures: int = 0
+    #: Blocks whose transfer shutdown dropped (not started by its drain deadline).
+    dropped_at_shutdown: int = 0
+    #: Transfers still running in an I/O thread when shutdown's drain deadline passed.
+    stuck_at_shutdown: int = 0
     #: Seconds spent in store I/O by the tier's threads: successful loads, every store.
     read_seconds: float = 0.0
     write_seconds: float = 0.0
@@ -74,6 +80,13 @@ class TierStats:
 
     def open_failed(self) -> None:
         self._add(open_failures=1)
+
+    def stuck(self, loads: int) -> None:
+        """``loads`` more (or, negative, fewer) abandoned loads hold an I/O thread now."""
+        self._add(loads_stuck=loads)
+
+    def shut_down(self, *, dropped: int, stuck: int) -> None:
+        self._add(dropped_at_shutdown=dropped, stuck_at_shutdown=stuck)
 
     def snapshot(self) -> TierCounters:
         """The totals now (an immutable value: later bumps do not change it)."""
