@@ -164,9 +164,9 @@ TierBase: type = SecondaryTierManager if API == "0.32" else tier_base_for(Second
 
 
 # -- jobs ---------------------------------------------------------------------------------------
-def job_rows(job: Any) -> Sequence[int]:
+def job_rows(job: Any, api: str = API) -> Sequence[int]:
     """Host-pool rows of a tier job (0.32: ``chunk_ids``; 0.25.1: ``block_ids``)."""
-    return job.chunk_ids if API == "0.32" else job.block_ids
+    return job.chunk_ids if api == "0.32" else job.block_ids
 
 
 def job_result(
@@ -324,10 +324,10 @@ def view_from_0_25(spec: Any) -> OffloadingView:
 
 # -- vLLM's host-pool region ----------------------------------------------------------------------
 def region_kwargs(
-    engine_id: str, rows: int, rank: int | None, row_bytes: int, page_size: int
+    engine_id: str, rows: int, rank: int | None, row_bytes: int, page_size: int, api: str = API
 ) -> dict[str, Any]:
     """``SharedOffloadRegion``'s keyword arguments on this release."""
-    if API == "0.32":
+    if api == "0.32":
         return {
             "engine_id": engine_id,
             "num_chunks": rows,
