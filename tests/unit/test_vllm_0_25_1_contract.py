@@ -281,7 +281,10 @@ def test_lookup_results_keys_and_metrics_types_unchanged():
     ):
         assert name in names, name
     assert "OffloadKey" in source(KV + "base.py")
-    assert "OffloadingConnectorStats" in top(SCHED + "metrics.py", ast.ClassDef)
+    stats = cls(SCHED + "metrics.py", "OffloadingConnectorStats")
+    increase = methods(stats)["increase_counter"]
+    assert params(increase)[:4] == ["self", "counter_name", "counter_increase_value", "labelvalues"]
+    assert params(methods(stats)["set_gauge"])[:3] == ["self", "gauge_name", "gauge_value"]
 
 
 def test_none_hash_is_random_for_every_algorithm_without_pythonhashseed():
