@@ -291,6 +291,8 @@ def test_none_hash_is_random_for_every_algorithm_without_pythonhashseed():
     fn = top("vllm/v1/core/kv_cache_utils.py", ast.FunctionDef)["init_none_hash"]
     text = segment("vllm/v1/core/kv_cache_utils.py", fn)
     assert "if hash_seed is None:\n        NONE_HASH = BlockHash(os.urandom(32))" in text
+    # unset until the engine seeds it (kvtier.vllm.namespace waits for it, BlockHashNotReady)
+    assert "\nNONE_HASH: BlockHash\n" in source("vllm/v1/core/kv_cache_utils.py")
     # so compat gives 0.25.1 no stable algorithm, and the default algorithm is one of them
     assert 'prefix_caching_hash_algo: PrefixCachingHashAlgo = "sha256"' in source(
         "vllm/config/cache.py"
