@@ -38,7 +38,6 @@ from kvtier.vllm.guards import check_hash_stability, persistent_tiers
 from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)
-setup_logging()
 
 compat.register_tiers()
 
@@ -47,6 +46,7 @@ class KvtierCudaSpec(TieringOffloadingSpec):
     """vLLM's tiering spec, its host pool untouched, checked for kvtier's persistent tiers."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
         # 0.32: (config); 0.25.1: (vllm_config, kv_cache_config). Passed through unchanged.
         super().__init__(*args, **kwargs)
         tiers = self.secondary_tier_configs
