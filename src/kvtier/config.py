@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import Field, field_validator, model_validator
 
 from kvtier.settings import (
+    CUDA_SPEC_MODULE,
+    CUDA_SPEC_NAME,
     DISK_TIER_MODULE,
     DISK_TIER_TYPE,
     SPEC_MODULE,
@@ -97,10 +99,11 @@ def kv_transfer_config(
         (one of ``PASSTHROUGH_KEYS``).
 
     platform: ``"cpu"`` (default): kvtier's CPU spec runs the host pool (vLLM's CPU build).
-        ``"cuda"``: vLLM's own ``TieringOffloadingSpec`` runs the host pool on a CUDA build and
-        kvtier contributes its disk and shared tiers (each tier then keeps its own
-        restore-or-recompute policy, always on). Untested end to end here: this project's
-        machines have no GPU for vLLM (docs/gpu-evidence.md says what was measured on one).
+        ``"cuda"``: vLLM's own ``TieringOffloadingSpec`` runs the host pool on a CUDA build
+        (vLLM 0.25.1) and kvtier contributes its disk and shared tiers and the
+        restore-or-recompute decision, always on (``kvtier.vllm.cuda_spec``). Start every
+        engine with the same ``PYTHONHASHSEED`` (e.g. 0): on 0.25.1 block hashes are random
+        per process without it, and the engine refuses to start with a persistent tier.
 
     Every value is validated here by ``kvtier.settings`` (the same code the engine runs on the
     dict) and the rules across components by ``TransferOptions``; a bad one raises
@@ -209,7 +212,11 @@ class TransferOptions(SettingsModel):
             }
         )
         if self.platform == "cuda":
-            spec = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": pool.host_pool_bytes}
+            spec = {
+                "spec_name": CUDA_SPEC_NAME,
+                "spec_module_path": CUDA_SPEC_MODULE,
+                "cpu_bytes_to_use": pool.host_pool_bytes,
+            }
         else:
             spec = {
                 "spec_name": SPEC_NAME,

@@ -50,6 +50,9 @@ from kvtier.units import format_size, parse_size
 
 SPEC_NAME = "KvtierCpuSpec"
 SPEC_MODULE = "kvtier.vllm.spec"
+#: The spec of ``platform="cuda"``: vLLM's own host pool, kvtier's tiers registered by name.
+CUDA_SPEC_NAME = "KvtierCudaSpec"
+CUDA_SPEC_MODULE = "kvtier.vllm.cuda_spec"
 #: The key of kvtier's own options inside ``kv_connector_extra_config``.
 SPEC_OPTIONS_KEY = "kvtier"
 DISK_TIER_TYPE = "KvtierDiskTier"

@@ -121,20 +121,23 @@ def test_bad_shared_options_say_what_to_do(kwargs, match):
 
 
 def test_cuda_platform_uses_vllms_own_spec_with_kvtiers_tiers(tmp_path):
-    """vLLM's CUDA build: its TieringOffloadingSpec runs the host pool, kvtier adds tiers."""
+    """vLLM's CUDA build: its TieringOffloadingSpec (under kvtier's CUDA spec, which registers
+    kvtier's tiers by name) runs the host pool, kvtier adds tiers."""
     cfg = kvtier.kv_transfer_config(
         host_pool="8GiB", disk_dir=tmp_path, shared="redis://127.0.0.1:6390", platform="cuda"
     )
     extra = cfg["kv_connector_extra_config"]
-    assert extra["spec_name"] == "TieringOffloadingSpec"
-    assert "spec_module_path" not in extra and "kvtier" not in extra
+    assert extra["spec_name"] == "KvtierCudaSpec"
+    assert extra["spec_module_path"] == "kvtier.vllm.cuda_spec" and "kvtier" not in extra
     assert extra["cpu_bytes_to_use"] == 8 * 2**30
     (tier,) = extra["secondary_tiers"]
     assert tier["type"] == "KvtierDiskTier" and tier["module_path"] == "kvtier.vllm.disk_tier"
     assert tier["shared"]["url"] == "redis://127.0.0.1:6390"
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-    assert "TieringOffloadingSpec" in OffloadingSpecFactory._registry
+    spec_cls = OffloadingSpecFactory.get_spec_cls(extra)
+    assert issubclass(spec_cls, TieringOffloadingSpec)
     json.dumps(cfg)
 
 

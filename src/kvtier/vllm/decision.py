@@ -43,6 +43,15 @@ request's last lookup to a store job, and the tokens stored by then, measure its
 ``MIN_EVIDENCE_KEYS`` keys are skipped (decode-time blocks). With
 several requests per step the time is shared and the fit leans towards slower prefill, i.e.
 towards restoring; deadlines still bound a slow tier.
+
+Where vLLM records no key positions and keeps no per-request state (0.25.1, CUDA;
+``kvtier.vllm.compat``), the plan lives on the request context as an attribute, a request's
+stored blocks are counted from its start (they reach the tier in order) and a hit is weighed as
+if it began the prompt (``M`` = 0). Both err the same small way for a request that had a
+prefix hit: its prefill evidence reads a little slow (towards restoring) and its recompute
+estimate a little cheap (towards recomputing), so the two partly cancel; steps 1 and 2 need
+positions and are skipped there, so every decided hit costs the one step of case 3.
+``PREFILL_EVIDENCE`` says which applies, in the engine's start-up line.
 """
 
 from __future__ import annotations
@@ -55,8 +64,23 @@ from dataclasses import dataclass, field
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 
 from kvtier.policy import RestorePolicy
+from kvtier.vllm.compat import (
+    HAS_KEY_POSITIONS,
+    get_request_state,
+    key_position,
+    key_positions,
+    set_request_state,
+)
 
 logger = logging.getLogger(__name__)
+
+#: How the decision learns the engine's prefill cost on the installed vLLM (start-up line).
+PREFILL_EVIDENCE = (
+    "prefill timed from the engine's store jobs at vLLM's key positions"
+    if HAS_KEY_POSITIONS
+    else "prefill timed from the engine's store jobs; no key positions in this vLLM: "
+    "blocks counted from each request's start, hits weighed as at the prompt's start"
+)
 
 #: The ``kv_transfer_params`` key by which a request opts out of the decision (``false``).
 REQUEST_DECISION_KEY = "kvtier_restore_decision"
@@ -104,8 +128,13 @@ class TierDecider:
         row_bytes: int,
         clock: Callable[[], float],
         observes_prefill: bool,
+        native_context: bool = HAS_KEY_POSITIONS,
     ) -> None:
+        """``native_context``: vLLM's request context keeps kvtier's state and every key's
+        position (0.32); else kvtier keeps the state on the context and counts positions
+        itself (0.25.1, see ``PREFILL_EVIDENCE``)."""
         self.policy = policy
+        self._native = native_context
         self.tier = tier
         self.tokens_per_key = max(tokens_per_key, 1)
         self.row_bytes = row_bytes
@@ -117,10 +146,10 @@ class TierDecider:
         self._warned_bad_param = False
 
     def _plan(self, ctx: ReqContext) -> _Plan:
-        slot = ctx.get_state(_PlanSlot)
+        slot = get_request_state(ctx, _PlanSlot, self._native)
         if slot is None:
             slot = _PlanSlot()
-            ctx.set_state(slot)
+            set_request_state(ctx, slot, self._native)
         return slot.by_tier.setdefault(self.tier, _Plan())
 
     def on_lookup(self, ctx: ReqContext) -> None:
@@ -149,7 +178,7 @@ class TierDecider:
         if self.policy.prefill.evidence < MIN_PREFILL_EVIDENCE:
             self._settle(plan, True, "unmeasured")
             return LookupResult.HIT
-        position = ctx.get_offload_key_position(key)
+        position = key_position(ctx, key, self._native)
         if not plan.keys:
             run = None if holds is None else self._held_run(key, ctx, holds)
             if run is not None:
@@ -203,8 +232,8 @@ class TierDecider:
         pins it). A gap in the positions (a group with other spacing) ends the run as not
         ended: the rest is unknown, so the caller does not refuse on it.
         """
-        positions = getattr(ctx, "_offload_key_positions", None)
-        if not isinstance(positions, dict):
+        positions = key_positions(ctx, self._native)
+        if positions is None:
             return None
         start = positions.get(key)
         if start is None:
@@ -285,11 +314,17 @@ class TierDecider:
         """
         if not self._observes_prefill or not keys:
             return
-        positions = [p for k in keys if (p := ctx.get_offload_key_position(k)) is not None]
-        if not positions:
-            return
         now = self._clock()
         plan = self._plan(ctx)
+        if self._native:
+            positions = [p for k in keys if (p := key_position(ctx, k, True)) is not None]
+        else:
+            # No positions recorded: count the request's stored blocks from its start (they
+            # arrive in order), so its cached prefix is taken as 0 (see PREFILL_EVIDENCE).
+            first = plan.stored_end or 0
+            positions = [first + (i + 1) * self.tokens_per_key for i in range(len(keys))]
+        if not positions:
+            return
         end = max(positions)
         if plan.prefill_from is None:
             start = min(positions) - self.tokens_per_key

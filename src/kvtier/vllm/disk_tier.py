@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
-from kvtier.settings import DiskTierSettings
+from kvtier.settings import DiskTierSettings, tier_options
 from kvtier.store import BlockStore, DiskStore, check_root
 from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
@@ -64,7 +64,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
 
     @classmethod
     def parse_settings(cls, options: Mapping[str, Any]) -> DiskTierSettings:
-        return DiskTierSettings.parse(options)
+        return DiskTierSettings.parse(tier_options(options))
 
     open_store = staticmethod(open_disk_store)
     check_start_up = staticmethod(check_shared_server)

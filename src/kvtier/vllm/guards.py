@@ -66,17 +66,30 @@ def persistent_tiers(secondary_tiers: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def check_hash_stability(
-    hash_algo: str, pythonhashseed: str | None, tier_types: Sequence[str]
+    hash_algo: str,
+    pythonhashseed: str | None,
+    tier_types: Sequence[str],
+    stable_algos: frozenset[str] = STABLE_HASH_ALGOS,
 ) -> None:
     """Refuse a persistent tier under block hashes that change with every process.
 
     vLLM seeds its block-hash chain (``NONE_HASH``) from ``PYTHONHASHSEED`` when set; otherwise
-    from a fixed seed for sha256/sha256_cbor, and from ``os.urandom`` for xxhash/xxhash_cbor.
-    With a random seed every restart computes other keys: the disk tier would fill with blocks
-    no later process can find.
+    (0.32) from a fixed seed for sha256/sha256_cbor, and from ``os.urandom`` for
+    xxhash/xxhash_cbor, or (0.25.1: ``stable_algos`` empty, ``kvtier.vllm.compat``) from
+    ``os.urandom`` for every algorithm. With a random seed every restart, and every engine
+    process, computes other keys: the disk tier would fill with blocks no later process can
+    find, silently.
     """
-    if not tier_types or hash_algo in STABLE_HASH_ALGOS or pythonhashseed is not None:
+    if not tier_types or hash_algo in stable_algos or pythonhashseed is not None:
         return
+    if not stable_algos:
+        raise ConfigError(
+            f"kvtier: PYTHONHASHSEED is not set, and this vLLM then seeds block hashes "
+            f"randomly in every process (any prefix_caching_hash_algo), so the persistent "
+            f"tier(s) {tier_types} could never serve a block after a restart. Set "
+            "PYTHONHASHSEED to the same value for every engine before starting it "
+            "(e.g. PYTHONHASHSEED=0)"
+        )
     raise ConfigError(
         f"kvtier: prefix_caching_hash_algo={hash_algo!r} seeds block hashes randomly in every "
         f"process (PYTHONHASHSEED is not set), so the persistent tier(s) {tier_types} could "

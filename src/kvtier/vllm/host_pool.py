@@ -37,6 +37,7 @@ from vllm.v1.kv_offload.tiering.manager import (
 from kvtier.errors import ConfigError
 from kvtier.memory import check_shm_space, clamp_host_pool, read_memory
 from kvtier.settings import HostPoolSettings
+from kvtier.vllm.compat import region_kwargs
 from kvtier.vllm.file_region import FileOffloadRegion, clean_stale_pool_files, pool_path
 from kvtier.vllm.regions import clean_stale_regions, region_path
 
@@ -114,13 +115,7 @@ def open_worker_region(
             kv_bytes_per_chunk=row_bytes,
             cpu_page_size=page_size,
         )
-    return SharedOffloadRegion(
-        engine_id=engine_id,
-        num_chunks=num_chunks,
-        rank=rank,
-        kv_bytes_per_chunk=row_bytes,
-        cpu_page_size=page_size,
-    )
+    return SharedOffloadRegion(**region_kwargs(engine_id, num_chunks, rank, row_bytes, page_size))
 
 
 def pool_file(settings: HostPoolSettings, engine_id: str) -> Path:

@@ -1,6 +1,7 @@
 """The disk tier's namespace for one engine: what must match for stored KV to be reused.
 
-Built from vLLM's ``OffloadingConfig`` (model, KV dtype, groups and their layers, tokens per
+Built from vLLM's ``OffloadingConfig`` or its shape on releases without one
+(``kvtier.vllm.compat.offloading_view``: model, KV dtype, groups and their layers, tokens per
 block and per hash, bytes per chunk row, parallel layout), the model folder (KV heads, head size,
 a weights fingerprint) and the block-hash seed (``NONE_HASH``, which folds in the prefix-caching
 hash algorithm and its seed). A change in any of them gives another namespace, stored in another
@@ -11,8 +12,6 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
-
-from vllm.v1.kv_offload.config import OffloadingConfig
 
 from kvtier.format import Namespace
 
@@ -78,7 +77,8 @@ def block_hash_identity() -> str:
     return hashlib.sha256(bytes(none_hash)).hexdigest()[:32]
 
 
-def build_namespace(config: OffloadingConfig, row_bytes: int) -> Namespace:
+def build_namespace(config: Any, row_bytes: int) -> Namespace:
+    """``config``: 0.32's ``OffloadingConfig`` or its shape (``compat.offloading_view``)."""
     layers, kv_heads, head_size = _model_shape(config.model.name)
     parallel = config.parallel
     groups = [{"tokens": g.tokens_per_block, "layers": list(g.layer_names)} for g in config.groups]

@@ -25,7 +25,7 @@ from typing import Any
 
 from kvtier.env import read_env
 from kvtier.format import Namespace
-from kvtier.settings import SharedTierSettings
+from kvtier.settings import SharedTierSettings, tier_options
 from kvtier.store import BlockStore
 from kvtier.vllm.configured_tier import ConfiguredTier
 
@@ -64,7 +64,7 @@ class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
 
     @classmethod
     def parse_settings(cls, options: Mapping[str, Any]) -> SharedTierSettings:
-        return SharedTierSettings.parse(options)
+        return SharedTierSettings.parse(tier_options(options))
 
     open_store = staticmethod(open_shared_store)
     check_start_up = staticmethod(check_server)

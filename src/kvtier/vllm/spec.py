@@ -28,6 +28,7 @@ from kvtier.sizing import RowGeometry, check_tiers, enforce
 from kvtier.store import check_root, effective_capacity
 from kvtier.units import format_size
 from kvtier.vllm import host_pool
+from kvtier.vllm.compat import require_cpu_spec
 from kvtier.vllm.cpu_worker import CpuOffloadingWorker
 from kvtier.vllm.decision import make_policy
 from kvtier.vllm.guards import (
@@ -55,6 +56,7 @@ class KvtierCpuSpec(TieringOffloadingSpec):
 
     def __init__(self, config) -> None:  # type: ignore[no-untyped-def]  # vLLM's OffloadingConfig
         setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
+        require_cpu_spec()
         extra = config.extra_config
         self.settings = HostPoolSettings.from_extra_config(extra)
         check_connector_options(extra)

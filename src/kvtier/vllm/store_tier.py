@@ -48,18 +48,25 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
-    Locality,
     LookupResult,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
 )
-from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadState
 from kvtier.format import Namespace
 from kvtier.store import BlockStore
 from kvtier.vllm import metrics
+from kvtier.vllm.compat import (
+    JobResult,
+    Locality,
+    TierBase,
+    TransferJob,
+    job_result,
+    job_rows,
+    offloading_view,
+)
 from kvtier.vllm.decision import TierDecider, make_policy
 from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
 from kvtier.vllm.startup_line import report_to
@@ -89,7 +96,7 @@ __all__ = [
 ]
 
 
-class StoreTier(SecondaryTierManager):
+class StoreTier(TierBase):  # type: ignore[misc,valid-type]
     """Secondary tier over a ``BlockStore`` opened once vLLM's block hashes are seeded."""
 
     #: Log label, e.g. "disk tier".
@@ -124,7 +131,7 @@ class StoreTier(SecondaryTierManager):
         self._spec = offloading_spec
         self._clock = clock
         self._row_bytes = self.block_size_bytes
-        config = offloading_spec.config
+        config = offloading_view(offloading_spec)
         #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
         self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * int(
             getattr(config.cache, "blocks_per_chunk", 1) or 1
@@ -274,7 +281,7 @@ class StoreTier(SecondaryTierManager):
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
         self.decider.on_store(keys, job_metadata.req_context)
-        rows = [int(c) for c in job_metadata.chunk_ids]
+        rows = [int(c) for c in job_rows(job_metadata)]
         if not self._jobs.submit_stores(job_metadata.job_id, keys, rows, self._store_one):
             # The tier cannot keep up: the store was dropped (a later one may succeed).
             self._stats.dropped(len(keys))
@@ -282,7 +289,7 @@ class StoreTier(SecondaryTierManager):
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Queue one abandonable read per block, with a deadline for the whole job."""
         keys = list(job_metadata.keys)
-        rows = [int(c) for c in job_metadata.chunk_ids]
+        rows = [int(c) for c in job_rows(job_metadata)]
         nbytes = len(keys) * self._row_bytes
         ticket = self.decider.policy.begin_load(self.metric_tier, nbytes)
         self._jobs.submit_loads(
@@ -307,7 +314,7 @@ class StoreTier(SecondaryTierManager):
             ok_keys = [k for k, ok in zip(job.keys, done.outcomes, strict=True) if ok]
             success = len(ok_keys) == len(job.keys)
             results.append(
-                JobResult(
+                job_result(
                     job_id=job.job_id,
                     success=success,
                     successful_keys=None if success or not job.is_load else tuple(ok_keys),

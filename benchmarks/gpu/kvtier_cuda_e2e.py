@@ -1,0 +1,230 @@
+"""kvtier on vLLM 0.25.1 (CUDA) end to end on one GPU: store, evict, restore from vLLM's host
+pool and from kvtier's disk tier in a fresh process, outputs checked against the prefix-hit
+oracle.
+
+Runs on a GPU host where the offline bundle (``build-bundle.sh``) is unpacked into ``site/``::
+
+    PYTHONPATH=$PWD/site python3 kvtier_cuda_e2e.py            # phases a, b, c, each a process
+
+Llama-3-8B shape (32 layers, 8 KV heads x 128, bf16) with dummy weights (only ``config.json``
+is needed), FlashAttention 3, eager, as vLLM's own baseline was measured on that machine. TTFT
+is the wall time of a ``max_tokens=1`` request; the oracle is the 8 greedy tokens of the same
+prompt resumed from the engine's own prefix cache.
+
+* a: cold prefill, engine prefix hit (the oracle), host-pool restore after
+  ``reset_prefix_cache``; then waits until kvtier's disk tier holds the prompts' blocks.
+* b: a fresh process: each prompt restored from the disk tier with the restore decision
+  opted out per request (``kvtier_restore_decision: false``), so the disk really is read;
+  the output must equal the oracle and the engine must report cached tokens.
+* c: a fresh process with the decision on: what it chose (restore or recompute) and its TTFT.
+
+Exit status 1 when an output differs from the oracle or a restore read nothing. Environment:
+``KVTIER_E2E_WORK`` (scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS``
+(default 2048,8192,32768), ``KVTIER_E2E_DROP=1`` drops the page cache before b and c (root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORK = Path(os.environ.get("KVTIER_E2E_WORK", "/var/tmp/kvtier-e2e"))
+LENGTHS = [int(x) for x in os.environ.get("KVTIER_E2E_LENGTHS", "2048,8192,32768").split(",")]
+#: vLLM 0.25.1 on that host (docs: the CUDA research notes). PYTHONHASHSEED: kvtier refuses a
+#: persistent tier without it there (block hashes would differ in every process).
+ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_USE_DEEP_GEMM": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
+    "PYTHONHASHSEED": "0",
+}
+SHAPE = {  # Llama-3-8B
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+OFF = {"kvtier_restore_decision": False}
+
+
+def model_dir() -> str:
+    folder = WORK / "llama-3-8b-shape"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(SHAPE))
+    return str(folder)
+
+
+def engine():  # type: ignore[no-untyped-def]
+    from vllm import LLM
+
+    import kvtier
+
+    config = kvtier.kv_transfer_config(
+        host_pool="16GiB", disk_dir=WORK / "disk", disk_capacity="64GiB", platform="cuda"
+    )
+    return LLM(
+        model=model_dir(),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        dtype="bfloat16",
+        max_model_len=max(LENGTHS) + 64,
+        gpu_memory_utilization=0.6,
+        seed=0,
+        attention_backend="FLASH_ATTN",
+        max_num_batched_tokens=8192,
+        kv_transfer_config=config,
+    )
+
+
+def prompts() -> dict[int, list[int]]:
+    rng = random.Random(7)
+    return {n: [rng.randrange(1000, 120000) for _ in range(n)] for n in LENGTHS}
+
+
+def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, list[int]]:  # type: ignore[no-untyped-def]
+    """(TTFT s, cached tokens, 8 greedy tokens) of one prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    extra = None if params is None else {"kv_transfer_params": params}
+
+    def sampling(n: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False, extra_args=extra
+        )
+
+    prompt = [TokensPrompt(prompt_token_ids=ids)]
+    started = time.perf_counter()
+    first = llm.generate(prompt, sampling(1), use_tqdm=False)[0]
+    ttft = time.perf_counter() - started
+    tokens = llm.generate(prompt, sampling(8), use_tqdm=False)[0]
+    return ttft, int(first.num_cached_tokens or 0), list(tokens.outputs[0].token_ids)
+
+
+def disk_bytes() -> int:
+    return sum(p.stat().st_size for p in (WORK / "disk").rglob("*") if p.is_file())
+
+
+def wait_for_disk(timeout_s: float = 120.0) -> int:
+    """Until the disk tier's files stop growing (stores cascade from the host pool)."""
+    last, stable, deadline = -1, 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and stable < 3:
+        time.sleep(2)
+        now = disk_bytes()
+        stable = stable + 1 if now == last else 0
+        last = now
+    return last
+
+
+def phase_a() -> bool:
+    llm = engine()
+    run(llm, [5] * 512)
+    results, ok = {}, True
+    for n, ids in prompts().items():
+        cold = run(llm, ids)
+        hit = run(llm, ids)  # the engine's own prefix hit: the oracle
+        llm.reset_prefix_cache()
+        time.sleep(1)
+        pool = run(llm, ids, OFF)
+        equal = pool[2] == hit[2]
+        ok &= equal and pool[1] > 0
+        results[n] = {"cold": cold[0], "hit": hit[0], "host_pool": pool[0], "oracle": hit[2]}
+        print(
+            f"a {n}: cold {cold[0]:.3f}s  prefix hit {hit[0]:.3f}s  host-pool restore "
+            f"{pool[0]:.3f}s [{pool[1]} cached] equal={equal}",
+            flush=True,
+        )
+    held = wait_for_disk()
+    print(f"a: disk tier holds {held / 2**30:.2f} GiB", flush=True)
+    (WORK / "a.json").write_text(json.dumps(results))
+    return ok and held > 0
+
+
+def drop_page_cache() -> None:
+    if os.environ.get("KVTIER_E2E_DROP") == "1":
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        print("page cache dropped", flush=True)
+
+
+def phase_b() -> bool:
+    before = json.loads((WORK / "a.json").read_text())
+    drop_page_cache()
+    llm = engine()
+    run(llm, [5] * 512)
+    ok = True
+    for n, ids in prompts().items():
+        ttft, cached, tokens = run(llm, ids, OFF)
+        equal = tokens == before[str(n)]["oracle"]
+        ok &= equal and cached > 0
+        print(
+            f"b {n}: disk restore (fresh process) {ttft:.3f}s [{cached} cached] equal={equal} "
+            f"vs cold {before[str(n)]['cold']:.3f}s",
+            flush=True,
+        )
+    return ok
+
+
+def phase_c() -> bool:
+    before = json.loads((WORK / "a.json").read_text())
+    drop_page_cache()
+    llm = engine()
+    run(llm, [5] * 512)
+    ok = True
+    for n, ids in prompts().items():
+        ttft, cached, tokens = run(llm, ids)
+        equal = tokens == before[str(n)]["oracle"]
+        ok &= equal
+        verdict = "restored" if cached > 0 else "recomputed"
+        print(
+            f"c {n}: decision on, {verdict} {ttft:.3f}s [{cached} cached] equal={equal} vs cold "
+            f"{before[str(n)]['cold']:.3f}s",
+            flush=True,
+        )
+    return ok
+
+
+PHASES = {"a": phase_a, "b": phase_b, "c": phase_c}
+
+
+def main() -> int:
+    WORK.mkdir(parents=True, exist_ok=True)
+    if len(sys.argv) > 1:
+        return 0 if PHASES[sys.argv[1]]() else 1
+    env = {**ENV, **os.environ}
+    status = 0
+    for phase in "abc":
+        started = time.time()
+        done = subprocess.run([sys.executable, __file__, phase], env=env, timeout=900)
+        print(f"== phase {phase}: rc {done.returncode} in {time.time() - started:.0f}s", flush=True)
+        status |= done.returncode
+        if phase == "a" and done.returncode:
+            break
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

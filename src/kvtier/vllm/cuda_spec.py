@@ -1,0 +1,92 @@
+"""``KvtierCudaSpec``: vLLM's own tiering spec on a CUDA build, with kvtier's tiers in it.
+
+Loaded by vLLM through ``kv_connector_extra_config`` (``kvtier.kv_transfer_config(...,
+platform="cuda")``)::
+
+    {"spec_name": "KvtierCudaSpec", "spec_module_path": "kvtier.vllm.cuda_spec",
+     "cpu_bytes_to_use": ..., "secondary_tiers": [{"type": "KvtierDiskTier", ...}]}
+
+vLLM's ``TieringOffloadingSpec`` runs the host pool (its GPU worker copies with DMA streams),
+unchanged: nothing of kvtier's CPU data plane runs here. kvtier adds:
+
+* its tiers by name where vLLM's tier factory cannot load a tier by ``module_path`` (0.25.1):
+  importing this module registers them (``compat.register_tiers``), and vLLM imports it in
+  every process that resolves the spec, including the one that builds the metrics;
+* the start-up checks a persistent tier needs: its options parsed and its folder checked
+  before any pool exists, and block hashes that are the same in every process and after a
+  restart (``PYTHONHASHSEED``; on 0.25.1 ``NONE_HASH`` is random for every algorithm without
+  it, so the engine refuses to start instead of storing blocks no one can find);
+* one restore-or-recompute policy shared by its tiers, and the start-up line, which says how
+  the decision measures the engine's prefill on this vLLM (``decision.PREFILL_EVIDENCE``).
+"""
+
+import logging
+import os
+import time
+from typing import Any
+
+from vllm.v1.kv_offload.base import OffloadingManager
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+from kvtier.log import setup_logging
+from kvtier.settings import DiskTierSettings, parse_tier
+from kvtier.store import check_root
+from kvtier.units import format_size
+from kvtier.vllm import compat
+from kvtier.vllm.decision import PREFILL_EVIDENCE, make_policy
+from kvtier.vllm.guards import check_hash_stability, persistent_tiers
+from kvtier.vllm.startup_line import StartupLine
+
+logger = logging.getLogger(__name__)
+
+compat.register_tiers()
+
+
+class KvtierCudaSpec(TieringOffloadingSpec):
+    """vLLM's tiering spec, its host pool untouched, checked for kvtier's persistent tiers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
+        # 0.32: (config); 0.25.1: (vllm_config, kv_cache_config). Passed through unchanged.
+        super().__init__(*args, **kwargs)
+        tiers = self.secondary_tier_configs
+        self.tier_settings = [parse_tier(tier) for tier in tiers]
+        for tier in self.tier_settings:
+            if isinstance(tier, DiskTierSettings):
+                check_root(tier.root_dir)
+        vllm_config = compat.engine_vllm_config(self)
+        if vllm_config is not None:
+            check_hash_stability(
+                str(vllm_config.cache_config.prefix_caching_hash_algo),
+                os.environ.get("PYTHONHASHSEED"),
+                persistent_tiers(tiers),
+                compat.STABLE_HASH_ALGOS,
+            )
+        #: Restore or recompute (scheduler side): kvtier's tiers register with it.
+        self.restore_policy = make_policy(True, time.monotonic)
+        #: The tier that feeds the engine's prefill measurements to the policy.
+        self.prefill_observer: str | None = None
+        #: The scheduler's one start-up line (kvtier's tiers add their part once open).
+        self.startup_line: StartupLine | None = None
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            self._start_line()
+        return super().get_manager()
+
+    def _start_line(self) -> None:
+        pool_bytes = int(self.extra_config.get("cpu_bytes_to_use") or 0)
+        head = (
+            f"vLLM host pool {format_size(pool_bytes)} = {compat.host_pool_rows(self):,} rows "
+            f"(vLLM's own spec, {compat.RELEASE})"
+        )
+        others = [
+            str(t.get("type"))
+            for t, parsed in zip(self.secondary_tier_configs, self.tier_settings, strict=True)
+            if parsed is None
+        ]
+        if others:
+            head += f"; other tiers: {', '.join(others)}"
+        head += f"; restore decision on ({PREFILL_EVIDENCE})"
+        kvtier_tiers = sum(1 for t in self.tier_settings if t is not None)
+        self.startup_line = StartupLine(head, kvtier_tiers)

