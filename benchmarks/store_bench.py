@@ -48,7 +48,7 @@ from kvtier.bench.report import (
 )
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
-from kvtier.store.root import INDEX_ALLOWANCE_BYTES
+from kvtier.store.disk.root import INDEX_ALLOWANCE_BYTES
 from kvtier.threads import usable_cpus
 
 BLOCK_SIZES = (512 << 10, 5_898_240)

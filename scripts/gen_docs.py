@@ -150,7 +150,7 @@ def _argument_docs(doc: str) -> dict[str, str]:
 
 def python_table() -> str:
     """``kvtier.kv_transfer_config()``'s arguments: name, default, meaning (its docstring)."""
-    from kvtier.config import kv_transfer_config
+    from kvtier.transfer_config import kv_transfer_config
 
     docs = _argument_docs(kv_transfer_config.__doc__ or "")
     rows = []
@@ -183,7 +183,7 @@ def policy_table() -> str:
     """The restore policy as an engine builds it (not options: fixed by design)."""
     import time
 
-    from kvtier.vllm.decision import make_policy
+    from kvtier.vllm.lookup_decider import make_policy
 
     settings = make_policy(True, time.monotonic).settings
     return _table(["setting", "value in the engine", "meaning"], _value_rows(settings))

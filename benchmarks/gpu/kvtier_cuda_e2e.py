@@ -76,9 +76,8 @@ def model_dir() -> str:
 
 
 def engine():  # type: ignore[no-untyped-def]
-    from vllm import LLM
-
     import kvtier
+    from vllm import LLM
 
     config = kvtier.kv_transfer_config(
         host_pool="16GiB", disk_dir=WORK / "disk", disk_capacity="64GiB", platform="cuda"
@@ -106,8 +105,9 @@ def prompts() -> dict[int, list[int]]:
 
 def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, list[int]]:  # type: ignore[no-untyped-def]
     """(TTFT s, cached tokens, 8 greedy tokens) of one prompt."""
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+
+    from vllm import SamplingParams
 
     extra = None if params is None else {"kv_transfer_params": params}
 

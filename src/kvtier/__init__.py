@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from kvtier.config import kv_transfer_config
+from kvtier.transfer_config import kv_transfer_config
 
 __all__ = ["kv_transfer_config"]

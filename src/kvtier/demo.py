@@ -230,7 +230,7 @@ def wait_for_shared_records(url: str, disk: Path, tokens: float) -> int:
     The engine stores to its tiers in the background; the restart that follows must not race
     it. Returns the records found (fewer than expected after ``SHARED_STORE_TIMEOUT_S``).
     """
-    from kvtier.store.inspect import namespace_summaries
+    from kvtier.store.disk.inspect import namespace_summaries
 
     (summary,) = namespace_summaries(disk)  # one model, one namespace
     block_tokens = summary.namespace.block_size_tokens if summary.namespace else 0

@@ -62,7 +62,7 @@ SHARED_TIER_MODULE = "kvtier.vllm.shared_tier"
 #: Keys vLLM's ``SecondaryTierFactory`` reads itself from a tier's dict; not ours to check.
 FACTORY_KEYS = frozenset({"type", "module_path", "locality", "backpressure"})
 #: The least a disk folder's index files (database, WAL, shared memory, namespace.json files)
-#: are charged against its cap (kvtier.store.root charges them at least this much). Defined
+#: are charged against its cap (kvtier.store.disk.root charges them at least this much). Defined
 #: here because the smallest cap a user may give is derived from it.
 DISK_INDEX_ALLOWANCE_BYTES = 832 << 10
 #: The smallest disk cap: the index allowance and one record header, plus a byte of payload.

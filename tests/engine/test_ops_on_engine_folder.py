@@ -38,9 +38,9 @@ import pytest
 from kvtier.bench.harness import EngineConfig, GenerateResult, ProcessEngine
 from kvtier.bench.harness.engine import SRC_DIR
 from kvtier.format import HEADER_BYTES
-from kvtier.store import layout
-from kvtier.store.index import charge
-from kvtier.store.root import index_files_bytes
+from kvtier.store.disk import layout
+from kvtier.store.disk.index import charge
+from kvtier.store.disk.root import index_files_bytes
 from kvtier.units import format_size
 from tests.support.engine import (
     BLOCK_TOKENS,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.store import DiskStore, RecordIO
-from kvtier.store.quarantine import entries
+from kvtier.store.disk.quarantine import entries
 from tests.support.faults import (
     DAMAGES,
     FUZZ_PAYLOAD,

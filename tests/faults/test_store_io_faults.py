@@ -19,8 +19,8 @@ import pytest
 
 from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO
-from kvtier.store.index import charge
-from kvtier.store.quarantine import entries
+from kvtier.store.disk.index import charge
+from kvtier.store.disk.quarantine import entries
 from tests.support.faults import (
     FUZZ_CAPACITY,
     FUZZ_CAPACITY_RECORDS,
@@ -91,7 +91,7 @@ class FlakyIO(RecordIO):
     def remove(self, path: Path) -> bool:  # type: ignore[override]
         if self.rng.random() < self.rate:
             self.injected["unlink:EIO"] += 1
-            logging.getLogger("kvtier.store.io").warning("injected: cannot remove %s", path)
+            logging.getLogger("kvtier.store.disk.io").warning("injected: cannot remove %s", path)
             return False
         return super().remove(path)
 

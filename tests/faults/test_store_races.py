@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from kvtier.store.quarantine import entries
+from kvtier.store.disk.quarantine import entries
 from tests.support.faults import (
     FUZZ_KEYS,
     FUZZ_PAYLOAD,

@@ -12,7 +12,7 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.store import DiskStore, check_root
-from kvtier.store.index import SCHEMA_VERSION
+from kvtier.store.disk.index import SCHEMA_VERSION
 from tests.support.faults import bind_readonly, need_mounts, unmount
 from tests.support.host import chown_unavailable, need
 from tests.support.store import disk_capacity, make_namespace
@@ -103,7 +103,7 @@ def test_unsafe_permissions_of_our_own_folder_are_fixed_and_said(
     folder = tmp_path / "open"
     folder.mkdir()
     folder.chmod(0o777)
-    with caplog.at_level("WARNING", logger="kvtier.store.root"):
+    with caplog.at_level("WARNING", logger="kvtier.store.disk.root"):
         check_root(folder)
     assert folder.stat().st_mode & 0o777 == 0o700
     assert "made it private" in caplog.text and "0o777" in caplog.text, caplog.text

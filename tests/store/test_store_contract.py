@@ -8,7 +8,7 @@ import pytest
 
 from kvtier.format import HEADER_BYTES
 from kvtier.store import BlockStore, DiskStore, MemoryStore
-from kvtier.store.index import charge
+from kvtier.store.disk.index import charge
 from kvtier.store.tiered import LocalThenShared
 from tests.support.conformance import StoreContract
 from tests.support.fake_remote import FakeRemoteStore

@@ -11,7 +11,7 @@ import pytest
 
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore
-from kvtier.store.quarantine import entries
+from kvtier.store.disk.quarantine import entries
 from tests.support.store import (
     PAYLOAD_BYTES,
     aligned_buffer,
@@ -230,7 +230,7 @@ def test_a_corrupt_load_does_not_wait_the_busy_timeout_behind_a_slow_reader(
     import time
     from contextlib import closing
 
-    from kvtier.store.index import WAL_SIZE_LIMIT_BYTES
+    from kvtier.store.disk.index import WAL_SIZE_LIMIT_BYTES
     from tests.support.store import aligned_buffer
 
     store = open_disk(records=64, busy_timeout_s=10.0)

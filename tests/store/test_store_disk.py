@@ -16,7 +16,7 @@ import pytest
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO, list_namespaces, remove_namespace
-from kvtier.store.io import set_background_io_priority
+from kvtier.store.disk.io import set_background_io_priority
 from tests.support.store import (
     PAYLOAD_BYTES,
     aligned_buffer,

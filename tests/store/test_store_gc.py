@@ -1,4 +1,4 @@
-"""``kvtier.store.gc.collect`` beside the stores and checks that share its root.
+"""``kvtier.store.disk.gc.collect`` beside the stores and checks that share its root.
 
 A collection moves rows to trash, then unlinks their files: the I/O seam (``io=``) lets a test
 act in between, with the collection's evictions in flight.
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from kvtier.format import HEADER_BYTES
-from kvtier.store import DiskStore, layout
+from kvtier.store import DiskStore
 from kvtier.store.base import Problem
-from kvtier.store.gc import collect
-from kvtier.store.inspect import root_usage
-from kvtier.store.io import RecordIO
+from kvtier.store.disk import layout
+from kvtier.store.disk.gc import collect
+from kvtier.store.disk.inspect import root_usage
+from kvtier.store.disk.io import RecordIO
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]

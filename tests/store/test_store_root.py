@@ -18,7 +18,7 @@ from kvtier.store import (
     list_namespaces,
     remove_namespace,
 )
-from kvtier.store.index import SCHEMA_VERSION, charge
+from kvtier.store.disk.index import SCHEMA_VERSION, charge
 from tests.support.faults import FUZZ_PAYLOAD, FUZZ_RECORD, fuzz_key, fuzz_payload
 from tests.support.store import disk_capacity, make_namespace
 from tests.support.workers import open_with_cap
@@ -48,7 +48,7 @@ def test_an_explicit_cap_from_another_process_is_picked_up_and_evicted_down_to(
         assert child.exitcode == 0
         # The child's put already evicted down to the new cap, across namespaces.
         assert first.footprint_bytes() <= small
-        with caplog.at_level(logging.INFO, logger="kvtier.store.disk"):
+        with caplog.at_level(logging.INFO, logger="kvtier.store.disk.store"):
             first.refresh()
         assert first.capacity_bytes == small
         assert f"capacity {big} -> {small} bytes" in caplog.text
@@ -61,7 +61,7 @@ def test_a_different_explicit_cap_is_logged_once_old_to_new(
 ) -> None:
     fuzz_store(root, "a", disk_capacity(8, FUZZ_PAYLOAD)).close()
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="kvtier.store.root"):
+    with caplog.at_level(logging.INFO, logger="kvtier.store.disk.root"):
         fuzz_store(root, "a", disk_capacity(6, FUZZ_PAYLOAD)).close()
         fuzz_store(root, "a", disk_capacity(6, FUZZ_PAYLOAD)).close()  # same: no line
     lines = [r.getMessage() for r in caplog.records if "capacity" in r.getMessage()]

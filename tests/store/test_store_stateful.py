@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvtier.format import HEADER_BYTES
 from kvtier.store import BlockStore, DiskStore, MemoryStore
-from kvtier.store.root import INDEX_ALLOWANCE_BYTES
+from kvtier.store.disk.root import INDEX_ALLOWANCE_BYTES
 from tests.support.store import disk_ground_truth, key_of, make_namespace
 
 KEYS = st.integers(min_value=0, max_value=7).map(key_of)

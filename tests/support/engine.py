@@ -132,7 +132,7 @@ def side_store(ns_dir: Path) -> DiskStore:
 
 def quarantined(ns_dir: Path) -> set[str]:
     """Names of the quarantine entries (only the newest 64 are kept: compare sets)."""
-    from kvtier.store.quarantine import entries
+    from kvtier.store.disk.quarantine import entries
 
     return set(entries(ns_dir))
 
@@ -148,9 +148,9 @@ def disk_usage(ns_dir: Path) -> int:
 
 def charged_usage(root: Path) -> int:
     """What the folder's index should charge: every record, trashed and quarantined file of
-    every namespace under ``root``, each rounded up to 4 KiB (kvtier.store.schema). The
+    every namespace under ``root``, each rounded up to 4 KiB (kvtier.store.disk.schema). The
     store's own folders (``blocks/`` fan-out) are not charged; a quarantined entry is, whole,
-    folders included (a folder planted in place of a record: kvtier.store.quarantine)."""
+    folders included (a folder planted in place of a record: kvtier.store.disk.quarantine)."""
     entries = [os.lstat(p) for sub in ("blocks", "tmp") for p in root.glob(f"*/{sub}/**/*")]
     files = [e for e in entries if not stat.S_ISDIR(e.st_mode)]
     quarantined = [os.lstat(p) for p in root.glob("*/quarantine/**/*")]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.store import DiskStore, RecordIO
-from kvtier.store.quarantine import entries
+from kvtier.store.disk.quarantine import entries
 from kvtier.vllm.regions import SHM_DIR
 from tests.support.host import (
     NOBODY,

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from kvtier.format import HEADER_BYTES, Namespace
-from kvtier.store.root import INDEX_ALLOWANCE_BYTES
+from kvtier.store.disk.root import INDEX_ALLOWANCE_BYTES
 
 PAYLOAD_BYTES = 8192
 
@@ -56,7 +56,7 @@ def files_under(folder: Path) -> list[Path]:
 
 def charged_bytes(folder: Path) -> int:
     """What the disk store charges for everything below ``folder`` (each entry's size,
-    folders included, rounded up to 4 KiB), as kvtier.store.quarantine counts an entry."""
+    folders included, rounded up to 4 KiB), as kvtier.store.disk.quarantine counts an entry."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in dirnames + filenames:

@@ -150,7 +150,7 @@ sys.meta_path.insert(0, Absent())
 #: What the base install must import: the library's storage core and the operator commands.
 OPERATOR = [
     "kvtier",
-    "kvtier.config",
+    "kvtier.transfer_config",
     "kvtier.settings",
     "kvtier.extras",
     "kvtier.store",
@@ -166,5 +166,5 @@ OPERATOR = [
 
 def test_the_library_and_operator_commands_import_without_vllm_or_extras() -> None:
     loaded = loaded_after_importing(OPERATOR, BLOCK)
-    assert "kvtier.cli.ops" in loaded and "kvtier.store.disk" in loaded
+    assert "kvtier.cli.ops" in loaded and "kvtier.store.disk.store" in loaded
     assert [m for m in loaded if m.split(".")[0] in ABSENT] == []

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from kvtier.config import DEFAULT_HOST_POOL, kv_transfer_config
 from kvtier.errors import ConfigError
 from kvtier.extras import MissingExtraError, require
+from kvtier.transfer_config import DEFAULT_HOST_POOL, kv_transfer_config
 
 #: ``kvtier serve``'s options that go to ``kv_transfer_config`` unchanged (all of its
 #: arguments but ``extra`` and ``platform``: vLLM's CPU build is what ``serve`` runs).
@@ -108,7 +108,7 @@ def serve(
         if shared is not None:
             require("shared", "the shared tier (--shared)")
         # Every option but the model and --dry-run is kv_transfer_config's argument of the
-        # same name (tests/unit/test_cli.py pins the two lists together).
+        # same name (tests/cli/test_cli.py pins the two lists together).
         given = locals()
         config = kv_transfer_config(**{name: given[name] for name in TRANSFER_OPTIONS})
         argv = serve_command(model, config, list(ctx.args))

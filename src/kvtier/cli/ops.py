@@ -42,7 +42,7 @@ def parse_age(value: str) -> float:
 @contextmanager
 def _exit_codes() -> Iterator[None]:
     """Map errors to exit codes, with the message on stderr."""
-    from kvtier.store.inspect import UnreadableRoot
+    from kvtier.store.disk.inspect import UnreadableRoot
 
     try:
         yield
@@ -77,7 +77,7 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List the namespaces in a disk folder, or one namespace's blocks."""
-    from kvtier.store.inspect import namespace_blocks, namespace_summaries
+    from kvtier.store.disk.inspect import namespace_blocks, namespace_summaries
 
     with _exit_codes():
         summaries = namespace_summaries(disk_dir)
@@ -134,7 +134,7 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
 
 def du(disk_dir: DirArg, as_json: JsonOpt = False) -> None:
     """Bytes and blocks per namespace, the cap, usage, free space and the floor."""
-    from kvtier.store.inspect import namespace_summaries, root_usage
+    from kvtier.store.disk.inspect import namespace_summaries, root_usage
 
     with _exit_codes():
         summaries = namespace_summaries(disk_dir)
@@ -175,7 +175,7 @@ def verify(
 ) -> None:
     """Read every record of every namespace and check it against the index."""
     from kvtier.store import DiskStore
-    from kvtier.store.inspect import namespace_summaries
+    from kvtier.store.disk.inspect import namespace_summaries
 
     with _exit_codes():
         summaries = namespace_summaries(disk_dir)
@@ -248,7 +248,7 @@ def gc(
     as_json: JsonOpt = False,
 ) -> None:
     """Evict blocks (least recently used first) or empty the quarantine."""
-    from kvtier.store.gc import collect
+    from kvtier.store.disk.gc import collect
 
     with _exit_codes():
         if to is None and namespace is None and older_than is None and not quarantine:

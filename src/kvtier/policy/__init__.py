@@ -14,19 +14,11 @@ package only predicts, decides and learns from what they measure.
         ...                                                  # overdue(ticket) -> abandon_load
         policy.end_load(ticket)
 
-The reasoning (why all-or-nothing per tier) is in ``kvtier.policy.decision``; measured
+The reasoning (why all-or-nothing per tier) is in ``kvtier.policy.restore_policy``; measured
 figures behind the defaults in docs/gpu-evidence.md.
 """
 
 from kvtier.policy.deadline import DeadlineRule
-from kvtier.policy.decision import (
-    Clock,
-    Decision,
-    LoadTicket,
-    PolicySnapshot,
-    RestorePolicy,
-    TierHit,
-)
 from kvtier.policy.prefill import (
     DEFAULT_PREFILL_PRIOR,
     PrefillCoefficients,
@@ -35,6 +27,14 @@ from kvtier.policy.prefill import (
     calibration_points,
 )
 from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, RestorePrior, TierSnapshot
+from kvtier.policy.restore_policy import (
+    Clock,
+    Decision,
+    LoadTicket,
+    PolicySnapshot,
+    RestorePolicy,
+    TierHit,
+)
 from kvtier.policy.settings import PolicySettings
 
 __all__ = [

@@ -4,11 +4,11 @@ Imports neither vLLM nor torch (a test checks this in a fresh interpreter).
 """
 
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
-from kvtier.store.disk import DiskStore
-from kvtier.store.io import RecordIO, set_background_io_priority
-from kvtier.store.memory import MemoryStore
-from kvtier.store.namespaces import NamespaceUsage, list_namespaces, remove_namespace
-from kvtier.store.root import auto_disk_capacity, check_root, effective_capacity
+from kvtier.store.disk.io import RecordIO, set_background_io_priority
+from kvtier.store.disk.namespaces import NamespaceUsage, list_namespaces, remove_namespace
+from kvtier.store.disk.root import auto_disk_capacity, check_root, effective_capacity
+from kvtier.store.disk.store import DiskStore
+from kvtier.store.memory_store import MemoryStore
 
 __all__ = [
     "BlockStore",

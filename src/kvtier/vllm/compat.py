@@ -27,7 +27,7 @@ a tier by ``module_path``   the factory loads it                registered by ``
 ``NONE_HASH`` without seed  fixed for sha256 / sha256_cbor      random for every algorithm
 ==========================  ==================================  ===============================
 
-``tests/unit/test_vllm_contract.py`` (0.32.0) and ``tests/unit/test_vllm_0_25_1_contract.py``
+``tests/vllm/test_vllm_contract.py`` (0.32.0) and ``tests/vllm/test_vllm_0_25_1_contract.py``
 (0.25.1, from its sources without installing it) pin every symbol used here.
 """
 

@@ -33,8 +33,8 @@ from kvtier.settings import DiskTierSettings, parse_tier
 from kvtier.store import check_root
 from kvtier.units import format_size
 from kvtier.vllm import compat
-from kvtier.vllm.decision import PREFILL_EVIDENCE, make_policy
 from kvtier.vllm.guards import check_hash_stability, persistent_tiers
+from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE, make_policy
 from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)

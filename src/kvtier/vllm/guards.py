@@ -13,7 +13,7 @@ guard                         runs in                      reads
 ``check_kv_dtypes``           worker spec ``__init__``     attention layers' KV dtypes
 ``check_group_kinds``         worker spec ``__init__``     attention layers' KV cache specs
 sizing (``kvtier.sizing``)    worker ``get_worker``        engine KV tensors, pool rows
-memory (``kvtier.memory``)    worker ``get_worker``        /proc/meminfo, cgroup, /dev/shm
+memory (``kvtier.host_ram_guard``)    worker ``get_worker``        /proc/meminfo, cgroup, /dev/shm
 ============================  ==========================  ===================================
 
 Why the worker: vLLM builds the worker's connector inside ``set_current_vllm_config`` with the

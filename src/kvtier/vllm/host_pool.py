@@ -35,7 +35,7 @@ from vllm.v1.kv_offload.tiering.manager import (
 )
 
 from kvtier.errors import ConfigError
-from kvtier.memory import check_shm_space, clamp_host_pool, read_memory
+from kvtier.host_ram_guard import check_shm_space, clamp_host_pool, read_memory
 from kvtier.settings import HostPoolSettings
 from kvtier.vllm.compat import region_kwargs
 from kvtier.vllm.file_region import FileOffloadRegion, clean_stale_pool_files, pool_path

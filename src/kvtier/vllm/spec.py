@@ -30,7 +30,6 @@ from kvtier.units import format_size
 from kvtier.vllm import host_pool
 from kvtier.vllm.compat import require_cpu_spec
 from kvtier.vllm.cpu_worker import CpuOffloadingWorker
-from kvtier.vllm.decision import make_policy
 from kvtier.vllm.guards import (
     check_connector_options,
     check_group_kinds,
@@ -39,6 +38,7 @@ from kvtier.vllm.guards import (
     persistent_tiers,
     spec_kind,
 )
+from kvtier.vllm.lookup_decider import make_policy
 from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)

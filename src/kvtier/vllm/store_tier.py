@@ -33,7 +33,7 @@ nothing of vLLM, one job each: ``tier_jobs`` (job table, I/O pools, abandonment)
 ``tier_opener`` (opener thread, housekeeping), ``tier_prober`` (the server's existence checks),
 ``tier_health`` (negative cache, deadlines, slow back-off) and ``tier_stats`` (counters under
 one lock). It translates vLLM's jobs and verdicts and feeds the restore decision
-(``kvtier.vllm.decision``).
+(``kvtier.vllm.lookup_decider``).
 
 Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry,
 deadlines).
@@ -67,8 +67,8 @@ from kvtier.vllm.compat import (
     job_rows,
     offloading_view,
 )
-from kvtier.vllm.decision import TierDecider, make_policy
-from kvtier.vllm.namespace import BlockHashNotReady, build_namespace
+from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace
+from kvtier.vllm.lookup_decider import TierDecider, make_policy
 from kvtier.vllm.startup_line import report_to
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
 from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable

@@ -13,7 +13,7 @@ from kvtier.cli.ops import parse_age
 from kvtier.errors import ConfigError
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore
-from kvtier.store.index import charge
+from kvtier.store.disk.index import charge
 from tests.support.store import (
     PAYLOAD_BYTES,
     disk_capacity,

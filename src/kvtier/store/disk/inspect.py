@@ -18,10 +18,10 @@ from pathlib import Path
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.format.namespace import Namespace
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store import layout
-from kvtier.store.folders import folders_bytes
-from kvtier.store.index import ALLOC_UNIT, SCHEMA_VERSION, read_schema_version
-from kvtier.store.root import index_files_bytes, namespace_folders
+from kvtier.store.disk import layout
+from kvtier.store.disk.folders import folders_bytes
+from kvtier.store.disk.index import ALLOC_UNIT, SCHEMA_VERSION, read_schema_version
+from kvtier.store.disk.root import index_files_bytes, namespace_folders
 
 _CHARGE = f"((record_bytes + {ALLOC_UNIT - 1}) / {ALLOC_UNIT}) * {ALLOC_UNIT}"
 
@@ -140,7 +140,7 @@ def namespace_blocks(root: Path, digest_hex: str) -> list[BlockSummary]:
 
 def root_usage(root: Path) -> RootUsage:
     """The cap, what it covers now, and the file system's free space and floor."""
-    from kvtier.store.disk import FLOOR_FRACTION, FLOOR_MAX_BYTES
+    from kvtier.store.disk.store import FLOOR_FRACTION, FLOOR_MAX_BYTES
 
     root = Path(root)
     with read_index(root) as conn:

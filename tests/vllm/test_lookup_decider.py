@@ -4,7 +4,7 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from kvtier.policy import RestorePrior
-from kvtier.vllm.decision import (
+from kvtier.vllm.lookup_decider import (
     MIN_PREFILL_EVIDENCE,
     REQUEST_DECISION_KEY,
     TierDecider,

@@ -1,8 +1,8 @@
 """``DiskStore``: block records as files on a local file system, shared by processes.
 
-Layout: see kvtier.store.layout. Index (one per root, shared by its namespaces): see
-kvtier.store.index. Root settings and preflight: kvtier.store.root. Opening and recovery:
-kvtier.store.recovery. Trash: kvtier.store.trash. File I/O: kvtier.store.io.
+Layout: see kvtier.store.disk.layout. Index (one per root, shared by its namespaces): see
+kvtier.store.disk.index. Root settings and preflight: kvtier.store.disk.root. Opening and recovery:
+kvtier.store.disk.recovery. Trash: kvtier.store.disk.trash. File I/O: kvtier.store.disk.io.
 
 Writing a record (``put``), and what a crash at each step leaves behind:
 
@@ -33,10 +33,10 @@ file is a clean miss (another process evicted the record, or someone deleted it)
 still there, leaves the index. Anything else that fails is quarantined and leaves the index,
 so no caller retries it.
 
-Capacity: the cap is the root's (kvtier.store.root) and bounds everything kvtier keeps under
+Capacity: the cap is the root's (kvtier.store.disk.root) and bounds everything kvtier keeps under
 the root at every instant, SIGKILL included: records (pending and ready, so temp files too),
 evicted records not unlinked yet (trash), the quarantine, the index files (charged by
-``kvtier.store.root.index_charge``) and the folders (``kvtier.store.folders``). Each file
+``kvtier.store.disk.root.index_charge``) and the folders (``kvtier.store.disk.folders``). Each file
 and folder is charged its size rounded up to 4 KiB, so the bound holds for the sum of file
 sizes and for ``du -s`` of the root (see docs/store.md). Keys being read by this process are
 pinned: eviction skips them.
@@ -67,15 +67,15 @@ from kvtier.format.record import (
     verify_payload,
 )
 from kvtier.settings import DISK_MIN_CAPACITY_BYTES
-from kvtier.store import check, layout, recovery
-from kvtier.store import root as root_settings
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
-from kvtier.store.folders import FolderCharge
-from kvtier.store.index import TXN_ROWS_MAX, Row, Trashed, charge
-from kvtier.store.io import RecordIO
-from kvtier.store.quarantine import Limits, quarantine
-from kvtier.store.session import Session, reap_dead_sessions
-from kvtier.store.trash import Trash
+from kvtier.store.disk import check, layout, recovery
+from kvtier.store.disk import root as root_settings
+from kvtier.store.disk.folders import FolderCharge
+from kvtier.store.disk.index import TXN_ROWS_MAX, Row, Trashed, charge
+from kvtier.store.disk.io import RecordIO
+from kvtier.store.disk.quarantine import Limits, quarantine
+from kvtier.store.disk.session import Session, reap_dead_sessions
+from kvtier.store.disk.trash import Trash
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ RESERVE_BACKOFF_MAX_S = 0.05
 QUARANTINE_CAP_FRACTION = 0.25
 #: Longest a load waits on the index (a quarantine, a dropped row, access times): past it
 #: the bookkeeping is skipped (a quarantined file is then removed, its row dropped later) so
-#: a load never costs the index's 30 s busy timeout (kvtier.store.index.Index.bounded).
+#: a load never costs the index's 30 s busy timeout (kvtier.store.disk.index.Index.bounded).
 LOAD_INDEX_WAIT_S = 0.5
 #: Errors that say nothing about the record itself: a miss, but no quarantine.
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN}
@@ -143,7 +143,7 @@ class DiskStore(BlockStore):
         root's (default 0.9), an explicit value replaces it. ``free_space_floor_bytes``: keep
         at least this much free on the file system, evicting if needed; default 5% of the
         file system, at most 10 GiB. ``fsync``: "never", "data" or "always"
-        (kvtier.store.io). ``io``: replaces the file I/O, fsync policy included (the
+        (kvtier.store.disk.io). ``io``: replaces the file I/O, fsync policy included (the
         fault-injection seam). ``quarantine_max_entries``/``quarantine_max_bytes``: the
         root's quarantine is pruned, oldest first, to these (bytes default: a quarter of the cap).
         Raises ``ConfigError`` for bad values, an unsafe root or an index of a newer schema.
@@ -367,7 +367,7 @@ class DiskStore(BlockStore):
     def footprint_bytes(self) -> int:
         """What the cap bounds, now: ``used_bytes`` plus what the index files, the
         namespace.json files and the folders take (reservations charge those at a bound with
-        room to grow, ``kvtier.store.root.index_charge``)."""
+        room to grow, ``kvtier.store.disk.root.index_charge``)."""
         return (
             self.used_bytes()
             + root_settings.index_files_bytes(self.root, self._namespaces)

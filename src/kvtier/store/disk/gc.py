@@ -19,15 +19,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.store import layout
-from kvtier.store.folders import folders_bytes
-from kvtier.store.index import Index, Trashed, charge
-from kvtier.store.inspect import UnreadableRoot
-from kvtier.store.io import RecordIO
-from kvtier.store.quarantine import Limits, prune
-from kvtier.store.root import index_files_bytes, namespace_folders, open_index
-from kvtier.store.session import Session
-from kvtier.store.trash import Trash
+from kvtier.store.disk import layout
+from kvtier.store.disk.folders import folders_bytes
+from kvtier.store.disk.index import Index, Trashed, charge
+from kvtier.store.disk.inspect import UnreadableRoot
+from kvtier.store.disk.io import RecordIO
+from kvtier.store.disk.quarantine import Limits, prune
+from kvtier.store.disk.root import index_files_bytes, namespace_folders, open_index
+from kvtier.store.disk.session import Session
+from kvtier.store.disk.trash import Trash
 
 
 @dataclass(frozen=True)

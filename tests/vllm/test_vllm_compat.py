@@ -12,9 +12,9 @@ from vllm.v1.kv_offload.tiering.base import JobResult
 
 from kvtier.errors import ConfigError
 from kvtier.vllm import compat
-from kvtier.vllm.decision import PREFILL_EVIDENCE, TierDecider, make_policy
+from kvtier.vllm.engine_namespace import build_namespace
 from kvtier.vllm.guards import check_hash_stability
-from kvtier.vllm.namespace import build_namespace
+from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE, TierDecider, make_policy
 
 
 def versions(installed: dict[str, str]):

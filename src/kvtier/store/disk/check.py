@@ -41,12 +41,12 @@ from pathlib import Path
 from kvtier.errors import ConfigError, CorruptRecordError
 from kvtier.format.namespace import Namespace
 from kvtier.format.record import decode_header, verify_payload
-from kvtier.store import layout
 from kvtier.store.base import Problem
-from kvtier.store.index import PENDING, Index, Row, Trashed
-from kvtier.store.io import RecordIO
-from kvtier.store.quarantine import REASON_SUFFIX, Limits, quarantine
-from kvtier.store.session import is_alive_under
+from kvtier.store.disk import layout
+from kvtier.store.disk.index import PENDING, Index, Row, Trashed
+from kvtier.store.disk.io import RecordIO
+from kvtier.store.disk.quarantine import REASON_SUFFIX, Limits, quarantine
+from kvtier.store.disk.session import is_alive_under
 
 
 @dataclass

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from kvtier.errors import ConfigError
 from kvtier.format.namespace import Namespace
-from kvtier.store import layout
-from kvtier.store.index import Index
-from kvtier.store.io import RecordIO
-from kvtier.store.session import is_alive, is_alive_under
-from kvtier.store.trash import Trash
+from kvtier.store.disk import layout
+from kvtier.store.disk.index import Index
+from kvtier.store.disk.io import RecordIO
+from kvtier.store.disk.session import is_alive, is_alive_under
+from kvtier.store.disk.trash import Trash
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvtier.store.index import Index, Trashed
-from kvtier.store.io import RecordIO
+from kvtier.store.disk.index import Index, Trashed
+from kvtier.store.disk.io import RecordIO
 
 log = logging.getLogger(__name__)
 

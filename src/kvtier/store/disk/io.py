@@ -42,7 +42,7 @@ from pathlib import Path
 from kvtier.errors import ConfigError, CorruptRecordError
 from kvtier.format.checksum import Buffer
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store.layout import DIR_MODE, open_private_file
+from kvtier.store.disk.layout import DIR_MODE, open_private_file
 
 log = logging.getLogger(__name__)
 

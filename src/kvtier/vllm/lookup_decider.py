@@ -2,7 +2,7 @@
 
 vLLM asks a tier about one key at a time and keeps scanning a request's keys when a tier
 answers RETRY. The policy decides per request and per tier, all or nothing (the argument is in
-``kvtier.policy.decision``). So, with the decision on and the engine's prefill measured:
+``kvtier.policy.restore_policy``). So, with the decision on and the engine's prefill measured:
 
 1. At the request's first key that hits this tier, the tier looks ahead: vLLM records every
    key's end position in the request context before the lookups start, so the run of
@@ -14,7 +14,7 @@ answers RETRY. The policy decides per request and per tier, all or nothing (the 
    not seen, whose run may be longer than it knows), the first key is weighed alone: if
    restoring that one block beats recomputing it, the whole hit is restored (restoring costs
    the same per token wherever the token sits and recomputing costs more the later it sits,
-   so every later block wins by at least as much; ``kvtier.policy.decision``). The same
+   so every later block wins by at least as much; ``kvtier.policy.restore_policy``). The same
    argument makes the look-ahead safe: if a shorter run pays, a longer one pays more.
 3. Otherwise each hit key is answered RETRY and collected (with its end position), and at
    the end of that scheduler step (``on_schedule_end``) the whole hit is decided: tokens
@@ -228,7 +228,7 @@ class TierDecider:
         recorded block); None without recorded positions.
 
         Reads ``ReqContext._offload_key_positions`` (vLLM 0.32: every key of the request,
-        recorded by ``update_offload_keys`` before the lookups; tests/unit/test_vllm_contract.py
+        recorded by ``update_offload_keys`` before the lookups; tests/vllm/test_vllm_contract.py
         pins it). A gap in the positions (a group with other spacing) ends the run as not
         ended: the rest is unknown, so the caller does not refuse on it.
         """

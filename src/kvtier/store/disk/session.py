@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from kvtier.store.layout import SESSIONS, open_private_file
+from kvtier.store.disk.layout import SESSIONS, open_private_file
 
 _SUFFIX = ".lock"
 _STAGING = ".new"

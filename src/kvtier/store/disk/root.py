@@ -28,8 +28,8 @@ from pathlib import Path
 
 from kvtier.errors import ConfigError
 from kvtier.settings import DISK_INDEX_ALLOWANCE_BYTES
-from kvtier.store import layout
-from kvtier.store.index import (
+from kvtier.store.disk import layout
+from kvtier.store.disk.index import (
     ALLOC_UNIT,
     SCHEMA_VERSION,
     WAL_SIZE_LIMIT_BYTES,
@@ -95,7 +95,7 @@ def index_charge(root: Path, namespaces: int, folders_bytes: int = 0) -> int:
     """What the index files cost against the cap at a reservation, with room for their
     growth until the next one: the database and shared memory as allocated, the WAL at its
     bound, one allocation unit per namespace.json; plus ``folders_bytes`` (what the root's
-    folders take, ``kvtier.store.folders``); at least INDEX_ALLOWANCE_BYTES."""
+    folders take, ``kvtier.store.disk.folders``); at least INDEX_ALLOWANCE_BYTES."""
     sizes = _index_sizes(root)
     # Every write transaction starts with the WAL within its limit (Index._write) and adds
     # at most WAL_TXN_BYTES; writers are serialized, so that is the WAL's bound.

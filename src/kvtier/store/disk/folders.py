@@ -14,7 +14,7 @@ at most every ``MEASURE_INTERVAL_S``; in between it measures again the two folde
 its puts wrote into (the fan-out folder and ``tmp``), and a reservation adds
 ``GROWTH_PER_PUT_BYTES`` for the put it is for (a put creates at most one fan-out folder and
 grows at most one folder by a unit). Another process's puts within that second are covered by
-the index's growth margin (``kvtier.store.root.INDEX_GROWTH_MARGIN_BYTES``).
+the index's growth margin (``kvtier.store.disk.root.INDEX_GROWTH_MARGIN_BYTES``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvtier.store import layout
-from kvtier.store.schema import ALLOC_UNIT, charge
+from kvtier.store.disk import layout
+from kvtier.store.disk.schema import ALLOC_UNIT, charge
 
 #: Longest a measurement is reused.
 MEASURE_INTERVAL_S = 1.0

@@ -23,7 +23,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 import kvtier.vllm.host_pool as host_pool_module
 from kvtier.errors import ConfigError
-from kvtier.memory import MemorySnapshot
+from kvtier.host_ram_guard import MemorySnapshot
 from kvtier.vllm.regions import region_path
 from kvtier.vllm.spec import KvtierCpuSpec
 

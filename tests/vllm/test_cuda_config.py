@@ -27,8 +27,8 @@ import kvtier
 from kvtier.errors import ConfigError
 from kvtier.vllm import cuda_spec
 from kvtier.vllm.cuda_spec import KvtierCudaSpec
-from kvtier.vllm.decision import PREFILL_EVIDENCE
 from kvtier.vllm.disk_tier import KvtierDiskTier
+from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE
 from kvtier.vllm.regions import region_path
 
 

@@ -116,7 +116,7 @@ def test_no_medium_locality_or_offloading_config():
     names = top(KV + "base.py", ast.ClassDef)
     assert "Medium" not in names and "Locality" not in names
     assert "TransferJob" not in top(KV + "tiering/base.py", ast.ClassDef)
-    assert not (FIXTURE / (KV + "config.py.src")).exists()
+    assert not (FIXTURE / (KV + "transfer_config.py.src")).exists()
     assert "kv_offload.config" not in source(KV + "tiering/spec.py")
 
 
@@ -291,7 +291,7 @@ def test_none_hash_is_random_for_every_algorithm_without_pythonhashseed():
     fn = top("vllm/v1/core/kv_cache_utils.py", ast.FunctionDef)["init_none_hash"]
     text = segment("vllm/v1/core/kv_cache_utils.py", fn)
     assert "if hash_seed is None:\n        NONE_HASH = BlockHash(os.urandom(32))" in text
-    # unset until the engine seeds it (kvtier.vllm.namespace waits for it, BlockHashNotReady)
+    # unset until the engine seeds it (kvtier.vllm.engine_namespace waits for it, BlockHashNotReady)
     assert "\nNONE_HASH: BlockHash\n" in source("vllm/v1/core/kv_cache_utils.py")
     # so compat gives 0.25.1 no stable algorithm, and the default algorithm is one of them
     assert 'prefix_caching_hash_algo: PrefixCachingHashAlgo = "sha256"' in source(

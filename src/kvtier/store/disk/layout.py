@@ -4,7 +4,7 @@
 
     <root>/                         0700 (refused if a symlink or group/other-writable)
       index.sqlite3 (+ -wal -shm)   0600, the root's index, shared by its namespaces
-                                    (kvtier.store.index; schema 1 had one per namespace)
+                                    (kvtier.store.disk.index; schema 1 had one per namespace)
       <namespace digest hex>/       0700, one per Namespace
         namespace.json              0600, Namespace.to_json()
         blocks/<kk>/<key hex>.<record id>.kvb   record files; <kk> = first key byte in hex

@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.format.namespace import Namespace
-from kvtier.store import layout
-from kvtier.store.inspect import read_namespace
-from kvtier.store.root import open_index
-from kvtier.store.session import reap_dead_sessions
+from kvtier.store.disk import layout
+from kvtier.store.disk.inspect import read_namespace
+from kvtier.store.disk.root import open_index
+from kvtier.store.disk.session import reap_dead_sessions
 
 _DIGEST_HEX = re.compile(r"^[0-9a-f]{32}$")
 

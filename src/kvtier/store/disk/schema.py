@@ -1,5 +1,5 @@
-"""The disk index's schema, version and row types (used by kvtier.store.index and its
-callers). See kvtier.store.index for what each table holds and how charges move."""
+"""The disk index's schema, version and row types (used by kvtier.store.disk.index and its
+callers). See kvtier.store.disk.index for what each table holds and how charges move."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store.layout import record_name, temp_name
+from kvtier.store.disk.layout import record_name, temp_name
 
 SCHEMA_VERSION = 2
 PENDING, READY = 0, 1

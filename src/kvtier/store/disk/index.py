@@ -4,10 +4,10 @@ Every process that opens any namespace under a root uses the same index, so the 
 (a promise about the whole folder), the LRU order and the set of records hold across
 namespaces, processes and restarts. WAL mode with ``synchronous=NORMAL``: readers never wait
 for the writer, and a commit costs no fsync (a power cut may lose the last commits; see the
-crash story in kvtier.store.disk for why that is safe). The WAL is bounded
+crash story in kvtier.store.disk.store for why that is safe). The WAL is bounded
 (``wal_autocheckpoint`` and ``journal_size_limit``) and the index files are charged against
 the cap by the store (``DiskStore.footprint_bytes``; reservations charge them at
-``kvtier.store.root.index_charge``).
+``kvtier.store.disk.root.index_charge``).
 
 Tables::
 
@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store.schema import (
+from kvtier.store.disk.schema import (
     ALLOC_UNIT,
     CHANGES_KEPT,
     CHARGE_SQL,

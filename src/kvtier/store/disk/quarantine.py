@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.store.index import ALLOC_UNIT, Index, charge
-from kvtier.store.layout import QUARANTINE, RECORD_SUFFIX, open_private_file
+from kvtier.store.disk.index import ALLOC_UNIT, Index, charge
+from kvtier.store.disk.layout import QUARANTINE, RECORD_SUFFIX, open_private_file
 
 log = logging.getLogger(__name__)
 

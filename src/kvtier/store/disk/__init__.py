@@ -1,0 +1,1 @@
+"""The disk backend: block records as files, one SQLite index per root."""
