@@ -50,6 +50,7 @@ from tests.support.engine import (
     PROMPT_LEN,
     Oracle,
     charged_usage,
+    folders_usage,
     kvtier_engine,
     namespace_dir,
     quarantined,
@@ -293,7 +294,9 @@ def test_commands_on_a_clean_engine_folder_agree_with_its_files(
     assert report["capacity_bytes"] == DISK_CAP_BYTES
     assert report["used_bytes"] == record_charge == charged_usage(root)
     assert report["trash_bytes"] == 0 and report["quarantine_entries"] == 0
-    assert report["footprint_bytes"] == record_charge + index_files_bytes(root, 1)
+    assert report["footprint_bytes"] == (
+        record_charge + index_files_bytes(root, 1) + folders_usage(root)
+    )
     assert report["footprint_bytes"] <= report["capacity_bytes"]
 
     checked = kvtier("verify", root, "--json")

@@ -157,6 +157,19 @@ def charged_usage(root: Path) -> int:
     return sum(-(-e.st_size // 4096) * 4096 for e in files + quarantined)
 
 
+def folders_usage(root: Path) -> int:
+    """What ``du`` counts for the folders under ``root`` (the root included, quarantine's
+    contents excluded: they are charged as entries), each at least one 4 KiB unit: what the
+    folder's footprint must add to its files since folders count against the cap."""
+    total = 0
+    for dirpath, dirnames, _files in os.walk(root):
+        st = os.lstat(dirpath)
+        total += max(-(-st.st_size // 4096), -(-st.st_blocks * 512 // 4096), 1) * 4096
+        if os.path.basename(dirpath) == "quarantine":
+            dirnames.clear()
+    return total
+
+
 def metric(engine: Engine, name: str) -> float:
     return engine.metrics().get(name, 0.0)
 
