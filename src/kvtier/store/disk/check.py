@@ -10,11 +10,14 @@ corrupt         a ready row whose file fails a check (detail    quarantine the f
                 names the reason: checksum, length, key...)     row
 stale_pending   an unfinished write of a dead process           drop the row and its files
 stale_trash     an evicted file a dead process did not unlink   unlink it
-stale_temp      a temp file of a dead process                   unlink it
+stale_temp      a temp file of a dead process (also a small     unlink it
+                file's replacement older than a minute)
 orphan_file     a record file no row names                      unlink it
 unknown_file    a file or folder the store did not make         quarantine it
 counter         the usage total differs from the charges' sum   set the total
 namespace_file  namespace.json missing or not this namespace    rewrite it
+decision_file   decision.json (the engines' decision evidence)  remove it (the engines ignore
+                not a regular file, too large or not JSON       it, and write a new one)
 quarantine      a quarantine entry charged but gone, or kept    drop the charge / remove the
                 but not charged                                 file
 ==============  ==============================================  ==============================
@@ -26,14 +29,20 @@ file or a row is reported missing or unnamed it is looked at again: a record pub
 the listing, a file evicted (unlinked, then un-trashed) after it, or a row evicted after the
 rows were read is work in flight, not a problem; so is a dead session's trash entry that a
 store reclaimed meanwhile.
+
+The decision file is the engines', not the store's: the check only makes sure it is a small
+JSON object an engine can read (its meaning is the engine's to judge; a file it cannot use is
+ignored there, never served).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +137,8 @@ class StoreCheck:
         self.check_quarantine()
         self.check_counter()
         self.check_namespace_file()
+        self.check_decision_file()
+        self.check_small_file_temps()
         return self.problems
 
     def scan_blocks(self) -> dict[str, int]:
@@ -340,6 +351,46 @@ class StoreCheck:
                 lambda: layout.write_small_file(path, self.namespace.to_json().encode()),
                 path=layout.NAMESPACE_FILE,
             )
+
+    def check_decision_file(self) -> None:
+        path = self.dir / layout.DECISION_FILE
+        try:
+            data = layout.read_small_file(path, layout.DECISION_FILE_MAX_BYTES)
+            if data is None:
+                return
+            readable = isinstance(json.loads(data), dict)
+            why = "not a JSON object"
+        except OSError as exc:
+            readable, why = False, exc.strerror or str(exc)
+        except ValueError:
+            readable, why = False, "not JSON"
+        if not readable:
+            self.report(
+                "decision_file",
+                f"{path.name} unusable ({why}); engines ignore it",
+                lambda: _remove_any(path),
+                path=layout.DECISION_FILE,
+            )
+
+    def check_small_file_temps(self) -> None:
+        """Replacements of namespace.json or decision.json a writer never renamed (it was
+        killed): a write takes milliseconds, so one older than a minute is left over."""
+        for entry in os.scandir(self.dir):
+            if layout.small_file_temp_of(entry.name) is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - entry.stat(follow_symlinks=False).st_mtime < _SMALL_TEMP_AGE_S:
+                    continue
+                self.report(
+                    "stale_temp",
+                    "small file's replacement left by a writer that did not finish",
+                    lambda p=Path(entry.path): _remove(p),
+                    path=entry.name,
+                )
+
+
+#: Age after which a small file's temp file is a leftover (its write takes milliseconds).
+_SMALL_TEMP_AGE_S = 60.0
 
 
 def _remove_any(path: Path) -> None:

@@ -7,6 +7,9 @@
                                     (kvtier.store.disk.index; schema 1 had one per namespace)
       <namespace digest hex>/       0700, one per Namespace
         namespace.json              0600, Namespace.to_json()
+        decision.json               0600, the restore decision's evidence (written by the
+                                    engine, kvtier.policy.evidence_file; at most
+                                    DECISION_FILE_MAX_BYTES; the store never reads it)
         blocks/<kk>/<key hex>.<record id>.kvb   record files; <kk> = first key byte in hex
         tmp/<key hex>.<record id>.<session>.tmp files being written
         sessions/<session>.lock     flock held by each open store (liveness of writers)
@@ -17,10 +20,17 @@ and make a full scan (``verify``) walk mostly empty folders; ext4's hashed direc
 lookups fast with tens of thousands of files per folder. The record id in the file name makes
 every write a new name, so removing an old version can never delete a newer one written
 concurrently by another process under the same key.
+
+Small files beside the data (``namespace.json``, ``decision.json``) are replaced atomically
+(``write_small_file``: a uniquely named ``.<name>.<pid>.<random>.tmp`` beside it, fsync,
+rename, fsync of the folder) and read bounded (``read_small_file``), so a reader sees the old
+or the new file, never a torn one, and a planted FIFO or symlink is refused, not followed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -32,6 +42,9 @@ FILE_MODE = 0o600
 RECORD_SUFFIX = ".kvb"
 TEMP_SUFFIX = ".tmp"
 NAMESPACE_FILE = "namespace.json"
+DECISION_FILE = "decision.json"
+#: The most a decision file may hold (its writer trims to fit; a larger one is not read).
+DECISION_FILE_MAX_BYTES = 8192
 INDEX_FILE = "index.sqlite3"
 BLOCKS = "blocks"
 TMP = "tmp"
@@ -127,13 +140,65 @@ def open_private_file(path: Path, flags: int) -> int:
     return fd
 
 
+def small_file_temp_of(name: str) -> str | None:
+    """The file a ``write_small_file`` temp file (``.<name>.<pid>.<random>.tmp``) was
+    replacing, or None if ``name`` is no such temp file."""
+    if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+        return None
+    target, _, rest = name[1 : -len(TEMP_SUFFIX)].rpartition(".")
+    target, _, pid = target.rpartition(".")
+    if not (target and pid.isdigit() and len(rest) == 8):
+        return None
+    return target
+
+
 def write_small_file(path: Path, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data`` (0600): temp file, fsync, rename."""
+    """Atomically replace ``path`` with ``data`` (0600): temp file, fsync, rename, fsync of
+    the folder. On failure the temp file is removed and the old file, if any, stays."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
     fd = open_private_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # The rename is durable only once the folder is: without this a power cut could bring
+    # back the old file (or none) after a reader saw the new one.
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def read_small_file(path: Path, max_bytes: int) -> bytes | None:
+    """The bytes of the small file ``path``; None if there is none.
+
+    Raises ``OSError`` if it cannot be read, is a symlink (``ELOOP``), is not a regular file
+    (``EINVAL``: a FIFO is opened non-blocking, never waited on) or holds more than
+    ``max_bytes`` (``EFBIG``).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than {max_bytes}", str(path))
+        data = os.read(fd, max_bytes + 1)
+        if len(data) > max_bytes:  # grew after the fstat (it is replaced, never appended to)
+            raise OSError(errno.EFBIG, f"more than {max_bytes} bytes", str(path))
+        return data
     finally:
         os.close(fd)
-    os.rename(tmp, path)

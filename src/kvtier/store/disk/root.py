@@ -49,7 +49,8 @@ AUTO_CAPACITY_MAX = 256 * 2**30
 #: the namespace.json files); a constant while they are small, so a cap of N records holds N.
 #: Defined with the disk tier's settings, whose smallest cap is derived from it.
 INDEX_ALLOWANCE_BYTES = DISK_INDEX_ALLOWANCE_BYTES
-#: Growth of the database between two measurements (rows written by a few transactions).
+#: Growth of the database between two measurements (rows written by a few transactions), and
+#: of an engine's decision file and its temp file (16 KiB at most per namespace).
 INDEX_GROWTH_MARGIN_BYTES = 192 << 10
 _DIGEST_HEX = re.compile(r"^[0-9a-f]{32}$")
 _PPM = 1_000_000
@@ -76,9 +77,23 @@ def effective_capacity(root: Path | str, requested: int | None) -> int:
 
 
 def index_files_bytes(root: Path, namespaces: int) -> int:
-    """What the index files and the namespace.json files take now (sizes rounded up to
-    4 KiB, one unit per namespace.json)."""
-    return sum(_index_sizes(root).values()) + namespaces * ALLOC_UNIT
+    """What the index files, the namespace.json files and the decision files take now (sizes
+    rounded up to 4 KiB, one unit per namespace.json)."""
+    return sum(_index_sizes(root).values()) + namespaces * ALLOC_UNIT + decision_files_bytes(root)
+
+
+def decision_files_bytes(root: Path) -> int:
+    """What the namespaces' decision files (``layout.DECISION_FILE``, written by engines, not
+    by the store) take now, sizes rounded up to 4 KiB. Measured at every reservation: an
+    engine replaces its file at most every few seconds, by at most ``DECISION_FILE_MAX_BYTES``
+    plus its temp file, which the growth margin (``INDEX_GROWTH_MARGIN_BYTES``) covers until
+    the next measurement."""
+    total = 0
+    for name in namespace_folders(root):
+        with contextlib.suppress(OSError):
+            st = os.lstat(root / name / layout.DECISION_FILE)
+            total += charge(st.st_size) if stat.S_ISREG(st.st_mode) else 0
+    return total
 
 
 def _index_sizes(root: Path) -> dict[str, int]:
@@ -94,8 +109,9 @@ def _index_sizes(root: Path) -> dict[str, int]:
 def index_charge(root: Path, namespaces: int, folders_bytes: int = 0) -> int:
     """What the index files cost against the cap at a reservation, with room for their
     growth until the next one: the database and shared memory as allocated, the WAL at its
-    bound, one allocation unit per namespace.json; plus ``folders_bytes`` (what the root's
-    folders take, ``kvtier.store.disk.folders``); at least INDEX_ALLOWANCE_BYTES."""
+    bound, one allocation unit per namespace.json, the decision files as they are; plus
+    ``folders_bytes`` (what the root's folders take, ``kvtier.store.disk.folders``); at least
+    INDEX_ALLOWANCE_BYTES."""
     sizes = _index_sizes(root)
     # Every write transaction starts with the WAL within its limit (Index._write) and adds
     # at most WAL_TXN_BYTES; writers are serialized, so that is the WAL's bound.
@@ -106,6 +122,7 @@ def index_charge(root: Path, namespaces: int, folders_bytes: int = 0) -> int:
         + max(sizes["-wal"], wal_bound)
         + INDEX_GROWTH_MARGIN_BYTES
         + namespaces * ALLOC_UNIT
+        + decision_files_bytes(root)
         + folders_bytes
     )
     return max(measured, INDEX_ALLOWANCE_BYTES)
