@@ -21,16 +21,19 @@ figures behind the defaults in docs/gpu-evidence.md.
 from kvtier.policy.deadline import DeadlineRule
 from kvtier.policy.prefill import (
     DEFAULT_PREFILL_PRIOR,
+    MeasuredStep,
     PrefillCoefficients,
     PrefillModel,
     attended_pairs,
     calibration_points,
 )
-from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, RestorePrior, TierSnapshot
+from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, MeasuredLoad, RestorePrior, TierSnapshot
 from kvtier.policy.restore_policy import (
+    AdoptedEvidence,
     Clock,
     Decision,
     LoadTicket,
+    PolicyEvidence,
     PolicySnapshot,
     RestorePolicy,
     TierHit,
@@ -40,10 +43,14 @@ from kvtier.policy.settings import PolicySettings
 __all__ = [
     "DEFAULT_PREFILL_PRIOR",
     "DEFAULT_RESTORE_PRIOR",
+    "AdoptedEvidence",
     "Clock",
     "DeadlineRule",
     "Decision",
     "LoadTicket",
+    "MeasuredLoad",
+    "MeasuredStep",
+    "PolicyEvidence",
     "PolicySettings",
     "PolicySnapshot",
     "PrefillCoefficients",

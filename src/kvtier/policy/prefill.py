@@ -24,11 +24,17 @@ and no attention cost, i.e. 200k tokens/s at any length). That is conservative f
 decision: an underestimate of recompute can only refuse a restore that would have helped,
 never choose one that is slower than recompute. The first measured prompt step replaces it;
 ``calibrate`` seeds it from a short calibration run before the first request.
+
+**Recent steps.** The model keeps its last ``KEPT_STEPS`` measured steps (``recent_steps``), so
+an earlier process's measurements can be replayed into a fresh one (``observe_step`` on each,
+oldest first: they then fade under new measurements like any other). The fit itself keeps only
+sums, which could not be trimmed or checked when read back.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +48,10 @@ _PAIRS_UNIT = 1e6
 #: (cached, new) points at which a prior is written as pseudo-observations: short and long
 #: prompts with and without a cached prefix, so all three coefficients are pinned.
 _PRIOR_POINTS = ((0, 128), (0, 2048), (0, 16384), (8192, 8192), (30720, 2048))
+
+#: Measured steps kept for replay: two half-lives of the default fit (32 steps), past which a
+#: step weighs less than a quarter of the newest one.
+KEPT_STEPS = 64
 
 
 def attended_pairs(cached: int, new: int) -> float:
@@ -73,6 +83,16 @@ class PrefillCoefficients:
         tokens = sum(n for _, n in segments)
         pairs = sum(attended_pairs(m, n) for m, n in segments)
         return self.step_s + self.per_token_s * tokens + self.per_pair_s * pairs
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One engine step the model learned from: ``(cached, new)`` per request, and its time."""
+
+    #: ``(cached, new)`` tokens of each request computed in the step.
+    segments: tuple[tuple[int, int], ...]
+    #: Measured wall seconds of the step.
+    seconds: float
 
 
 #: Fast on purpose (see the module docstring): 200k tokens/s, no attention cost.
@@ -118,6 +138,9 @@ class PrefillModel:
         self._coef = prior
         # Solved lazily: steps arrive every few milliseconds, decisions far less often.
         self._stale = True
+        self._recent: deque[MeasuredStep] = deque(maxlen=KEPT_STEPS)
+        #: Steps used since the model was made (replayed ones included); only grows.
+        self.observed = 0
 
     def coefficients(self) -> PrefillCoefficients:
         """The current fit (the prior until steps or a calibration arrive)."""
@@ -163,7 +186,13 @@ class PrefillModel:
             return False
         self._fit.observe(_features(segments), seconds)
         self._stale = True
+        self._recent.append(MeasuredStep(tuple(segments), seconds))
+        self.observed += 1
         return True
+
+    def recent_steps(self) -> tuple[MeasuredStep, ...]:
+        """The last ``KEPT_STEPS`` steps used, oldest first."""
+        return tuple(self._recent)
 
     def calibrate(
         self, samples: Iterable[tuple[int, int, float]], weight: float | None = None

@@ -22,11 +22,16 @@ time) enters the fit. The mark clears after ``recovery_loads`` consecutive loads
 within their deadlines: fresh measurements, not the passing of time, say the tier is well
 again. A tier refused for being slow gets those measurements from background probes
 (``RestorePolicy.probe_due``), which cost no request anything.
+
+**Recent loads.** The estimate keeps its last ``KEPT_LOADS`` measurements (``recent_loads``) so
+an earlier process's can be replayed into a fresh one (``record``): the fit and the throughput
+shown, not the slow mark, which is this process's own finding.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
@@ -37,6 +42,19 @@ GiB = float(1 << 30)
 #: Load sizes at which the prior is written as pseudo-observations: one small and one large,
 #: so the prior pins both the latency and the bandwidth.
 _PRIOR_SIZES = (1 << 20, 1 << 30)
+
+#: Measurements kept for replay: two half-lives of the default fit (8 loads).
+KEPT_LOADS = 16
+
+
+@dataclass(frozen=True)
+class MeasuredLoad:
+    """One load (or probe, or overrun) the estimate learned from."""
+
+    #: Bytes the load moved.
+    nbytes: int
+    #: Measured seconds (for an overrun, the time until it was abandoned).
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -121,6 +139,9 @@ class TierEstimate:
         self.loads = 0
         self.overruns = 0
         self.refused = 0
+        self._recent: deque[MeasuredLoad] = deque(maxlen=KEPT_LOADS)
+        #: Measurements entered since the estimate was made (replayed ones too); only grows.
+        self.measured = 0
 
     @property
     def slow(self) -> bool:
@@ -145,6 +166,12 @@ class TierEstimate:
             self._seconds_seen = self._seconds_seen * self._decay + max(seconds, 1e-9)
             self._bytes_seen = self._bytes_seen * self._decay + nbytes
         self.loads += 1
+        self._recent.append(MeasuredLoad(nbytes, max(seconds, 1e-9)))
+        self.measured += 1
+
+    def recent_loads(self) -> tuple[MeasuredLoad, ...]:
+        """The last ``KEPT_LOADS`` measurements, oldest first."""
+        return tuple(self._recent)
 
     def observe(self, nbytes: int, seconds: float, on_time: bool) -> None:
         """A load completed after ``seconds``; ``on_time``: within its deadline."""

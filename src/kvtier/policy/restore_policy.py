@@ -49,6 +49,14 @@ Safety
   background probes (``probe_due``): fresh measurements, not time alone.
 * ``enabled=False`` turns the decision off: every hit is restored; deadlines still apply.
 
+Evidence of an earlier process
+------------------------------
+``evidence()`` gives the measurements behind the models (the last prefill steps and each
+tier's last loads), ``adopt`` replays such a record into a fresh policy, oldest first, as if
+measured now: the prefill steps then count as evidence and new measurements outweigh them
+within a few half-lives. Whether a record applies (same engine, same hardware) is the caller's
+to judge (``kvtier.policy.evidence_file``); slow marks are never carried over.
+
 Thread-safety: every method may be called from any thread (one lock; each call is a few
 microseconds of arithmetic, no I/O, so it is fine under the scheduler's lock).
 """
@@ -62,8 +70,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.policy.prefill import PrefillCoefficients, PrefillModel
-from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, RestorePrior, TierEstimate, TierSnapshot
+from kvtier.policy.prefill import MeasuredStep, PrefillCoefficients, PrefillModel
+from kvtier.policy.restore import (
+    DEFAULT_RESTORE_PRIOR,
+    MeasuredLoad,
+    RestorePrior,
+    TierEstimate,
+    TierSnapshot,
+)
 from kvtier.policy.settings import PolicySettings
 
 #: A monotonic clock in seconds (``time.monotonic`` unless a test injects a fake).
@@ -144,6 +158,29 @@ class PolicySnapshot:
     prefill: PrefillCoefficients
     prefill_evidence: float
     tiers: dict[str, TierSnapshot]
+
+
+@dataclass(frozen=True)
+class PolicyEvidence:
+    """The measurements behind a policy's models, oldest first (``evidence`` / ``adopt``)."""
+
+    #: The prefill model's last measured steps.
+    prefill_steps: tuple[MeasuredStep, ...]
+    #: Each measured tier's last loads, by tier name (tiers never measured are left out).
+    tier_loads: dict[str, tuple[MeasuredLoad, ...]]
+    #: Measurements entered since the policy was made (adopted ones too); only grows, so a
+    #: keeper can tell whether anything is new since it last saved.
+    measurements: int = 0
+
+
+@dataclass(frozen=True)
+class AdoptedEvidence:
+    """What ``adopt`` replayed."""
+
+    #: Prefill steps used (a step the model ignores, e.g. decode-sized, is not counted).
+    prefill_steps: int
+    #: Loads replayed per tier; tiers this policy does not have are left out.
+    tier_loads: dict[str, int]
 
 
 class RestorePolicy:
@@ -362,6 +399,40 @@ class RestorePolicy:
             on_time = elapsed <= ticket.deadline_s
             est.observe(ticket.nbytes, elapsed, on_time)
             return on_time
+
+    # -- evidence of an earlier process ---------------------------------------------------
+
+    def evidence(self) -> PolicyEvidence:
+        """The measurements behind the models now (a copy; cheap: a few dozen tuples)."""
+        with self._lock:
+            loads = {n: est.recent_loads() for n, est in self._tiers.items() if est.measured}
+            return PolicyEvidence(
+                prefill_steps=self.prefill.recent_steps(),
+                tier_loads={n: v for n, v in loads.items() if v},
+                measurements=self.prefill.observed
+                + sum(est.measured for est in self._tiers.values()),
+            )
+
+    def adopt(self, evidence: PolicyEvidence) -> AdoptedEvidence:
+        """Replay an earlier process's measurements, oldest first, as if measured now.
+
+        Loads of a tier this policy does not have are skipped. Slow marks are not touched:
+        a replayed load counts towards the fit and the throughput shown, not a deadline.
+        """
+        with self._lock:
+            steps = sum(
+                self.prefill.observe_step(step.segments, step.seconds)
+                for step in evidence.prefill_steps
+            )
+            loads: dict[str, int] = {}
+            for name, measured in evidence.tier_loads.items():
+                est = self._tiers.get(name)
+                if est is None or not measured:
+                    continue
+                for load in measured:
+                    est.record(load.nbytes, load.seconds)
+                loads[name] = len(measured)
+            return AdoptedEvidence(steps, loads)
 
     # -- introspection --------------------------------------------------------------------
 
