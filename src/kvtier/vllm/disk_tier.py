@@ -7,17 +7,21 @@ unusable folder refuses start-up with the option named; faults while serving (a 
 a damaged record) are misses. The tier mechanics (lookups from memory, I/O threads, negative
 cache, the opener thread) are ``StoreTier``'s, the wiring from vLLM's options
 ``ConfiguredTier``'s; this adapter only says how to check the folder and open the store.
-Engines sharing a folder see each other's blocks within ``REFRESH_INTERVAL_S``.
+Engines sharing a folder see each other's blocks within ``REFRESH_INTERVAL_S``. The tier also
+keeps the restore decision's evidence beside its records (``decision.json``), so a fresh
+process weighs its first restores with what an earlier one measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.settings import DiskTierSettings, tier_options
 from kvtier.store import BlockStore, DiskStore, check_root
+from kvtier.store.disk.layout import DECISION_FILE
 from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
 from kvtier.vllm.configured_tier import ConfiguredTier
@@ -61,6 +65,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
     label = "disk tier"
     metric_tier = "disk"
     follow_other_processes = True
+    keeps_decision_evidence = True
 
     @classmethod
     def parse_settings(cls, options: Mapping[str, Any]) -> DiskTierSettings:
@@ -80,6 +85,11 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
     @staticmethod
     def drain_deadline_s(settings: DiskTierSettings) -> float:
         return settings.drain_deadline_s
+
+    def decision_evidence_path(self, namespace: Namespace) -> Path:
+        """Beside the namespace's records: what it holds was stored by earlier processes of
+        this namespace, which measured the evidence (kvtier.vllm.decision_memory)."""
+        return Path(self.settings.root_dir) / namespace.digest_hex() / DECISION_FILE
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         capacity = store.capacity_bytes

@@ -33,8 +33,10 @@ settings side by side in one engine, where engine-to-engine spread would otherwi
 
 Only case 3 costs a scheduler step (15-20 ms measured on the CPU engine, an idle step with a
 request waiting). Before the engine's prefill cost has been
-measured (a fresh engine) there is nothing to weigh a restore against: hits are restored at
-once, and the load deadline bounds what a slow tier can cost.
+measured there is nothing to weigh a restore against: hits are restored at once (verdict
+``unmeasured``), and the load deadline bounds what a slow tier can cost. A fresh engine whose
+disk folder keeps an earlier process's measurements starts from those instead
+(``kvtier.vllm.decision_memory``), so its first restores are weighed.
 
 Prefill evidence comes from the engine's own work, seen from the scheduler: vLLM hands a
 tier the blocks it has computed (store jobs, with their positions), so the time from a

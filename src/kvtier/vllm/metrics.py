@@ -29,6 +29,7 @@ kvtier:restore_decisions             counter  reqs    per-request verdicts (``ve
 kvtier:tier_estimated_bandwidth      gauge    B/s     the policy's restore bandwidth estimate
 kvtier:tier_slow                     gauge    0/1     the tier overran a deadline, not recovered
 kvtier:prefill_seconds_per_token     gauge    s       predicted prefill s/token (2k, cold)
+kvtier:decision_evidence_files       counter  files   evidence files adopted / ignored / unsaved
 ===================================  =======  ======  =========================================
 """
 
@@ -66,6 +67,7 @@ DECISIONS = "kvtier:restore_decisions"
 EST_BANDWIDTH = "kvtier:tier_estimated_bandwidth"
 SLOW = "kvtier:tier_slow"
 PREFILL_PER_TOKEN = "kvtier:prefill_seconds_per_token"
+EVIDENCE_FILES = "kvtier:decision_evidence_files"
 
 _TIER = ("tier",)
 
@@ -118,6 +120,12 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         PREFILL_PER_TOKEN: gauge(
             "The restore policy's prefill estimate: seconds per token of a cold 2,048-token "
             "prefill (0 until measured)."
+        ),
+        EVIDENCE_FILES: counter(
+            "The restore decision's evidence files in the tier's folder, by outcome (loaded: "
+            "an earlier process's measurements adopted at start-up; ignored: damaged, another "
+            "format version or measured on another device; write_failed: a save that failed).",
+            ("tier", "outcome"),
         ),
     }
 

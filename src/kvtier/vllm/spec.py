@@ -30,6 +30,7 @@ from kvtier.units import format_size
 from kvtier.vllm import host_pool
 from kvtier.vllm.compat import require_cpu_spec
 from kvtier.vllm.cpu_worker import CpuOffloadingWorker
+from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.guards import (
     check_connector_options,
     check_group_kinds,
@@ -73,6 +74,8 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         self.restore_policy = make_policy(self.settings.restore_decision, time.monotonic)
         #: The tier that feeds the engine's prefill measurements to the policy.
         self.prefill_observer: str | None = None
+        #: The tier that keeps the policy's evidence in its folder (kvtier.vllm.decision_memory).
+        self.evidence_keeper: str | None = None
         # KV kinds of each offloaded group, known on the worker side (None: not known).
         self._group_kinds: dict[int, list[str]] | None = None
         # Why the pool was shrunk to fit RAM, if it was (rank 0).
@@ -245,5 +248,6 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         if others:
             head += f"; other tiers: {', '.join(others)}"
         head += "; restore decision " + ("on" if self.settings.restore_decision else "off")
-        self.startup_line = StartupLine(head, kvtier_tiers)
+        decision = UNMEASURED if self.settings.restore_decision else None
+        self.startup_line = StartupLine(head, kvtier_tiers, decision)
 

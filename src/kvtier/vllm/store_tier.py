@@ -33,7 +33,9 @@ nothing of vLLM, one job each: ``tier_jobs`` (job table, I/O pools, abandonment)
 ``tier_opener`` (opener thread, housekeeping), ``tier_prober`` (the server's existence checks),
 ``tier_health`` (negative cache, deadlines, slow back-off) and ``tier_stats`` (counters under
 one lock). It translates vLLM's jobs and verdicts and feeds the restore decision
-(``kvtier.vllm.lookup_decider``).
+(``kvtier.vllm.lookup_decider``); a tier that keeps the decision's evidence in its folder
+(``keeps_decision_evidence``: the disk tier) adopts it when its store opens and saves it from
+its housekeeping and at shutdown (``kvtier.vllm.decision_memory``).
 
 Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry,
 deadlines).
@@ -45,6 +47,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
@@ -63,13 +66,15 @@ from kvtier.vllm.compat import (
     Locality,
     TierBase,
     TransferJob,
+    device_description,
     job_result,
     job_rows,
     offloading_view,
 )
+from kvtier.vllm.decision_memory import DecisionMemory
 from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace
 from kvtier.vllm.lookup_decider import TierDecider, make_policy
-from kvtier.vllm.startup_line import report_to
+from kvtier.vllm.startup_line import decision_to, report_to
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
 from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable
 from kvtier.vllm.tier_opener import (
@@ -103,6 +108,9 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
     label = "tier"
     #: Value of the ``tier`` label of kvtier's metrics, e.g. "disk".
     metric_tier = "store"
+    #: Whether the tier can keep the decision's evidence in its folder
+    #: (``decision_evidence_path``); the engine's first such tier does.
+    keeps_decision_evidence = False
 
     def __init__(
         self,
@@ -160,9 +168,12 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             open_store=open_store,
             on_open=self._on_open,
             on_failure=self._on_open_failure,
-            every_interval=self._measure_idle_tier,
+            every_interval=self._housekeeping,
             refresh=follow_other_processes,
         )
+        #: The decision's evidence in this tier's folder, once open (the keeper tier only).
+        self._memory: DecisionMemory | None = None
+        self._keeps_evidence = False
         self.decider = self._make_decider(offloading_spec)
         if start:
             self.start()
@@ -179,9 +190,14 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         if policy is None:
             policy = make_policy(True, self._clock)
             observes_prefill = True
-        elif getattr(spec, "prefill_observer", None) is None:
-            spec.prefill_observer = self.metric_tier  # one tier feeds the prefill model
-            observes_prefill = True
+            self._keeps_evidence = self.keeps_decision_evidence
+        else:
+            if getattr(spec, "prefill_observer", None) is None:
+                spec.prefill_observer = self.metric_tier  # one tier feeds the prefill model
+                observes_prefill = True
+            if self.keeps_decision_evidence and getattr(spec, "evidence_keeper", None) is None:
+                spec.evidence_keeper = self.metric_tier  # one file per engine, not per tier
+                self._keeps_evidence = True
         policy.add_tier(self.metric_tier, via="host")
         return TierDecider(
             policy,
@@ -211,6 +227,20 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             self._prober.start()
             if self._opener.stopping:  # shut down while the store opened
                 self._prober.stop()
+        path = self.decision_evidence_path(namespace) if self._keeps_evidence else None
+        if path is not None:
+            # Before the store is published: the first lookup already weighs with it.
+            memory = DecisionMemory(
+                self.decider.policy,
+                path,
+                namespace.digest_hex(),
+                device_description(),
+                label=self.label,
+            )
+            memory.load()
+            self._memory = memory
+            if self.decider.policy.settings.enabled:
+                decision_to(self._spec, memory.startup_text)
         report_to(self._spec, self.describe(store, namespace))
 
     def _on_open_failure(self, exc: BaseException) -> None:
@@ -222,9 +252,20 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         """This tier's part of the engine's start-up line (override to add settings)."""
         return f"{self.label}: namespace {namespace.digest_hex()[:12]}"
 
+    def decision_evidence_path(self, namespace: Namespace) -> Path | None:
+        """Where this tier keeps the decision's evidence for ``namespace`` (with
+        ``keeps_decision_evidence``); None: nowhere."""
+        return None
+
     def _wait_store(self) -> BlockStore | None:
         """For I/O threads: the store once open, None if it never will be."""
         return self._opener.wait()
+
+    def _housekeeping(self, store: BlockStore) -> None:
+        """The opener thread's round, every second: probe an idle tier, save the evidence."""
+        self._measure_idle_tier(store)
+        if self._memory is not None:
+            self._memory.maybe_save()
 
     def _measure_idle_tier(self, store: BlockStore) -> None:
         """A refused or never-measured tier gets a timed read of one stored record off any
@@ -350,6 +391,8 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         if self._prober is not None:
             self._prober.stop()
         stuck = self._jobs.shutdown(self._drain_deadline_s)
+        if self._memory is not None:
+            self._memory.save()  # after the last loads were timed; never raises
         store = self._opener.wait() if self._opener.done else None
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
@@ -406,6 +449,12 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
                 snap.gauges[(metrics.EST_BANDWIDTH, label)] = bandwidth
             snap.gauges[(metrics.SLOW, label)] = 1.0 if estimate.slow else 0.0
         snap.gauges[(metrics.PREFILL_PER_TOKEN, label)] = self.decider.prefill_per_token_s()
+        memory = self._memory
+        if memory is not None:
+            for outcome in ("loaded", "ignored", "write_failed"):
+                snap.counters[(metrics.EVIDENCE_FILES, (self.metric_tier, outcome))] = getattr(
+                    memory, outcome
+                )
 
     # -- I/O threads ---------------------------------------------------------------------
     def _row(self, row: int) -> memoryview:
