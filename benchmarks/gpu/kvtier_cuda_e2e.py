@@ -12,16 +12,23 @@ is the wall time of a ``max_tokens=1`` request; the oracle is the 8 greedy token
 prompt resumed from the engine's own prefix cache.
 
 * a: cold prefill, engine prefix hit (the oracle), host-pool restore after
-  ``reset_prefix_cache``; then waits until kvtier's disk tier holds the prompts' blocks.
+  ``reset_prefix_cache``; then waits until kvtier's disk tier holds the prompts' blocks. At its
+  shutdown the engine leaves the restore decision's evidence (its timed prefills, its disk
+  probes) beside the records (``<disk>/<namespace>/decision.json``).
 * b: a fresh process: each prompt restored from the disk tier with the restore decision
   opted out per request (``kvtier_restore_decision: false``), so the disk really is read;
-  the output must equal the oracle and the engine must report cached tokens.
-* c: a fresh process with the decision on: what it chose (restore or recompute) and its TTFT.
+  the output must equal the oracle and the engine must report cached tokens. Its disk loads
+  join the folder's evidence.
+* c: a fresh process with the decision on, starting from the evidence a and b left: per
+  length, the decision's verdict (``kvtier:restore_decisions``; ``unmeasured`` would mean it
+  restored unweighed) and its TTFT next to cold (a) and the disk restore (b).
 
-Exit status 1 when an output differs from the oracle or a restore read nothing. Environment:
-``KVTIER_E2E_WORK`` (scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS``
-(default 2048,8192,32768), ``KVTIER_E2E_DROP=1`` drops the page cache before b and c (root),
-``KVTIER_E2E_CALIBRATE=1`` prefills cold prompts of every length in c before the stored ones.
+Exit status 1 when an output differs from the oracle, a restore read nothing, or c found no
+evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2E_WORK``
+(scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS`` (default 2048,8192,32768),
+``KVTIER_E2E_DROP=1`` drops the page cache before b and c (root), ``KVTIER_E2E_CALIBRATE=1``
+also prefills cold prompts of every length in c before the stored ones (not needed: the
+evidence is the earlier processes').
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ def engine():  # type: ignore[no-untyped-def]
         attention_backend="FLASH_ATTN",
         max_num_batched_tokens=8192,
         kv_transfer_config=config,
+        disable_log_stats=False,  # kvtier's counters reach prometheus_client only with stats
     )
 
 
@@ -123,6 +131,48 @@ def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, li
     ttft = time.perf_counter() - started
     tokens = llm.generate(prompt, sampling(8), use_tqdm=False)[0]
     return ttft, int(first.num_cached_tokens or 0), list(tokens.outputs[0].token_ids)
+
+
+def decisions() -> dict[str, float]:
+    """kvtier's ``kvtier:restore_decisions`` of the disk tier by verdict, as this process's
+    prometheus_client holds them ({} if vLLM did not export them)."""
+    from prometheus_client import REGISTRY
+
+    found: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        if family.name != "kvtier:restore_decisions":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels.get("tier") == "disk":
+                verdict = sample.labels.get("verdict", "?")
+                found[verdict] = found.get(verdict, 0.0) + sample.value
+    return found
+
+
+def verdict_of(before: dict[str, float], after: dict[str, float]) -> str:
+    """The verdicts counted between two ``decisions()`` (one request: one verdict)."""
+    grown = [v for v in sorted(after) if after[v] > before.get(v, 0.0)]
+    return "+".join(grown) if grown else "none counted"
+
+
+def evidence_summary() -> str | None:
+    """What the disk folder's decision evidence holds, in words; None if there is none."""
+    found = sorted((WORK / "disk").glob("*/decision.json"))
+    if not found:
+        return None
+    parts = []
+    for path in found:
+        try:
+            doc = json.loads(path.read_text())
+            loads = {t: len(v) for t, v in doc.get("tier_loads", {}).items()}
+            saved = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc["saved_at"]))
+            parts.append(
+                f"{len(doc['prefill_steps'])} prefill steps, loads {loads}, saved {saved} "
+                f"on {doc['device']!r}"
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parts.append(f"{path.name} unreadable here ({exc})")
+    return "; ".join(parts)
 
 
 def disk_bytes() -> int:
@@ -177,39 +227,52 @@ def phase_b() -> bool:
     llm = engine()
     run(llm, [5] * 512)
     ok = True
+    restored = {}
     for n, ids in prompts().items():
         ttft, cached, tokens = run(llm, ids, OFF)
         equal = tokens == before[str(n)]["oracle"]
         ok &= equal and cached > 0
+        restored[n] = ttft
         print(
             f"b {n}: disk restore (fresh process) {ttft:.3f}s [{cached} cached] equal={equal} "
             f"vs cold {before[str(n)]['cold']:.3f}s",
             flush=True,
         )
+    (WORK / "b.json").write_text(json.dumps(restored))
     return ok
 
 
 def phase_c() -> bool:
     before = json.loads((WORK / "a.json").read_text())
+    disk = json.loads((WORK / "b.json").read_text()) if (WORK / "b.json").exists() else {}
+    evidence = evidence_summary()
+    print(f"c: decision evidence in the folder: {evidence or 'none'}", flush=True)
+    ok = evidence is not None
     drop_page_cache()
     llm = engine()
     run(llm, [5] * 512)
     if os.environ.get("KVTIER_E2E_CALIBRATE") == "1":
-        # Cold prompts of every length first (never stored before), so the decision has timed
-        # this engine's prefill before it weighs the stored prompts.
+        # Cold prompts of every length first (never stored before): more prefill evidence of
+        # this very process, beside what the earlier processes left.
         rng = random.Random(11)
         for n in LENGTHS:
             ttft = run(llm, [rng.randrange(1000, 120000) for _ in range(n)])[0]
             print(f"c calibration {n}: cold {ttft:.3f}s", flush=True)
-    ok = True
     for n, ids in prompts().items():
+        counted = decisions()
         ttft, cached, tokens = run(llm, ids)
+        verdict = verdict_of(counted, decisions())
         equal = tokens == before[str(n)]["oracle"]
-        ok &= equal
-        verdict = "restored" if cached > 0 else "recomputed"
+        ok &= equal and "unmeasured" not in verdict
+        did = "restored" if cached > 0 else "recomputed"
+        cold = before[str(n)]["cold"]
+        restore = disk.get(str(n))
+        best = min(cold, restore) if restore is not None else cold
         print(
-            f"c {n}: decision on, {verdict} {ttft:.3f}s [{cached} cached] equal={equal} vs cold "
-            f"{before[str(n)]['cold']:.3f}s",
+            f"c {n}: decision {verdict}: {did} {ttft:.3f}s [{cached} cached] equal={equal}; "
+            f"cold {cold:.3f}s, disk restore "
+            + (f"{restore:.3f}s" if restore is not None else "not run")
+            + f", {ttft / best:.2f}x the better of the two",
             flush=True,
         )
     return ok
