@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.bench.harness import EngineConfig, ProcessEngine
+from kvtier.bench.harness import EngineConfig
 from kvtier.store.disk.layout import DECISION_FILE
 from tests.support.engine import unique_engine_id, wait_for_namespace_dir
 from tests.support.prompts import random_prompt
