@@ -87,34 +87,29 @@ class DecisionMemory:
         self.startup_text = UNMEASURED
 
     def load(self) -> AdoptedEvidence | None:
-        """Adopt the folder's evidence if it applies; None if there was none to adopt."""
+        """Adopt the folder's evidence if it applies; None if there was none to adopt.
+        Never raises: a hint must not fail the engine."""
         adopted: AdoptedEvidence | None = None
-        record: EvidenceFile | None = None
         if self.device is None:
             self.startup_text = f"{UNMEASURED} (this device cannot be described: none kept)"
-        else:
-            try:
-                record = load(self.path, self.namespace_hex, self.device)
-            except EvidenceRejected as exc:
-                self.ignored += 1
-                self.startup_text = f"{UNMEASURED} (evidence file ignored: {exc.reason})"
-                logger.warning(
-                    "kvtier %s: decision evidence %s ignored (%s); the restore decision is "
-                    "unmeasured until the engine's first prefills",
-                    self._label,
-                    self.path,
-                    exc.reason,
-                )
-            except Exception as exc:  # never fail the engine over a hint
-                self.ignored += 1
-                self.startup_text = f"{UNMEASURED} (evidence file ignored: {exc})"
-                logger.warning(
-                    "kvtier %s: decision evidence %s ignored: %s", self._label, self.path, exc
-                )
-        if record is not None:
-            adopted = self.policy.adopt(record.evidence)
-            self.loaded += 1
-            self.startup_text = describe(adopted, record, self.policy.prefill.evidence)
+            return None
+        try:
+            record = load(self.path, self.namespace_hex, self.device)
+            if record is not None:
+                adopted = self.policy.adopt(record.evidence)
+                self.loaded += 1
+                self.startup_text = describe(adopted, record, self.policy.prefill.evidence)
+        except Exception as exc:
+            reason = exc.reason if isinstance(exc, EvidenceRejected) else str(exc)
+            self.ignored += 1
+            self.startup_text = f"{UNMEASURED} (evidence file ignored: {reason})"
+            logger.warning(
+                "kvtier %s: decision evidence %s ignored (%s); the restore decision is "
+                "unmeasured until the engine's first prefills",
+                self._label,
+                self.path,
+                reason,
+            )
         # What was adopted is on disk already: only later measurements are news.
         self._saved_measurements = self.policy.evidence().measurements
         return adopted
