@@ -266,6 +266,7 @@ class RecordSealer:
                 "key_id", f"sealed under key {seal.key_id.hex()}, which is not configured"
             )
         source = memoryview(ciphertext).cast("B")
+        out = memoryview(out).cast("B")  # a typed row (floats) is opened as bytes
         if source.nbytes != header.payload_len or out.nbytes != header.payload_len:
             raise CorruptRecordError(
                 "length", f"payload {source.nbytes} bytes, header says {header.payload_len}"
