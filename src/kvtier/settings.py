@@ -496,7 +496,7 @@ class SharedTierSettings(SettingsModel):
         **_option("shared_max_queued_blocks", "give a positive whole number, e.g. 1024"),
     )
     #: Encrypt values (and hide their keys) on the server; unset: plain records. Behind a disk
-    #: tier, the disk tier's ``encryption`` applies instead.
+    #: tier, the disk tier's `encryption` applies instead.
     encryption: EncryptionSettings | None = Field(
         default=None,
         **_option(
