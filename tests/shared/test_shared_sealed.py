@@ -16,7 +16,7 @@ from kvtier.format.sealing import KeyRing, MasterKey, RecordSealer
 from kvtier.store import BlockStore
 from kvtier.store.shared import KEY_PREFIX, SharedStore
 from tests.shared.test_shared_contract import _SharedContract
-from tests.support.redis_servers import RedisServer
+from tests.support.redis_servers import RedisClusterServers, RedisServer
 from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
@@ -178,3 +178,17 @@ def test_a_plain_store_reads_nothing_of_a_sealed_one(shared) -> None:  # type: i
     sealed.put(key_of(1), payload_of(1))
     assert plain.get(key_of(1)) is None and plain.stats().corrupt == {}
     assert redis.Redis  # the plain client is what ground truth reads with
+
+
+class TestSealedSharedCluster(TestSealedSharedStandalone):
+    @pytest.fixture(autouse=True)
+    def _bind(  # type: ignore[override]
+        self, redis_cluster: RedisClusterServers, unique_namespace: Callable[[], Namespace]
+    ) -> object:
+        self.url = redis_cluster.url
+        self.new_namespace = unique_namespace
+        self._sealer = sealer_of()
+        self._opened: list[SharedStore] = []
+        yield
+        for store in self._opened:
+            store.close()
