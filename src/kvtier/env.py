@@ -46,6 +46,12 @@ class KvtierEnv(BaseModel):
     shared_password: SecretStr | None = Field(
         default=None, json_schema_extra={"fix": "give the shared server's password"}
     )
+    #: Master keys of encryption at rest (64 hex digits each, comma-separated, the first
+    #: sealing new records), read in the engine's processes when ``encryption_key_env`` is on.
+    master_key: SecretStr | None = Field(
+        default=None,
+        json_schema_extra={"fix": "give 64 hex digits per key, e.g. from `openssl rand -hex 32`"},
+    )
     #: Root of kvtier's caches (models fetched by its tools); unset: ~/.cache/kvtier.
     cache_dir: Path | None = Field(
         default=None, json_schema_extra={"fix": "give a folder, or unset it"}
@@ -85,7 +91,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> KvtierEnv:
             name = str(error["loc"][0])
             extra = KvtierEnv.model_fields[name].json_schema_extra
             fix = extra.get("fix") if isinstance(extra, dict) else None
-            shown = "<hidden>" if name == "shared_password" else repr(data.get(name))
+            hidden = name in ("shared_password", "master_key")
+            shown = "<hidden>" if hidden else repr(data.get(name))
             message = str(error["msg"]).removeprefix("Value error, ")
             lines.append(f"{variable(name)}={shown}: {message}" + (f"; {fix}" if fix else ""))
         raise ConfigError("kvtier: " + "; ".join(lines)) from None

@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "shared": ("redis", "hiredis"),
     "bench": ("matplotlib", "psutil", "gguf"),
     "engine": ("vllm",),
+    "encryption": ("cryptography",),
 }
 
 

@@ -242,6 +242,77 @@ class HostPoolSettings(SettingsModel):
         return cls.parse(data)
 
 
+#: Why ``require_cache_salt`` cannot be honoured (the start-up error and the docs say it).
+CACHE_SALT_BLOCKED = (
+    "vLLM 0.32.0's offloading hands a tier no cache_salt: a tier sees a request only as a "
+    "ReqContext, built from its request id, kv_transfer_params and kv_hints (the scheduler's "
+    "_create_req_context), so kvtier cannot tell a salted request from an unsalted one"
+)
+#: Environment variable of the master keys (``EncryptionSettings.key_env``).
+MASTER_KEY_VARIABLE = "KVTIER_MASTER_KEY"
+
+
+class EncryptionSettings(SettingsModel):
+    """Encryption at rest of the disk and shared tiers (AES-256-GCM), and tenant isolation.
+
+    The settings name where the master keys are, never the keys: files are read, and their
+    permissions checked, in the engine's processes when the tier starts (``kvtier.keyfiles``).
+    """
+
+    component: ClassVar[str] = "encryption"
+
+    #: Files of the master keys, private to the engine's user (0600 or 0400, owned by it), each
+    #: 32 random bytes or their 64 hex digits; the first seals new records, the others only open
+    #: records written before a rotation.
+    key_files: tuple[AbsolutePath, ...] = Field(
+        default=(),
+        **_option(
+            "encryption_key_files / --encryption-key-file",
+            "give files made with `(umask 077; openssl rand -hex 32 > /etc/kvtier/key)`",
+        ),
+    )
+    #: Read the master keys from KVTIER_MASTER_KEY in the engine's processes (64 hex digits
+    #: each, comma-separated, the first sealing new records) instead of files.
+    key_env: bool = Field(
+        default=False,
+        strict=True,
+        **_option(
+            "encryption_key_env / --encryption-key-env",
+            f"give true to read the keys from {MASTER_KEY_VARIABLE}, or false",
+        ),
+    )
+    #: Keep requests without a cache_salt out of the disk and shared tiers; not available on
+    #: the supported vLLM releases (their offloading does not tell a tier the cache_salt), so
+    #: true refuses start-up.
+    require_cache_salt: bool = Field(
+        default=False,
+        strict=True,
+        **_option(
+            "require_cache_salt / --require-cache-salt",
+            "leave it false: " + CACHE_SALT_BLOCKED,
+        ),
+    )
+
+    @field_validator("require_cache_salt")
+    @classmethod
+    def _salt_visible(cls, required: bool) -> bool:
+        if required:
+            raise ValueError("cannot be enforced")
+        return required
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> Self:
+        if bool(self.key_files) == self.key_env:
+            raise ValueError(
+                "encryption needs its master keys from exactly one place: give "
+                "encryption_key_files (--encryption-key-file) or encryption_key_env=True "
+                f"(--encryption-key-env, keys in {MASTER_KEY_VARIABLE}), not both or neither"
+            )
+        if len(set(self.key_files)) != len(self.key_files):
+            raise ValueError("encryption_key_files names a file twice; give each key once")
+        return self
+
+
 class DiskTierSettings(SettingsModel):
     """kvtier's disk tier (``KvtierDiskTier``): verified, bounded, crash-safe records."""
 
@@ -300,6 +371,24 @@ class DiskTierSettings(SettingsModel):
         default=None,
         **_option("shared / --shared", "give the shared tier's settings, or leave it unset"),
     )
+    #: Encrypt records (and hide their names) on this disk tier and the shared tier behind it;
+    #: unset: plain records.
+    encryption: EncryptionSettings | None = Field(
+        default=None,
+        **_option(
+            "encryption_key_files / encryption_key_env",
+            "give the encryption settings, or leave them unset",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_encryption(self) -> Self:
+        if self.shared is not None and self.shared.encryption is not None:
+            raise ValueError(
+                "the shared tier behind a disk tier is encrypted with the disk tier's keys; "
+                "give the encryption options once, on the disk tier"
+            )
+        return self
 
     @field_validator("capacity_bytes")
     @classmethod
@@ -405,6 +494,15 @@ class SharedTierSettings(SettingsModel):
         ge=1,
         strict=True,
         **_option("shared_max_queued_blocks", "give a positive whole number, e.g. 1024"),
+    )
+    #: Encrypt values (and hide their keys) on the server; unset: plain records. Behind a disk
+    #: tier, the disk tier's `encryption` applies instead.
+    encryption: EncryptionSettings | None = Field(
+        default=None,
+        **_option(
+            "encryption_key_files / encryption_key_env",
+            "give the encryption settings, or leave them unset",
+        ),
     )
 
     @model_validator(mode="before")

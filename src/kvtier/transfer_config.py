@@ -19,6 +19,7 @@ from kvtier.settings import (
     SPEC_MODULE,
     SPEC_NAME,
     DiskTierSettings,
+    EncryptionSettings,
     HostPoolSettings,
     SettingsModel,
     SharedTierSettings,
@@ -62,6 +63,9 @@ def kv_transfer_config(
     shared_tls_ca_file: str | os.PathLike[str] | None = None,
     shared_tls_cert_file: str | os.PathLike[str] | None = None,
     shared_tls_key_file: str | os.PathLike[str] | None = None,
+    encryption_key_files: list[str | os.PathLike[str]] | None = None,
+    encryption_key_env: bool = False,
+    require_cache_salt: bool = False,
     extra: dict[str, Any] | None = None,
     platform: str = "cpu",
 ) -> dict[str, Any]:
@@ -96,6 +100,15 @@ def kv_transfer_config(
         processes), not in the URL, so it stays off command lines.
     shared_username: ACL user of the shared tier (default: the server's default user).
     shared_tls_ca_file, shared_tls_cert_file, shared_tls_key_file: TLS files (``rediss://``).
+    encryption_key_files: encrypt the disk and shared tiers' records (AES-256-GCM) and hide
+        their names, with the master keys in these files (each private to the engine's user,
+        0600; the first seals new records, the others are older keys still read). Unset: plain
+        records. See docs/encryption.md.
+    encryption_key_env: the same with the keys in ``KVTIER_MASTER_KEY`` (read by the engine's
+        processes) instead of files.
+    require_cache_salt: keep requests without a ``cache_salt`` out of the disk and shared
+        tiers. Refused on the supported vLLM releases, whose offloading does not tell a tier
+        the salt.
     extra: upstream ``OffloadingConnector`` options passed through unchanged
         (one of ``PASSTHROUGH_KEYS``).
 
@@ -126,6 +139,9 @@ def kv_transfer_config(
             "shared_tls_ca_file": shared_tls_ca_file,
             "shared_tls_cert_file": shared_tls_cert_file,
             "shared_tls_key_file": shared_tls_key_file,
+            "encryption_key_files": encryption_key_files,
+            "encryption_key_env": encryption_key_env,
+            "require_cache_salt": require_cache_salt,
             "extra": extra or {},
             "platform": platform,
         }
@@ -156,6 +172,9 @@ class TransferOptions(SettingsModel):
     shared_tls_ca_file: Any = None
     shared_tls_cert_file: Any = None
     shared_tls_key_file: Any = None
+    encryption_key_files: Any = None
+    encryption_key_env: Any = False
+    require_cache_salt: Any = False
     extra: dict[str, Any] = Field(
         default_factory=dict, **with_fix(f"use only {sorted(PASSTHROUGH_KEYS)}")
     )
@@ -186,6 +205,16 @@ class TransferOptions(SettingsModel):
             raise ValueError(
                 "host_pool_dir, allow_small_tiers and restore_decision=False need kvtier's CPU "
                 "spec; on platform='cuda' vLLM's own spec runs the host pool: remove them"
+            )
+        encrypted = (self.encryption_key_files, self.encryption_key_env, self.require_cache_salt)
+        if any(encrypted) and self.disk_dir is None and self.shared is None:
+            raise ValueError(
+                "encryption options are set but there is no disk or shared tier to encrypt "
+                "(the host pool is process memory and stays plain); give disk_dir or shared"
+            )
+        if any(encrypted) and self.disk_tier == "fs" and self.disk_dir is not None:
+            raise ValueError(
+                "disk_tier='fs' (vLLM's stock tier) cannot encrypt; use disk_tier='kvtier'"
             )
         if self.shared is None and (self.shared_username or any(shared_files)):
             raise ValueError("shared_* options are set but shared is not; give the shared URL too")
@@ -225,6 +254,15 @@ class TransferOptions(SettingsModel):
                 **pool.to_extra_config(),
             }
         connector_extra: dict[str, Any] = {**spec, "secondary_tiers": [], **self.extra}
+        encryption = None
+        if self.encryption_key_files or self.encryption_key_env or self.require_cache_salt:
+            encryption = EncryptionSettings.parse(
+                {
+                    "key_files": tuple(self.encryption_key_files or ()),
+                    "key_env": self.encryption_key_env,
+                    "require_cache_salt": self.require_cache_salt,
+                }
+            )
         shared = None
         if self.shared is not None:
             shared = SharedTierSettings.parse(
@@ -234,10 +272,12 @@ class TransferOptions(SettingsModel):
                     "tls_ca_file": self.shared_tls_ca_file,
                     "tls_cert_file": self.shared_tls_cert_file,
                     "tls_key_file": self.shared_tls_key_file,
+                    # Behind a disk tier the disk tier's encryption covers the shared tier.
+                    "encryption": encryption if self.disk_dir is None else None,
                 }
             )
         if self.disk_dir is not None:
-            connector_extra["secondary_tiers"].append(self._disk_tier(shared))
+            connector_extra["secondary_tiers"].append(self._disk_tier(shared, encryption))
         elif shared is not None:
             connector_extra["secondary_tiers"].append(shared.to_tier_config())
         return {
@@ -248,7 +288,9 @@ class TransferOptions(SettingsModel):
             "kv_connector_extra_config": connector_extra,
         }
 
-    def _disk_tier(self, shared: SharedTierSettings | None) -> dict[str, Any]:
+    def _disk_tier(
+        self, shared: SharedTierSettings | None, encryption: EncryptionSettings | None
+    ) -> dict[str, Any]:
         disk = DiskTierSettings.parse(
             {
                 "root_dir": self.disk_dir,
@@ -256,6 +298,7 @@ class TransferOptions(SettingsModel):
                 "io_threads": self.disk_threads,
                 "fsync": self.fsync,
                 "shared": shared,
+                "encryption": encryption,
             }
         )
         if self.disk_tier == "kvtier":

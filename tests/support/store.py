@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.format.sealing import RecordSealer
 from kvtier.store.disk.root import INDEX_ALLOWANCE_BYTES
 
 PAYLOAD_BYTES = 8192
@@ -65,13 +66,25 @@ def charged_bytes(folder: Path) -> int:
     return total
 
 
-def disk_ground_truth(namespace_dir: Path, namespace: Namespace) -> dict[bytes, bytes]:
+#: Block keys ``disk_ground_truth`` recognises by name in a sealed folder (the tests' keys).
+SEALED_KEYS_TRIED = 4096
+
+
+def disk_ground_truth(
+    namespace_dir: Path, namespace: Namespace, sealer: RecordSealer | None = None
+) -> dict[bytes, bytes]:
     """The records under a disk store's namespace folder, decoded from the files with
     kvtier.format alone (no store, no index): key -> payload. Where several files hold one
     key (an older version not unlinked yet), the newest record id wins. A file that does not
-    decode is an AssertionError: a store must never leave one in ``blocks/``."""
+    decode is an AssertionError: a store must never leave one in ``blocks/``. With ``sealer``
+    the files are named by keyed MACs: each is opened with it, and its block key found among
+    ``key_of(i)`` for i below SEALED_KEYS_TRIED."""
     from kvtier.format.record import decode_header, verify_payload
 
+    by_name = {}
+    if sealer is not None:
+        digest = namespace.digest()
+        by_name = {sealer.name(digest, key_of(i)): key_of(i) for i in range(SEALED_KEYS_TRIED)}
     found: dict[bytes, tuple[int, bytes]] = {}
     for path in sorted((namespace_dir / "blocks").glob("*/*.kvb")):
         key_hex, record_id, _ = path.name.split(".")
@@ -80,7 +93,13 @@ def disk_ground_truth(namespace_dir: Path, namespace: Namespace) -> dict[bytes, 
         header = decode_header(data[:HEADER_BYTES], namespace.digest(), key)
         payload = data[HEADER_BYTES:]
         assert header.payload_len == len(payload), f"{path.name}: torn record"
-        verify_payload(header, payload)
+        if sealer is None:
+            verify_payload(header, payload)
+        else:
+            out = memoryview(bytearray(len(payload)))
+            sealer.open(header, payload, out)
+            payload = bytes(out)
+            key = by_name[key]
         if key not in found or found[key][0] < int(record_id):
             found[key] = (int(record_id), payload)
     return {key: payload for key, (_, payload) in found.items()}

@@ -156,7 +156,7 @@ def test_the_password_variable_reaches_the_store_but_never_the_settings(monkeypa
     monkeypatch.setenv("KVTIER_SHARED_PASSWORD", "from-env")
     opened = []
     monkeypatch.setattr(
-        "kvtier.store.shared.SharedStore", lambda settings, ns: opened.append(settings)
+        "kvtier.store.shared.SharedStore", lambda settings, ns, **_: opened.append(settings)
     )
     settings = SharedTierSettings.parse({"url": "redis://cache:6379"})
     open_shared_store(settings, make_namespace())

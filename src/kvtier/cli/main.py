@@ -90,6 +90,28 @@ def serve(
     shared_tls_key_file: Annotated[
         Path | None, typer.Option(help="Key of the client certificate (PEM).")
     ] = None,
+    encryption_key_files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--encryption-key-file",
+            help="Encrypt the disk and shared tiers with the master key in this 0600 file; "
+            "repeat after a rotation, the current key first.",
+        ),
+    ] = None,
+    encryption_key_env: Annotated[
+        bool,
+        typer.Option(
+            "--encryption-key-env", help="Encrypt with the master keys in env KVTIER_MASTER_KEY."
+        ),
+    ] = False,
+    require_cache_salt: Annotated[
+        bool,
+        typer.Option(
+            "--require-cache-salt",
+            help="Keep requests without a cache_salt off the disk and shared tiers (refused: "
+            "vLLM does not tell tiers the salt).",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the command instead of running it.")
     ] = False,
@@ -107,6 +129,8 @@ def serve(
             require("engine", "kvtier serve")
         if shared is not None:
             require("shared", "the shared tier (--shared)")
+        if encryption_key_files or encryption_key_env:
+            require("encryption", "encryption at rest (--encryption-key-file/-env)")
         # Every option but the model and --dry-run is kv_transfer_config's argument of the
         # same name (tests/cli/test_cli.py pins the two lists together).
         given = locals()

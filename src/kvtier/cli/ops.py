@@ -4,6 +4,12 @@ Results go to stdout (``--json`` for a machine-readable object), diagnostics to 
 Exit codes: 0 fine, 1 problems found, 2 usage or configuration error, 3 the folder cannot be
 read. All four are safe while engines serve the folder: ``ls``/``du`` only read the index;
 ``verify`` opens each namespace as one more store; ``gc`` evicts as a put would.
+
+Encrypted namespaces: record names are keyed MACs, so ``ls`` lists names that cannot be turned
+back into block keys, with or without the key. ``verify`` authenticates every record with the
+key (``--key-file`` / ``--key-env``); without it, it checks each header and ciphertext
+checksum and says how many records it could not authenticate. ``gc --retired-keys`` drops the
+records no key but a retired one opens. No command prints a key.
 """
 
 from __future__ import annotations
@@ -29,6 +35,33 @@ _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 DirArg = Annotated[Path, typer.Argument(help="The disk folder (disk_dir).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+KeyFileOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--key-file",
+        help="Master key file of an encrypted folder; repeat it after a rotation, the "
+        "current key first.",
+    ),
+]
+KeyEnvOpt = Annotated[
+    bool, typer.Option("--key-env", help="Read the master keys from KVTIER_MASTER_KEY.")
+]
+
+
+def _keyring(key_files: list[Path] | None, key_env: bool) -> Any:
+    """The key ring the options name, or None when they name none (``ConfigError`` if bad)."""
+    if not key_files and not key_env:
+        return None
+    from kvtier.keyfiles import load_keyring
+    from kvtier.settings import EncryptionSettings
+
+    return load_keyring(EncryptionSettings(key_files=tuple(key_files or ()), key_env=key_env))
+
+
+def _encrypted(namespace: Any) -> bool:
+    from kvtier.format.sealing import is_sealed_namespace
+
+    return namespace is not None and is_sealed_namespace(namespace)
 
 
 def parse_age(value: str) -> float:
@@ -87,6 +120,7 @@ def ls(
                 f"{r['namespace']}  {r['model']}  weights {r['weights']}  {r['layout']}  "
                 f"{r['blocks']} blocks  {format_size(r['bytes'])}  "
                 f"newest {_when(r['newest_use_ns'])}  oldest {_when(r['oldest_use_ns'])}"
+                + ("  encrypted" if r["encrypted"] else "")
                 for r in rows
             ]
             _emit(as_json, {"namespaces": rows}, lines or ["no namespaces"])
@@ -94,6 +128,13 @@ def ls(
         if namespace not in {s.digest_hex for s in summaries}:
             raise ConfigError(f"no namespace {namespace!r} in {disk_dir}; see `kvtier ls DIR`")
         blocks = namespace_blocks(disk_dir, namespace)
+        summary = next(s for s in summaries if s.digest_hex == namespace)
+        if _encrypted(summary.namespace):
+            typer.echo(
+                "kvtier: encrypted namespace: the names are keyed MACs of the block keys, "
+                "which no key turns back into block keys",
+                err=True,
+            )
         data = {
             "namespace": namespace,
             "blocks": [
@@ -129,6 +170,7 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
         "newest_use_ns": summary.newest_use_ns or 0,
         "oldest_use_ns": summary.oldest_use_ns or 0,
         "quarantine_bytes": summary.quarantine_bytes,
+        "encrypted": _encrypted(ns),
     }
 
 
@@ -171,13 +213,22 @@ def du(disk_dir: DirArg, as_json: JsonOpt = False) -> None:
 def verify(
     disk_dir: DirArg,
     fix: Annotated[bool, typer.Option("--fix", help="Repair what can be repaired.")] = False,
+    key_file: KeyFileOpt = None,
+    key_env: KeyEnvOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Read every record of every namespace and check it against the index."""
+    """Read every record of every namespace and check it against the index.
+
+    Encrypted records are authenticated with the key; without it only their headers and
+    ciphertext checksums are checked, and the output says how many could not be opened.
+    Example: kvtier verify /var/cache/kvtier --key-file /etc/kvtier/key
+    """
     from kvtier.store import DiskStore
     from kvtier.store.disk.inspect import namespace_summaries
 
+    unopened: dict[str, int] = {}
     with _exit_codes():
+        ring = _keyring(key_file, key_env)
         summaries = namespace_summaries(disk_dir)
         results: dict[str, list[dict[str, Any]]] = {}
         total = sum(s.bytes or 0 for s in summaries)
@@ -188,8 +239,15 @@ def verify(
                         {"kind": "namespace_file", "detail": "namespace.json missing or unreadable"}
                     ]
                     continue
-                with DiskStore(disk_dir, summary.namespace) as store:
-                    problems = store.verify(fix=fix, progress=advance)
+                sealed = _encrypted(summary.namespace)
+                sealer = ring.tenant() if sealed and ring is not None else None
+                digest = summary.digest_hex
+
+                def count(_key_id: bytes, digest: str = digest) -> None:
+                    unopened[digest] = unopened.get(digest, 0) + 1
+
+                with DiskStore(disk_dir, summary.namespace, sealer=sealer) as store:
+                    problems = store.verify(fix=fix, progress=advance, unopened=count)
                 results[summary.digest_hex] = [
                     {
                         "kind": p.kind,
@@ -206,8 +264,13 @@ def verify(
         + (" (fixed)" if p.get("fixed") else "")
         for ns, problems in results.items()
         for p in problems
+    ] + [
+        f"{ns}: {n} encrypted records not authenticated (no key: header and ciphertext "
+        "checksum checked); give --key-file or --key-env to check them"
+        for ns, n in unopened.items()
     ] + [f"{len(summaries)} namespaces, {format_size(total)} read, {found} problems"]
-    _emit(as_json, {"namespaces": results, "problems": found, "bytes_read": total}, lines)
+    data = {"namespaces": results, "problems": found, "bytes_read": total, "unopened": unopened}
+    _emit(as_json, data, lines)
     if found:
         raise typer.Exit(PROBLEMS)
 
@@ -245,15 +308,33 @@ def gc(
         str | None, typer.Option("--older-than", help="Evict blocks unused for AGE (e.g. 30d).")
     ] = None,
     quarantine: Annotated[bool, typer.Option("--quarantine", help="Empty the quarantine.")] = False,
+    retired_keys: Annotated[
+        bool,
+        typer.Option(
+            "--retired-keys",
+            help="Evict the encrypted blocks not written under the current key (the first "
+            "--key-file).",
+        ),
+    ] = False,
+    key_file: KeyFileOpt = None,
+    key_env: KeyEnvOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evict blocks (least recently used first) or empty the quarantine."""
     from kvtier.store.disk.gc import collect
 
     with _exit_codes():
-        if to is None and namespace is None and older_than is None and not quarantine:
+        given = (to, namespace, older_than)
+        if all(v is None for v in given) and not quarantine and not retired_keys:
             raise ConfigError(
-                "gc: give --to SIZE, --namespace NS, --older-than AGE or --quarantine"
+                "gc: give --to SIZE, --namespace NS, --older-than AGE, --quarantine or "
+                "--retired-keys"
+            )
+        ring = _keyring(key_file, key_env)
+        if retired_keys and ring is None:
+            raise ConfigError(
+                "gc --retired-keys needs the current key: give --key-file (the current key "
+                "first) or --key-env"
             )
         result = collect(
             disk_dir,
@@ -261,6 +342,7 @@ def gc(
             namespace=namespace,
             older_than_s=None if older_than is None else parse_age(older_than),
             quarantine=quarantine,
+            keep_key_ids=(ring.write_key_id,) if retired_keys else None,
         )
     _emit(
         as_json,

@@ -7,24 +7,35 @@ Layout (little-endian)::
     8       2     version          FORMAT_VERSION
     10      2     header_len       HEADER_BYTES (4096)
     12      1     checksum_alg     id from kvtier.format.checksum
-    13      1     flags            0 (reserved)
+    13      1     flags            bit 0: SEALED (payload encrypted); other bits 0
     14      2     key_len          1..MAX_KEY_BYTES
     16      16    namespace        Namespace.digest()
     32      8     payload_len      bytes after the header
     40      8     payload_checksum checksum of the payload with checksum_alg
     48      K     key              opaque key bytes (vLLM: 32-byte block hash + u32 group, BE)
-    48+K    8     header_checksum  xxh3_64 of bytes [0, 48+K)
-    56+K    ...   zero padding up to header_len
+    48+K    S     seal             only when SEALED (S = 52, else 0): key id (8), record
+                                   salt (16), GCM nonce (12), GCM tag (16); kvtier.format.sealing
+    48+K+S  8     header_checksum  xxh3_64 of bytes [0, 48+K+S)
+    56+K+S  ...   zero padding up to header_len
+
+A sealed record's ``key`` is its stored name (a keyed MAC of the block key, never the block key
+itself) and its payload is ciphertext of the same length as the KV, so the payload still
+starts page-aligned. ``payload_checksum`` covers the bytes as stored (the ciphertext): a
+checksum of the plaintext would be a keyless fingerprint of the KV, letting whoever can compute
+the KV of a guessed prompt find it in a folder, and a checksum of what is stored lets
+``verify`` find bit rot without the key. The seal sits before the header checksum, so a reader
+that does not know the flag fails the record as ``header_checksum``.
 
 The header fills one page so the payload starts page-aligned: a reader can ``preadv`` the
 file straight into a page-aligned host-pool row, with ``O_DIRECT`` where the buffer allows.
 The header checksum is always xxh3-64 so it can be checked before the algorithm id is trusted.
 
 ``decode_header`` checks, in this order, and raises ``CorruptRecordError`` with the reason:
-``bad_magic`` (also a zero-filled file), ``version`` (unknown version, header length or
+``bad_magic`` (also a zero-filled file), ``version`` (unknown version, header length, flag or
 checksum id), ``header_checksum`` (damaged header or non-zero padding), ``namespace``,
 ``key``, ``length``. The payload checksum is checked by ``verify_payload`` (``checksum``)
-once the payload is in the caller's buffer.
+once the payload is in the caller's buffer; ``verify_payload`` refuses a sealed record
+(``sealed``: only its key can open it, kvtier.format.sealing).
 """
 
 from __future__ import annotations
@@ -46,10 +57,38 @@ HEADER_BYTES = 4096
 NAMESPACE_DIGEST_BYTES = 16
 #: Longest key a record can carry (vLLM's keys are 36 bytes).
 MAX_KEY_BYTES = 256
+#: Header flag: the payload is AES-256-GCM ciphertext and the header carries a ``Seal``.
+FLAG_SEALED = 0x01
+_KNOWN_FLAGS = FLAG_SEALED
+KEY_ID_BYTES = 8
+SALT_BYTES = 16
+NONCE_BYTES = 12
+TAG_BYTES = 16
 
 _FIXED = struct.Struct(f"<8sHHBBH{NAMESPACE_DIGEST_BYTES}sQQ")
 _U64 = struct.Struct("<Q")
+_SEAL = struct.Struct(f"<{KEY_ID_BYTES}s{SALT_BYTES}s{NONCE_BYTES}s{TAG_BYTES}s")
 _ZERO_PAGE = bytes(HEADER_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """What a sealed record's header carries to open it (kvtier.format.sealing)."""
+
+    #: Identifier of the master key the record was written under (not secret).
+    key_id: bytes
+    #: Random per-record salt the record's AES key is derived with.
+    salt: bytes
+    #: Random GCM nonce.
+    nonce: bytes
+    #: GCM authentication tag over the ciphertext and the associated data.
+    tag: bytes
+
+    def __post_init__(self) -> None:
+        sizes = (KEY_ID_BYTES, SALT_BYTES, NONCE_BYTES, TAG_BYTES)
+        values = (self.key_id, self.salt, self.nonce, self.tag)
+        if any(not isinstance(v, bytes) or len(v) != n for v, n in zip(values, sizes, strict=True)):
+            raise ValueError(f"seal fields must be bytes of {sizes} bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +107,13 @@ class RecordHeader:
     checksum_alg: int = _checksum.DEFAULT_ALGORITHM.algorithm_id
     #: Format version the record was written with.
     version: int = FORMAT_VERSION
+    #: Present when the payload is encrypted (flag SEALED); None for a plain record.
+    seal: Seal | None = None
+
+    @property
+    def flags(self) -> int:
+        """The header's flags byte."""
+        return FLAG_SEALED if self.seal is not None else 0
 
     def __post_init__(self) -> None:
         if len(self.namespace_digest) != NAMESPACE_DIGEST_BYTES:
@@ -115,13 +161,16 @@ def encode_header(header: RecordHeader) -> bytes:
         header.version,
         HEADER_BYTES,
         header.checksum_alg,
-        0,
+        header.flags,
         len(header.key),
         header.namespace_digest,
         header.payload_len,
         header.payload_checksum,
     )
     body = fixed + header.key
+    if header.seal is not None:
+        seal = header.seal
+        body += _SEAL.pack(seal.key_id, seal.salt, seal.nonce, seal.tag)
     body += _U64.pack(xxhash.xxh3_64_intdigest(body))
     return body + _ZERO_PAGE[len(body) :]
 
@@ -143,7 +192,7 @@ def decode_header(
     view = memoryview(buf).cast("B")
     if view.nbytes < HEADER_BYTES:
         raise CorruptRecordError("length", f"header is {view.nbytes} bytes, need {HEADER_BYTES}")
-    magic, version, header_len, alg, _flags, key_len, namespace, payload_len, payload_ck = (
+    magic, version, header_len, alg, flags, key_len, namespace, payload_len, payload_ck = (
         _FIXED.unpack_from(view)
     )
     if magic != MAGIC:
@@ -152,7 +201,10 @@ def decode_header(
         raise CorruptRecordError(
             "version", f"version {version}/header {header_len}, want {FORMAT_VERSION}/4096"
         )
-    body_len = _FIXED.size + key_len
+    if flags & ~_KNOWN_FLAGS:
+        raise CorruptRecordError("version", f"unknown header flags {flags:#04x}")
+    seal_len = _SEAL.size if flags & FLAG_SEALED else 0
+    body_len = _FIXED.size + key_len + seal_len
     if not 1 <= key_len <= MAX_KEY_BYTES:
         raise CorruptRecordError("header_checksum", f"key length {key_len} out of range")
     (stored_ck,) = _U64.unpack_from(view, body_len)
@@ -165,18 +217,33 @@ def decode_header(
         raise CorruptRecordError(
             "namespace", f"record of namespace {namespace.hex()}, want {expected_namespace.hex()}"
         )
-    key = bytes(view[_FIXED.size : body_len])
+    key = bytes(view[_FIXED.size : _FIXED.size + key_len])
     if key != expected_key:
         raise CorruptRecordError("key", f"record of key {key.hex()}, want {expected_key.hex()}")
     if expected_payload_len is not None and payload_len != expected_payload_len:
         raise CorruptRecordError(
             "length", f"payload of {payload_len} bytes, want {expected_payload_len}"
         )
-    return RecordHeader(namespace, key, payload_len, payload_ck, alg, version)
+    seal = None
+    if seal_len:
+        seal = Seal(*_SEAL.unpack_from(view, _FIXED.size + key_len))
+    return RecordHeader(namespace, key, payload_len, payload_ck, alg, version, seal)
 
 
 def verify_payload(header: RecordHeader, payload: _checksum.Buffer) -> None:
-    """Raise ``CorruptRecordError("checksum")`` unless ``payload`` matches ``header``."""
+    """Raise ``CorruptRecordError("checksum")`` unless ``payload`` is the plain KV ``header``
+    describes; ``CorruptRecordError("sealed")`` for an encrypted record, which only its key
+    opens (a reader without one must not serve ciphertext as KV)."""
+    if header.seal is not None:
+        raise CorruptRecordError(
+            "sealed", "the record is encrypted and this reader has no key for it"
+        )
+    verify_stored_bytes(header, payload)
+
+
+def verify_stored_bytes(header: RecordHeader, payload: _checksum.Buffer) -> None:
+    """Raise ``CorruptRecordError`` unless ``payload`` has the length and checksum the header
+    says: for a sealed record, the ciphertext's integrity (no proof of who wrote it)."""
     view = memoryview(payload)
     if view.nbytes != header.payload_len:
         raise CorruptRecordError(

@@ -30,6 +30,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import OffloadingManager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from kvtier.keyfiles import tier_keyring
 from kvtier.log import setup_logging
 from kvtier.settings import DiskTierSettings, parse_tier
 from kvtier.store import check_root
@@ -57,6 +58,7 @@ class KvtierCudaSpec(TieringOffloadingSpec):
         for tier in self.tier_settings:
             if isinstance(tier, DiskTierSettings):
                 check_root(tier.root_dir)
+            tier_keyring(tier)  # a key file that cannot be used refuses the start here
         vllm_config = compat.engine_vllm_config(self)
         if vllm_config is not None:
             check_hash_stability(

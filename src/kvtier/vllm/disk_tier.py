@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.keyfiles import tier_keyring
 from kvtier.settings import DiskTierSettings, tier_options
 from kvtier.store import BlockStore, DiskStore, check_root
 from kvtier.store.disk.layout import DECISION_FILE
 from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
 from kvtier.vllm.configured_tier import ConfiguredTier
-from kvtier.vllm.shared_tier import check_server, open_shared_store
+from kvtier.vllm.shared_tier import check_server, describe_encryption, open_shared_store
+from kvtier.vllm.tenants import DEFAULT_TENANT
 from kvtier.vllm.tier_opener import HOUSEKEEPING_INTERVAL_S
 
 #: How often the tier picks up blocks that other engines sharing its folder stored (and
@@ -35,18 +37,22 @@ REFRESH_INTERVAL_S = HOUSEKEEPING_INTERVAL_S
 
 def open_disk_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
     """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
-    of the shared store when one is configured (``LocalThenShared``)."""
+    of the shared store when one is configured (``LocalThenShared``); both sealed with the
+    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.vllm.tenants``)."""
+    ring = tier_keyring(settings)
+    sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
     local = DiskStore(
         settings.root_dir,
         namespace,
         settings.capacity_bytes,
         free_space_floor_bytes=settings.free_space_floor_bytes,
         fsync=settings.fsync,
+        sealer=sealer,
     )
     if settings.shared is None:
         return local
     try:
-        shared = open_shared_store(settings.shared, namespace)
+        shared = open_shared_store(settings.shared, namespace, sealer)
     except BaseException:
         local.close()
         raise
@@ -76,6 +82,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
 
     def check_settings(self, settings: DiskTierSettings) -> None:
         check_root(settings.root_dir)
+        tier_keyring(settings)
 
     @staticmethod
     def max_queued_blocks(settings: DiskTierSettings) -> int | None:
@@ -100,6 +107,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
             f"{records:,} records = {records * self.tokens_per_row:,} tokens, namespace "
             f"{namespace.digest_hex()[:12]}, fsync {self.settings.fsync}"
         )
+        line += describe_encryption(self.settings)
         if self.settings.shared is not None:
             line += (
                 f"; then shared {self.settings.shared.url} (capacity is the "

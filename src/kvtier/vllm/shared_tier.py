@@ -25,17 +25,38 @@ from typing import Any
 
 from kvtier.env import read_env
 from kvtier.format import Namespace
-from kvtier.settings import SharedTierSettings, tier_options
+from kvtier.format.sealing import RecordSealer
+from kvtier.keyfiles import tier_keyring
+from kvtier.settings import DiskTierSettings, SharedTierSettings, tier_options
 from kvtier.store import BlockStore
 from kvtier.vllm.configured_tier import ConfiguredTier
+from kvtier.vllm.tenants import DEFAULT_TENANT
 
 
-def open_shared_store(settings: SharedTierSettings, namespace: Namespace) -> BlockStore:
+def open_shared_store(
+    settings: SharedTierSettings, namespace: Namespace, sealer: RecordSealer | None = None
+) -> BlockStore:
     """The shared store of this engine's namespace (raises ``ConfigError`` if unusable); the
-    password comes from ``KVTIER_SHARED_PASSWORD`` when the settings give none."""
+    password comes from ``KVTIER_SHARED_PASSWORD`` when the settings give none. ``sealer``:
+    behind a disk tier, the disk tier's; else the shared tier's own encryption, if any."""
     from kvtier.store.shared import SharedStore  # imports redis-py: only when configured
 
-    return SharedStore(settings.with_password(read_env().shared_password), namespace)
+    if sealer is None:
+        ring = tier_keyring(settings)
+        sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
+    password = read_env().shared_password
+    return SharedStore(settings.with_password(password), namespace, sealer=sealer)
+
+
+def describe_encryption(settings: DiskTierSettings | SharedTierSettings) -> str:
+    """The start-up line's note on encryption: the current key's id (public), never a key."""
+    ring = tier_keyring(settings)
+    if ring is None:
+        return ""
+    return (
+        f"; encrypted (AES-256-GCM, writes under key {ring.write_key_id.hex()}, "
+        f"{len(ring.keys)} key(s) read)"
+    )
 
 
 def check_server(settings: SharedTierSettings, row_bytes: int) -> None:
@@ -73,9 +94,12 @@ class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
     def max_queued_blocks(settings: SharedTierSettings) -> int | None:
         return settings.max_queued_blocks
 
+    def check_settings(self, settings: SharedTierSettings) -> None:
+        tier_keyring(settings)
+
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         return (
             f"shared {self.settings.url}: capacity is the server's (maxmemory), "
             f"namespace {namespace.digest_hex()[:12]}"
-        )
+        ) + describe_encryption(self.settings)
 

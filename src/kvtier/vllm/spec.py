@@ -22,6 +22,7 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, Offloa
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.errors import ConfigError
+from kvtier.keyfiles import tier_keyring
 from kvtier.log import setup_logging
 from kvtier.settings import DiskTierSettings, HostPoolSettings, parse_tier
 from kvtier.sizing import RowGeometry, check_tiers, enforce
@@ -66,6 +67,7 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         for tier in self.tier_settings:
             if isinstance(tier, DiskTierSettings):
                 check_root(tier.root_dir)
+            tier_keyring(tier)  # a key file that cannot be used refuses the start here
         super().__init__(config)
         self._cpu_worker: CpuOffloadingWorker | None = None
         #: The scheduler's one start-up line (kvtier's tiers add their part once open).

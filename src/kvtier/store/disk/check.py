@@ -49,7 +49,8 @@ from pathlib import Path
 
 from kvtier.errors import ConfigError, CorruptRecordError
 from kvtier.format.namespace import Namespace
-from kvtier.format.record import decode_header, verify_payload
+from kvtier.format.record import decode_header, verify_payload, verify_stored_bytes
+from kvtier.format.sealing import RecordSealer
 from kvtier.store.base import Problem
 from kvtier.store.disk import layout
 from kvtier.store.disk.index import PENDING, Index, Row, Trashed
@@ -78,6 +79,11 @@ class StoreCheck:
     fix: bool
     #: Called with the bytes of each record read (a progress bar).
     progress: Callable[[int], None] | None = None
+    #: Opens sealed records (the store's); None: a sealed record's ciphertext checksum is
+    #: checked and ``unopened`` called with its key id.
+    sealer: RecordSealer | None = None
+    #: Called with the key id of each sealed record that could not be authenticated (no key).
+    unopened: Callable[[bytes], None] | None = None
     problems: list[Problem] = field(default_factory=list)
     _alive: dict[str, bool] = field(default_factory=dict)
 
@@ -201,7 +207,14 @@ class StoreCheck:
                 row.key,
                 row.payload_len,
             )
-            verify_payload(header, out)
+            if self.sealer is not None:
+                self.sealer.verify(header, out)
+            elif header.seal is not None:
+                verify_stored_bytes(header, out)
+                if self.unopened is not None:
+                    self.unopened(header.seal.key_id)
+            else:
+                verify_payload(header, out)
         except CorruptRecordError as exc:
             return exc.reason, str(exc)
         except FileNotFoundError as exc:

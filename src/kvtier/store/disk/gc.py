@@ -10,18 +10,26 @@ A collection is a writer session like a store's: it holds a session lock (in a n
 folder) while it runs, so its trash entries in flight belong to a live session. Without one,
 ``verify`` beside it reported them as ``stale_trash`` of a dead session, and engines reclaimed
 them under its feet.
+
+After a key rotation, ``keep_key_ids`` drops the sealed records of keys no longer in use:
+each ready record's header (its first 4 KiB, which hold the key id in the clear) is read and
+the record evicted unless its key id is kept. Plain records and records whose header cannot be
+read are left alone (``verify`` is the judge of damage).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtier.errors import CorruptRecordError
+from kvtier.format.record import HEADER_BYTES, decode_header
 from kvtier.store.disk import layout
 from kvtier.store.disk.folders import folders_bytes
-from kvtier.store.disk.index import Index, Trashed, charge
+from kvtier.store.disk.index import PENDING, TXN_ROWS_MAX, Index, Row, Trashed, charge
 from kvtier.store.disk.inspect import UnreadableRoot
 from kvtier.store.disk.io import RecordIO
 from kvtier.store.disk.quarantine import Limits, prune
@@ -47,12 +55,14 @@ def collect(
     namespace: str | None = None,
     older_than_s: float | None = None,
     quarantine: bool = False,
+    keep_key_ids: Collection[bytes] | None = None,
     io: RecordIO | None = None,
 ) -> GcResult:
     """Evict least recently used records of ``root`` until its footprint (what the cap
     bounds) is at most ``to_bytes``; or every record of ``namespace`` (a digest hex); or
     every record unused for ``older_than_s`` seconds (the filters combine); and, with
-    ``quarantine``, empty the quarantine. ``io``: the file I/O (a test seam). Raises
+    ``quarantine``, empty the quarantine; with ``keep_key_ids``, evict every sealed record
+    under another key (module docstring). ``io``: the file I/O (a test seam). Raises
     ``UnreadableRoot`` for a folder without an index (nothing is created)."""
     root = Path(root).absolute()
     if not (root / layout.INDEX_FILE).is_file():
@@ -87,6 +97,15 @@ def collect(
                 # counting the WAL at its bound, as reservations do (evicts up to 480 KiB
                 # more than asked, and a folder no engine has open has no WAL afterwards).
                 index.truncate_wal()
+        if keep_key_ids is not None:
+            retired = [r for r in index.all_rows() if _retired(root, r, set(keep_key_ids))]
+            for start in range(0, len(retired), TXN_ROWS_MAX):
+                batch = retired[start : start + TXN_ROWS_MAX]
+                index.remove_records([r.record_id for r in batch], trash=True)
+                Trash(root, index, io if io is not None else RecordIO()).empty(
+                    Trashed(r.path, "") for r in batch
+                )
+            rows += retired
         dropped = 0
         if quarantine:
             dropped = prune(root, index, Limits(0, 0))
@@ -95,6 +114,19 @@ def collect(
         index.close()
         if session is not None:
             session.close()
+
+
+def _retired(root: Path, row: Row, keep: set[bytes]) -> bool:
+    """True if ``row`` is a ready sealed record whose key id is not in ``keep``."""
+    if row.state == PENDING:
+        return False
+    try:
+        with open(root / row.path, "rb") as file:
+            head = file.read(HEADER_BYTES)
+        header = decode_header(head, bytes.fromhex(row.ns), row.key)
+    except (OSError, ValueError, CorruptRecordError):
+        return False
+    return header.seal is not None and header.seal.key_id not in keep
 
 
 def _hold_session(root: Path, namespace: str | None, folders: list[str]) -> Session | None:

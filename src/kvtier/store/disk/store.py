@@ -40,6 +40,14 @@ evicted records not unlinked yet (trash), the quarantine, the index files (charg
 and folder is charged its size rounded up to 4 KiB, so the bound holds for the sum of file
 sizes and for ``du -s`` of the root (see docs/store.md). Keys being read by this process are
 pinned: eviction skips them.
+
+Sealed records (a ``RecordSealer``, kvtier.format.sealing): the store keeps everything under
+each block's *name*, a keyed MAC of the block key, never the key itself: the index, the file
+names, the header's key field, the quarantine's labels and the log lines. The caller still
+speaks block keys; each method turns one into the names it may be stored under (the write
+key's first, then each older key's), so records written before a rotation are still found.
+``keys()`` lists only block keys this process has stored or loaded: the names cannot be turned
+back into keys, which is the point.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ from kvtier.format.record import (
     make_header,
     verify_payload,
 )
+from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import DISK_MIN_CAPACITY_BYTES
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 from kvtier.store.disk import check, layout, recovery
@@ -96,6 +105,8 @@ QUARANTINE_CAP_FRACTION = 0.25
 #: the bookkeeping is skipped (a quarantined file is then removed, its row dropped later) so
 #: a load never costs the index's 30 s busy timeout (kvtier.store.disk.index.Index.bounded).
 LOAD_INDEX_WAIT_S = 0.5
+#: Block keys of sealed records remembered for ``keys()`` (by name); oldest forgotten first.
+KNOWN_KEYS_MAX = 1 << 16
 #: Errors that say nothing about the record itself: a miss, but no quarantine.
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN}
 
@@ -132,6 +143,7 @@ class DiskStore(BlockStore):
         quarantine_max_entries: int = 64,
         quarantine_max_bytes: int | None = None,
         busy_timeout_s: float = 30.0,
+        sealer: RecordSealer | None = None,
     ) -> None:
         """Open (creating if needed) the namespace's folder under ``root``.
 
@@ -146,6 +158,8 @@ class DiskStore(BlockStore):
         (kvtier.store.disk.io). ``io``: replaces the file I/O, fsync policy included (the
         fault-injection seam). ``quarantine_max_entries``/``quarantine_max_bytes``: the
         root's quarantine is pruned, oldest first, to these (bytes default: a quarter of the cap).
+        ``sealer``: encrypt records and store them under keyed names (module docstring);
+        None: plain records, named by their keys.
         Raises ``ConfigError`` for bad values, an unsafe root or an index of a newer schema.
         """
         # The minimum is the settings' (kvtier.settings), so a cap the engine accepted at
@@ -158,6 +172,8 @@ class DiskStore(BlockStore):
             )
         if low_watermark is not None and not 0 < low_watermark <= 1:
             raise ConfigError(f"disk tier: low_watermark={low_watermark}; use 0 < x <= 1, e.g. 0.9")
+        if sealer is not None:
+            namespace = sealed_namespace(namespace)
         self.namespace = namespace
         self._digest = namespace.digest()
         self.root = Path(root).absolute()
@@ -169,6 +185,8 @@ class DiskStore(BlockStore):
             free_space_floor_bytes = min(int(fs_bytes * FLOOR_FRACTION), FLOOR_MAX_BYTES)
         self.free_space_floor_bytes = free_space_floor_bytes
         self._io = io if io is not None else RecordIO(fsync)
+        self._sealer = sealer
+        self._known: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
         self._mem: dict[bytes, _Entry] = {}
         self._seq = 0
@@ -217,6 +235,8 @@ class DiskStore(BlockStore):
     def put(self, key: bytes, payload: Buffer) -> bool:
         check_key(key)
         view = memoryview(payload)
+        if self._sealer is not None:
+            block_key, key = key, self._sealer.name(self._digest, key)
         record_bytes = HEADER_BYTES + view.nbytes
         if self._closed:
             return self._put_failed(key, "closed")
@@ -228,7 +248,12 @@ class DiskStore(BlockStore):
             return self._put_failed(key, "larger than the cap")
         if self._trash.has_retries():
             self._trash.retry()
-        header = encode_header(make_header(self._digest, key, view))
+        if self._sealer is None:
+            header = encode_header(make_header(self._digest, key, view))
+        else:
+            sealed, view = self._sealer.seal(self._digest, key, view)
+            header = encode_header(sealed)
+            self._remember(key, block_key)
         record_id = None
         for attempt in range(RESERVE_ATTEMPTS):
             try:
@@ -280,8 +305,9 @@ class DiskStore(BlockStore):
 
     def get_into(self, key: bytes, out: memoryview) -> bool:
         out = memoryview(out)
+        block_key = key
         with self._lock:
-            entry = None if self._closed else self._mem.get(key)
+            key, entry = self._find(key)
             if entry is None or out.nbytes != entry.payload_len:
                 self._stats.misses += 1
                 return False
@@ -294,7 +320,10 @@ class DiskStore(BlockStore):
                 key,
                 entry.payload_len,
             )
-            verify_payload(header, out)
+            if self._sealer is None:
+                verify_payload(header, out)
+            else:
+                self._sealer.open(header, out, out)  # in place; the tag covers every byte
         except FileNotFoundError:
             # Evicted or replaced by another process (its row is already gone), or deleted
             # behind the store's back: drop the row too, so its bytes leave the cap and no
@@ -318,6 +347,8 @@ class DiskStore(BlockStore):
                 self._pins[key] -= 1
                 if not self._pins[key]:
                     del self._pins[key]
+        if self._sealer is not None:
+            self._remember(key, block_key)
         with self._lock:
             self._stats.hits += 1
             self._stats.bytes_read += entry.payload_len
@@ -329,28 +360,37 @@ class DiskStore(BlockStore):
         return True
 
     def contains(self, key: bytes) -> bool:
-        return key in self._mem
+        if self._sealer is None:
+            return key in self._mem
+        return self._find(key)[1] is not None
 
     def delete(self, key: bytes) -> bool:
         check_key(key)
         if self._closed:
             return False
+        names = [key] if self._sealer is None else self._sealer.names(self._digest, key)
+        rows = []
         try:
-            rows = self._index.remove_key(key)
+            for name in names:
+                rows += self._index.remove_key(name)
         except sqlite3.Error as exc:
             log.warning("disk tier: delete failed: %s", exc)
             return False
         with self._lock:
-            self._mem.pop(key, None)
+            for name in names:
+                self._mem.pop(name, None)
+                self._known.pop(name, None)
         self._trash.empty(Trashed(r.path, "") for r in rows)
         return bool(rows)
 
     def keys(self) -> Iterator[bytes]:
         with self._lock:
-            return iter(list(self._mem))
+            if self._sealer is None:
+                return iter(list(self._mem))
+            return iter([key for name, key in self._known.items() if name in self._mem])
 
     def payload_len(self, key: bytes) -> int | None:
-        entry = self._mem.get(key)
+        entry = self._find(key)[1]
         return None if entry is None else entry.payload_len
 
     def used_bytes(self) -> int:
@@ -408,10 +448,16 @@ class DiskStore(BlockStore):
         return len(changes)
 
     def verify(
-        self, fix: bool = False, *, progress: Callable[[int], None] | None = None
+        self,
+        fix: bool = False,
+        *,
+        progress: Callable[[int], None] | None = None,
+        unopened: Callable[[bytes], None] | None = None,
     ) -> list[Problem]:
         """See ``BlockStore.verify``; ``progress`` is called with the bytes of each record
-        read."""
+        read. A sealed record is authenticated with the store's sealer; a store without one
+        checks its header and ciphertext checksum only and calls ``unopened`` with its key id
+        (it could not check what the record decrypts to)."""
         if self._closed:
             raise ValueError("verify() on a closed store; open it again")
         self._flush_touches()
@@ -424,6 +470,8 @@ class DiskStore(BlockStore):
             self._quarantine_limits(),
             fix,
             progress,
+            self._sealer,
+            unopened,
         ).run()
         if fix:
             self._reload()
@@ -443,12 +491,32 @@ class DiskStore(BlockStore):
 
     def record_path(self, key: bytes) -> Path | None:
         """The file currently holding ``key``'s record (as this process knows it), or None."""
-        entry = self._mem.get(key)
+        key, entry = self._find(key)
         if entry is None:
             return None
         return self.namespace_dir / layout.record_name(key, entry.record_id)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _find(self, key: bytes) -> tuple[bytes, _Entry | None]:
+        """The name ``key`` is stored under here, and its entry (None: not stored)."""
+        if self._closed:
+            return key, None
+        if self._sealer is None:
+            return key, self._mem.get(key)
+        names = self._sealer.names(self._digest, key)
+        for name in names:
+            entry = self._mem.get(name)
+            if entry is not None:
+                return name, entry
+        return names[0], None
+
+    def _remember(self, name: bytes, block_key: bytes) -> None:
+        with self._lock:
+            self._known.pop(name, None)
+            self._known[name] = block_key
+            if len(self._known) > KNOWN_KEYS_MAX:
+                del self._known[next(iter(self._known))]
 
     def _read_settings(self) -> None:
         capacity, ppm = self._index.settings()

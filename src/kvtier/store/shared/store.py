@@ -30,6 +30,14 @@ back-off one operation probes, and a success closes it. Nothing raises to the ca
 serving: errors are counted and logged (once per breaker opening) and become misses/False.
 Corrupt values are deleted on the server (a plain DEL: a replica's good record written in the
 instant between our GET and DEL is lost too, which costs a miss, never wrong bytes).
+
+Sealed values (a ``RecordSealer``, kvtier.format.sealing): the server key holds the block's
+name, a keyed MAC of the block key, in place of the key's hex, and the value is a sealed
+record, so neither a SCAN nor a read of the server's memory or its RDB/AOF files yields a block
+hash or KV. The in-memory view is keyed by name too; each method turns the caller's block key
+into the names it may be stored under (the write key's, then each older key's). A GET asks for
+the first name the view knows, else the write key's: a record another replica wrote under an
+older key is found through ``exists_many``, which asks for every name.
 """
 
 from __future__ import annotations
@@ -65,7 +73,9 @@ from kvtier.format.record import (
     encode_header,
     make_header,
     verify_payload,
+    verify_stored_bytes,
 )
+from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import SharedTierSettings
 from kvtier.store.base import BlockStore, Problem, StoreAbilities
 from kvtier.store.shared import readinto, startup
@@ -114,6 +124,7 @@ class SharedStore(BlockStore):
         namespace: Namespace,
         *,
         clock: Callable[[], float] | None = None,
+        sealer: RecordSealer | None = None,
     ) -> None:
         """Connect, read the server's memory settings and fail closed on a bad configuration.
 
@@ -121,7 +132,8 @@ class SharedStore(BlockStore):
         Raises ``ConfigError`` when the server cannot be reached (naming ``url``),
         authentication fails (naming ``username``/``password``), TLS fails (naming the
         ``tls_*`` options) or one record of ``namespace`` would exceed the record cap.
-        ``clock`` (monotonic seconds) is a seam for tests of the breaker.
+        ``clock`` (monotonic seconds) is a seam for tests of the breaker. ``sealer``: encrypt
+        values and name them by keyed MACs (module docstring); None: plain records.
         """
         if not isinstance(settings, SharedTierSettings):
             raise TypeError(
@@ -130,11 +142,16 @@ class SharedStore(BlockStore):
             )
         #: The validated settings (``url`` holds no credentials; ``password`` is a SecretStr).
         self.config = settings
+        if sealer is not None:
+            namespace = sealed_namespace(namespace)
         self.namespace = namespace
         self._digest = namespace.digest()
         self._prefix = KEY_PREFIX + namespace.digest_hex().encode() + b":"
         self._server = self.config.server
         self._clock = clock
+        self._sealer = sealer
+        #: name -> block key of sealed records this process stored or loaded (``keys()``).
+        self._known: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
         self._view = KeyView(self.config.view_max_keys)
         self._stats = SharedStoreStats()
@@ -174,6 +191,25 @@ class SharedStore(BlockStore):
 
     def _server_key(self, key: bytes) -> bytes:
         return self._prefix + key.hex().encode()
+
+    def _names(self, key: bytes) -> list[bytes]:
+        """The names ``key`` may be stored under (itself, for plain records)."""
+        check_key(key)
+        return [key] if self._sealer is None else self._sealer.names(self._digest, key)
+
+    def _find(self, key: bytes) -> bytes:
+        """The name to ask for: the first one the view knows, else the write key's."""
+        names = self._names(key)
+        return next((n for n in names if n in self._view), names[0])
+
+    def _remember(self, name: bytes, block_key: bytes) -> None:
+        if self._sealer is None:
+            return
+        with self._lock:
+            self._known.pop(name, None)
+            self._known[name] = block_key
+            if len(self._known) > self.config.view_max_keys:
+                del self._known[next(iter(self._known))]
 
     def _node_of(self, server_key: bytes) -> str:
         if isinstance(self._client, RedisCluster):
@@ -289,7 +325,13 @@ class SharedStore(BlockStore):
         record_bytes = HEADER_BYTES + view.nbytes
         if record_bytes > self.max_record_bytes:
             return self._put_failed("too_large")
-        header = encode_header(make_header(self._digest, key, view))
+        if self._sealer is None:
+            header = encode_header(make_header(self._digest, key, view))
+        else:
+            block_key, key = key, self._sealer.name(self._digest, key)
+            sealed, view = self._sealer.seal(self._digest, key, view)
+            header = encode_header(sealed)
+            self._remember(key, block_key)
         server_key = self._server_key(key)
         value = RecordValue((header, view))
         try:
@@ -338,7 +380,7 @@ class SharedStore(BlockStore):
         claim: Callable[[], bool] | None,
         bounce: object,
     ) -> bool:
-        check_key(key)
+        block_key, key = key, self._find(key)
         known = self._view.payload_len(key)
         if self._closed or (known is not None and known != dest.nbytes):
             return self._miss()
@@ -378,15 +420,29 @@ class SharedStore(BlockStore):
             if header.payload_len != dest.nbytes:
                 self._view.remember(key, header.payload_len)
                 return self._miss()
-            verify_payload(header, payload)
+            # A sealed value is opened where it landed (in place, before any claim) when that
+            # buffer is writable; the client's own bytes are opened straight into ``dest``,
+            # which may happen only once claimed.
+            deferred = self._sealer is not None and payload.readonly
+            if self._sealer is None:
+                verify_payload(header, payload)
+            elif not deferred:
+                self._sealer.open(header, payload, payload)
         except CorruptRecordError as exc:
             self._drop_corrupt(key, server_key, exc)
             return self._miss()
         self._view.remember(key, header.payload_len)
         if claim is not None and not claim():
             return False
-        if payload is not dest:
+        if deferred:
+            try:
+                self._sealer.open(header, payload, dest)  # type: ignore[union-attr]
+            except CorruptRecordError as exc:
+                self._drop_corrupt(key, server_key, exc)
+                return self._miss()
+        elif payload is not dest:
             dest[:] = payload
+        self._remember(key, block_key)
         with self._lock:
             self._stats.hits += 1
             self._stats.direct_hits += direct
@@ -395,26 +451,35 @@ class SharedStore(BlockStore):
 
     def contains(self, key: bytes) -> bool:
         """In the in-memory view (stored or found by this process); no network I/O."""
-        return key in self._view
+        return any(name in self._view for name in self._names(key))
 
     def delete(self, key: bytes) -> bool:
         """DEL on the server; True if the server removed a value (False on a fault)."""
-        check_key(key)
-        self._view.forget(key)
-        if self._closed:
-            return False
-        server_key = self._server_key(key)
-        try:
-            return bool(self._call(server_key, lambda: self._client.delete(server_key)))
-        except _Unavailable:
-            return False
+        removed = False
+        for name in self._names(key):
+            self._view.forget(name)
+            with self._lock:
+                self._known.pop(name, None)
+            if self._closed:
+                return False
+            server_key = self._server_key(name)
+            with contextlib.suppress(_Unavailable):
+                removed |= bool(
+                    self._call(server_key, lambda sk=server_key: self._client.delete(sk))
+                )
+        return removed
 
     def keys(self) -> Iterator[bytes]:
-        """Keys of the in-memory view (a snapshot)."""
-        return iter(self._view.snapshot())
+        """Keys of the in-memory view (a snapshot); for sealed values, the block keys this
+        process stored or loaded (a name cannot be turned back into its key)."""
+        names = self._view.snapshot()
+        if self._sealer is None:
+            return iter(names)
+        with self._lock:
+            return iter([self._known[n] for n in names if n in self._known])
 
     def payload_len(self, key: bytes) -> int | None:
-        return self._view.payload_len(key)
+        return self._view.payload_len(self._find(key))
 
     def used_bytes(self) -> int:
         """Record bytes of the keys in this process's view; the server's total is not known
@@ -437,7 +502,10 @@ class SharedStore(BlockStore):
         open) are reported absent but stay in the view. Blocking: call it from the tier's
         threads, not the scheduler. A value too short to be a record counts as absent.
         """
-        return self._check(keys)[0]
+        if self._sealer is None:
+            return self._check(keys)[0]
+        by_name = {name: key for key in keys for name in self._names(key)}
+        return {by_name[name] for name in self._check(by_name)[0]}
 
     def _check(self, keys: Iterable[bytes]) -> tuple[set[bytes], set[bytes]]:
         """(found, gone): gone are keys a server answered for and does not hold."""
@@ -535,7 +603,14 @@ class SharedStore(BlockStore):
                 raise CorruptRecordError("key", f"server key {server_key!r:.80} is not ours")
             raw = memoryview(value)
             header = decode_header(raw, self._digest, key, raw.nbytes - HEADER_BYTES)
-            verify_payload(header, raw[HEADER_BYTES:])
+            if self._sealer is not None:
+                self._sealer.verify(header, raw[HEADER_BYTES:])
+            elif header.seal is not None:
+                # Without the key only the ciphertext's integrity can be checked; deleting
+                # what cannot be opened here would empty an encrypted server.
+                verify_stored_bytes(header, raw[HEADER_BYTES:])
+            else:
+                verify_payload(header, raw[HEADER_BYTES:])
         except CorruptRecordError as exc:
             if fix:
                 client.delete(server_key)

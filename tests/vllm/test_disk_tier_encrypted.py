@@ -1,0 +1,74 @@
+"""KvtierDiskTier with encryption on: rows round-trip through sealed records, a restart with a
+rotated key reads the old ones, and a key file others can read refuses start-up."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.kv_offload.base import LookupResult
+
+from kvtier.errors import ConfigError
+from kvtier.vllm.disk_tier import KvtierDiskTier
+from tests.support.store import files_under
+from tests.vllm.test_disk_tier import CTX, ROW_BYTES, ROWS, key, offloading_config, run, wait_open
+
+
+def key_file(folder: Path, secret: bytes) -> str:
+    path = folder / f"key{secret[0]}"
+    path.write_text(secret.hex())
+    os.chmod(path, 0o600)
+    return str(path)
+
+
+def make_tier(tmp_path: Path, pool: np.ndarray, *key_files: str) -> KvtierDiskTier:
+    init_none_hash(sha256)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    return KvtierDiskTier(
+        spec,
+        memoryview(pool),
+        "KvtierDiskTier",
+        root_dir=str(tmp_path / "disk"),
+        capacity_bytes="1MiB",
+        encryption={"key_files": list(key_files)},
+    )
+
+
+@pytest.fixture
+def pool() -> np.ndarray:
+    return np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+
+
+def test_rows_round_trip_sealed_and_survive_a_restart_with_a_rotated_key(
+    tmp_path: Path, pool: np.ndarray
+) -> None:
+    old, new = key_file(tmp_path, bytes(range(32))), key_file(tmp_path, bytes(range(9, 41)))
+    tier = make_tier(tmp_path, pool, old)
+    try:
+        wait_open(tier)
+        pool[0] = np.arange(ROW_BYTES) % 113
+        assert run(tier, 1, [key(1)], [0], False).success
+    finally:
+        tier.shutdown()
+    names = " ".join(str(p) for p in files_under(tmp_path / "disk"))
+    assert key(1)[:32].hex() not in names
+    rotated = make_tier(tmp_path, pool, new, old)
+    try:
+        wait_open(rotated)
+        assert rotated.lookup(key(1), CTX) is LookupResult.HIT
+        assert run(rotated, 2, [key(1)], [4], True).success
+        assert np.array_equal(pool[4], pool[0])
+    finally:
+        rotated.shutdown()
+
+
+def test_a_key_file_others_can_read_refuses_start_up(tmp_path: Path, pool: np.ndarray) -> None:
+    path = key_file(tmp_path, bytes(range(32)))
+    os.chmod(path, 0o640)
+    with pytest.raises(ConfigError, match=rf"encryption_key_files.*chmod 600 {path}"):
+        make_tier(tmp_path, pool, path)
