@@ -12,6 +12,11 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 echo "== ruff"
 "$venv/bin/python" -m ruff check src tests benchmarks
 echo "== pytest"
+# Two workers where there are two cores: most of the suite's time is engines starting, which is
+# mostly single-threaded Python, so two run side by side in about the time of one. Each module
+# stays on one worker (its engines start once) and the fault suite on one (tests/conftest.py).
 # The 25 slowest tests are listed at the end so a run shows where the time goes; a later
-# --durations among the arguments overrides it.
-"$venv/bin/python" -m pytest -p no:cacheprovider --durations=25 "$@"
+# --durations or -n among the arguments overrides these.
+workers=()
+if [ "$(nproc)" -ge 2 ]; then workers=(-n 2 --dist loadgroup); fi
+"$venv/bin/python" -m pytest -p no:cacheprovider --durations=25 "${workers[@]}" "$@"

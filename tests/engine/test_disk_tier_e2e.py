@@ -15,6 +15,7 @@ import pytest
 
 import kvtier
 from kvtier.bench.harness import EngineConfig, ProcessEngine
+from tests.support.engine import record_stems, until_offloaded
 from tests.support.oracle import check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
@@ -59,6 +60,8 @@ def store_on_disk_only(engine: ProcessEngine, disk_dir: Path, prompt: list[int])
     """Serve ``prompt`` and return the record files it added, with only the disk holding them."""
     before = record_files(disk_dir)
     engine.generate_one(prompt, MAX_TOKENS)
+    want = PROMPT_LEN // 128
+    until_offloaded(engine, lambda: len(record_files(disk_dir) - before) >= want)
     assert engine.reset_prefix_cache(reset_connector=True)  # waits for in-flight stores
     added = record_files(disk_dir) - before
     assert len(added) == PROMPT_LEN // 128
@@ -89,7 +92,8 @@ def test_records_are_private_and_restored_across_the_disk_tier(engine, disk_dir,
 def test_blocks_corrupted_after_a_positive_lookup_are_recomputed(engine, disk_dir, plain_engine):
     prompt = random_prompt(301, PROMPT_LEN)
     expected = cold_output(plain_engine, prompt)
-    for path in store_on_disk_only(engine, disk_dir, prompt):
+    damaged = store_on_disk_only(engine, disk_dir, prompt)
+    for path in damaged:
         with open(path, "r+b") as f:  # flip one payload bit, past the 4 KiB header
             f.seek(4096 + 1000)
             byte = f.read(1)
@@ -102,6 +106,7 @@ def test_blocks_corrupted_after_a_positive_lookup_are_recomputed(engine, disk_di
     assert len(quarantined) >= PROMPT_LEN // 128
     assert all("checksum" in p.name for p in quarantined)
     # the recompute stored good blocks again: the next eviction round restores them
+    until_offloaded(engine, lambda: record_stems(damaged) <= record_stems(record_files(disk_dir)))
     assert engine.reset_prefix_cache(reset_connector=True)
     again, _ = engine.generate_one(prompt, MAX_TOKENS)
     assert again.num_cached_tokens == 896
@@ -120,7 +125,10 @@ def test_blocks_deleted_after_a_positive_lookup_are_recomputed(engine, disk_dir,
 def test_cache_salt_keeps_tenants_apart(engine, disk_dir, plain_engine):
     prompt = random_prompt(303, PROMPT_LEN)
     reference = resume_reference(plain_engine, prompt, MAX_TOKENS)
+    before = record_files(disk_dir)
     engine.generate_one(prompt, MAX_TOKENS, cache_salt="tenant-a")
+    want = PROMPT_LEN // 128
+    until_offloaded(engine, lambda: len(record_files(disk_dir) - before) >= want)
     assert engine.reset_prefix_cache(reset_connector=True)
     other, _ = engine.generate_one(prompt, MAX_TOKENS, cache_salt="tenant-b")
     assert other.num_cached_tokens == 0, "tenant b must not get tenant a's blocks"

@@ -9,6 +9,7 @@ import pytest
 import kvtier
 from kvtier.bench.harness import EngineConfig, ProcessEngine
 from kvtier.format.sealing import NAME_BYTES
+from tests.support.engine import until_offloaded
 from tests.support.oracle import check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
@@ -56,6 +57,8 @@ def records(disk_dir: Path) -> set[Path]:
 def store_on_disk_only(engine: ProcessEngine, disk_dir: Path, prompt: list[int]) -> set[Path]:
     before = records(disk_dir)
     engine.generate_one(prompt, MAX_TOKENS)
+    want = PROMPT_LEN // 128
+    until_offloaded(engine, lambda: len(records(disk_dir) - before) >= want)
     assert engine.reset_prefix_cache(reset_connector=True)
     added = records(disk_dir) - before
     assert len(added) == PROMPT_LEN // 128

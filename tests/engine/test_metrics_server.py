@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from kvtier.bench.harness.server import ServerEngine, free_port
 from kvtier.bench.prompts import random_prompt
 from kvtier.cli.main import app
+from tests.support.engine import until_offloaded
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model, pytest.mark.timeout(1200)]
 
@@ -159,7 +160,8 @@ def test_a_host_pool_hit_restores_from_host(server, prompt) -> None:
     assert delta(HITS, tier=DISK) == 0 and delta(LOADED, tier="disk") == 0
 
 
-def test_a_disk_hit_loads_verified_records(server, prompt) -> None:
+def test_a_disk_hit_loads_verified_records(server, prompt, disk_dir) -> None:
+    until_offloaded(server, lambda: len(record_files(disk_dir)) >= BLOCKS)
     assert server.reset_prefix_cache(reset_connector=True)  # only the disk holds them now
     _, cached, before = request(server, prompt)
     delta = settled(server, before, lambda d: d(LOADED, tier="disk") >= BLOCKS)
@@ -178,6 +180,7 @@ def test_a_damaged_record_is_quarantined_and_the_output_equals_a_cold_run(server
     known = record_files(disk_dir)
     cold, cached, _ = request(server, fresh)
     assert cached == 0
+    until_offloaded(server, lambda: len(record_files(disk_dir) - known) >= BLOCKS)
     assert server.reset_prefix_cache(reset_connector=True)  # waits for its stores
     added = record_files(disk_dir) - known
     assert len(added) == BLOCKS

@@ -16,6 +16,7 @@ import pytest
 import kvtier
 from kvtier.bench.harness import EngineConfig, ProcessEngine
 from kvtier.vllm.regions import SHM_DIR
+from tests.support.engine import BLOCK_TOKENS, until_offloaded
 from tests.support.oracle import ResumeReference, check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
@@ -32,6 +33,10 @@ PROMPTS = {
 
 def region_files() -> set[str]:
     return {p.name for p in SHM_DIR.glob("vllm_offload_*")}
+
+
+def disk_records(disk_dir: Path) -> set[Path]:
+    return set(disk_dir.rglob("blocks/**/*.kvb"))
 
 
 def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
@@ -89,9 +94,14 @@ def test_prompt_evicted_from_the_engine_is_restored_from_the_host_pool(first_eng
     check_restore(restored, references["host"])
 
 
-def test_prompt_dropped_from_the_host_pool_is_restored_from_disk(first_engine, references):
+def test_prompt_dropped_from_the_host_pool_is_restored_from_disk(
+    first_engine, references, disk_dir
+):
     prompt = PROMPTS["disk"]
+    before = disk_records(disk_dir)
     first_engine.generate_one(prompt, MAX_TOKENS)
+    want = FULL_BLOCK_TOKENS // BLOCK_TOKENS
+    until_offloaded(first_engine, lambda: len(disk_records(disk_dir) - before) >= want)
     # reset_connector also empties the host pool; the disk tier keeps its blocks by design
     assert first_engine.reset_prefix_cache(reset_connector=True)
     before = first_engine.metrics()

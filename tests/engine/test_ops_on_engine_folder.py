@@ -56,6 +56,7 @@ from tests.support.engine import (
     quarantined,
     record_files,
     unique_engine_id,
+    until_offloaded,
 )
 from tests.support.models import TINY_LLAMA_CONFIG
 from tests.support.prompts import random_prompt
@@ -401,6 +402,7 @@ def test_damaged_records_are_found_quarantined_and_the_rest_served(
     assert quarantined(ns_dir) == entries
 
     # Its recomputes stored the damaged blocks again: all of every prompt is restored now.
+    until_offloaded(reader, lambda: len(records_on_disk(ns_dir)) >= PROMPTS * BLOCKS)
     assert reader.reset_prefix_cache(reset_connector=True)
     for prompt in written.prompts:
         result, _ = reader.generate_one(prompt, MAX_TOKENS)

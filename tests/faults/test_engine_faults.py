@@ -42,9 +42,11 @@ from tests.support.engine import (
     quarantined,
     reasons,
     record_files,
+    record_stems,
     side_store,
     store_on_disk_only,
     unique_engine_id,
+    until_offloaded,
     wait_for_namespace_dir,
 )
 from tests.support.faults import (
@@ -292,6 +294,7 @@ def test_damaged_block_files_are_recomputed_then_served_again(
     why = reasons(quarantined(ns_dir) - before)
     assert len(why) == len(files) and set(why) <= allowed, why
     # the recompute stored good copies: once the engine and host pool forget it, disk serves it
+    until_offloaded(engine, lambda: record_stems(files) <= record_stems(record_files(ns_dir)))
     assert engine.reset_prefix_cache(reset_connector=True)
     again, _ = engine.generate_one(prompt, MAX_TOKENS)
     assert again.num_cached_tokens == FULL_BLOCK_TOKENS

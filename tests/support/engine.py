@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,10 +115,40 @@ def record_files(ns_dir: Path) -> set[Path]:
     return set((ns_dir / "blocks").rglob("*.kvb"))
 
 
+#: Shorter than a block: serving it stores nothing, but the engine steps (``until_offloaded``).
+STEP_PROMPT = [11, 12, 13, 14]
+
+
+def until_offloaded(engine: Engine, done: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Step the engine with tiny requests until ``done()`` (e.g. the disk holds a prompt's
+    blocks), before a ``reset_prefix_cache(reset_connector=True)`` that must leave them there.
+
+    vLLM submits a step's stores at the start of the next step and cascades host-pool blocks
+    to the tiers behind it in later steps still; the reset drains only the tier jobs already
+    submitted and drops the rest with the host pool. An engine that stops stepping right after
+    a request (the common case on a busy machine) can therefore hold that request's last blocks
+    in the host pool only, and a test that resets at once finds them nowhere.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the tiers did not receive the blocks in {timeout_s:.0f} s")
+        engine.generate_one(STEP_PROMPT, 1)
+        time.sleep(0.05)
+
+
+def record_stems(paths: set[Path] | list[Path]) -> set[str]:
+    """The record names of ``paths`` without the writer's suffix (one per block key)."""
+    return {p.name.split(".")[0] for p in paths}
+
+
 def store_on_disk_only(engine: Engine, ns_dir: Path, prompt: list[int]) -> list[Path]:
     """Serve ``prompt``; return the record files it added, with only the disk holding them."""
     before = record_files(ns_dir)
     engine.generate_one(prompt, MAX_TOKENS)
+    # New files, not a larger count: a capped folder evicts older records meanwhile.
+    want = PROMPT_LEN // BLOCK_TOKENS
+    until_offloaded(engine, lambda: len(record_files(ns_dir) - before) >= want)
     assert engine.reset_prefix_cache(reset_connector=True)  # waits for in-flight stores
     added = sorted(record_files(ns_dir) - before)
     assert len(added) == PROMPT_LEN // BLOCK_TOKENS, f"{len(added)} records stored"
