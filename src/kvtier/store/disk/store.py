@@ -198,6 +198,8 @@ class DiskStore(BlockStore):
         self._quarantine_max_bytes = quarantine_max_bytes
         self._session = Session(self.namespace_dir)
         self._folders = FolderCharge(self.root)
+        self._decision_bytes = 0
+        self._decision_bytes_until = 0.0  # monotonic: measure at the first reservation
         try:
             self._index = root_settings.open_index(
                 self.root, self._session.session_id, namespace.digest_hex(), busy_timeout_s
@@ -532,7 +534,15 @@ class DiskStore(BlockStore):
             self.low_watermark = ppm / 1_000_000
 
     def _index_charge(self) -> int:
-        return root_settings.index_charge(self.root, self._namespaces, self._folders.charge())
+        # Two reservations per put: the decision files are measured once per TTL, not each time
+        # (a benign race between I/O threads measures twice).
+        now = time.monotonic()
+        if now >= self._decision_bytes_until:
+            self._decision_bytes = root_settings.decision_files_bytes(self.root)
+            self._decision_bytes_until = now + root_settings.DECISION_FILES_TTL_S
+        return root_settings.index_charge(
+            self.root, self._namespaces, self._folders.charge(), self._decision_bytes
+        )
 
     def _quarantine_limits(self) -> Limits:
         max_bytes = self._quarantine_max_bytes
