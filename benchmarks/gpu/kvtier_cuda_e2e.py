@@ -26,7 +26,8 @@ prompt resumed from the engine's own prefix cache.
 Exit status 1 when an output differs from the oracle, a restore read nothing, or c found no
 evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2E_WORK``
 (scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS`` (default 2048,8192,32768),
-``KVTIER_E2E_DROP=1`` drops the page cache before b and c (root), ``KVTIER_E2E_CALIBRATE=1``
+``KVTIER_E2E_SHAPE`` (``llama-3-8b``, the default, or ``qwen2.5-32b``), ``KVTIER_E2E_DROP=1``
+drops the page cache before b and c (root), ``KVTIER_E2E_CALIBRATE=1``
 also prefills cold prompts of every length in c before the stored ones (not needed: the
 evidence is the earlier processes').
 """
@@ -55,7 +56,7 @@ ENV = {
     "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
     "PYTHONHASHSEED": "0",
 }
-SHAPE = {  # Llama-3-8B
+_LLAMA_3_8B = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 4096,
@@ -73,11 +74,32 @@ SHAPE = {  # Llama-3-8B
     "eos_token_id": 2,
     "torch_dtype": "bfloat16",
 }
+_QWEN2_5_32B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 5120,
+    "intermediate_size": 27648,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "vocab_size": 152064,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+#: Model shapes by ``KVTIER_E2E_SHAPE`` (dummy weights: only the config is needed).
+SHAPES = {"llama-3-8b": _LLAMA_3_8B, "qwen2.5-32b": _QWEN2_5_32B}
+SHAPE_NAME = os.environ.get("KVTIER_E2E_SHAPE", "llama-3-8b")
+SHAPE = SHAPES[SHAPE_NAME]
 OFF = {"kvtier_restore_decision": False}
 
 
 def model_dir() -> str:
-    folder = WORK / "llama-3-8b-shape"
+    folder = WORK / f"{SHAPE_NAME}-shape"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(SHAPE))
     return str(folder)
