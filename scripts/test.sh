@@ -13,10 +13,11 @@ echo "== ruff"
 "$venv/bin/python" -m ruff check src tests benchmarks
 echo "== pytest"
 # Two workers where there are two cores: most of the suite's time is engines starting, which is
-# mostly single-threaded Python, so two run side by side in about the time of one. Each module
-# stays on one worker (its engines start once) and the fault suite on one (tests/conftest.py).
+# mostly single-threaded Python, so two run side by side in about the time of one. Each test
+# file stays on one worker (--dist loadfile): its module-scoped engines start once and its
+# tests run in order.
 # The 25 slowest tests are listed at the end so a run shows where the time goes; a later
 # --durations or -n among the arguments overrides these.
 workers=()
-if [ "$(nproc)" -ge 2 ]; then workers=(-n 2 --dist loadgroup); fi
+if [ "$(nproc)" -ge 2 ]; then workers=(-n 2 --dist loadfile); fi
 "$venv/bin/python" -m pytest -p no:cacheprovider --durations=25 "${workers[@]}" "$@"

@@ -8,29 +8,13 @@ import pytest
 
 from kvtier.bench.harness import EngineConfig, ProcessEngine
 
-FAULTS_DIR = Path(__file__).resolve().parent / "faults"
-
-
-def xdist_group(item: pytest.Item) -> str:
-    """The worker group of a test when the suite runs on several workers (``-n``).
-
-    One group per module, so a module's engines (module-scoped fixtures) start once, on one
-    worker; the whole fault suite in one group, so one worker sees all of it and writes the
-    complete reliability table (tests/faults/conftest.py).
-    """
-    path = Path(str(item.path))
-    return "faults" if FAULTS_DIR in path.parents else str(path)
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``slow`` tests run only when asked for: a ``-m`` expression that names slow or faults.
 
     So plain ``pytest`` (CI) and ``-m "not engine"`` skip them, ``-m faults`` runs the whole
-    fault suite, and ``-m "faults and not slow"`` its fast part. Every test gets its
-    ``xdist_group`` (used by ``--dist loadgroup``).
+    fault suite, and ``-m "faults and not slow"`` its fast part.
     """
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if re.search(r"\b(slow|faults)\b", config.getoption("markexpr") or ""):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
