@@ -30,7 +30,8 @@ python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/deps" \
 # kvtier's own dependencies (requirements/engine.txt pins), pure Python but xxhash.
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/kvdeps" \
   xxhash==4.1.0 typer==0.29.2 rich==15.0.0 click==8.5.1 shellingham==1.5.4 markdown-it-py==4.3.0 \
-  mdurl==0.1.2 pygments==2.21.0 annotated-doc==0.0.7
+  mdurl==0.1.2 pygments==2.21.0 annotated-doc==0.0.7 \
+  redis==8.1.0 hiredis==3.5.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
 mkdir -p "$work/tree" "$work/site" "$work/kvsite"
 unzip -q "$work"/wheels/vllm-0.25.1-*.whl -d "$work/tree"
 # Dropped: optional or never reached for a dense model on Hopper (FA3 is used there, not FA2;
@@ -46,6 +47,13 @@ for w in "$work"/kvdeps/*.whl; do unzip -q -o "$w" -d "$work/kvsite"; done
 ( cd "$REPO/src" && tar -cf - --exclude=__pycache__ --exclude='*.so' kvtier ) | tar -xf - -C "$work/kvsite"
 mkdir -p "$work/kvsite/benchmarks_gpu"
 cp "$REPO/benchmarks/gpu/kvtier_cuda_e2e.py" "$work/kvsite/benchmarks_gpu/"
+# This machine's redis-server with the libraries it links beyond glibc, for the runner's shared
+# tier (KVTIER_E2E_REDIS_SERVER=site/redis-bin/redis-server); the GPU host has no package index.
+if server=$(command -v redis-server); then
+  mkdir -p "$work/kvsite/redis-bin" && cp "$server" "$work/kvsite/redis-bin/"
+  ldd "$server" | awk '$3 ~ /^\// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' \
+    | xargs -r cp -L -t "$work/kvsite/redis-bin/"
+fi
 ( cd "$work/tree" && tar -cf - vllm vllm-0.25.1.dist-info | xz -6 -T1 > "$work/vllm-0.25.1-fa3only.tar.xz" )
 ( cd "$work/site" && tar -cf - . | xz -6 -T1 > "$OUT_DIR/deps-cp312-site.tar.xz" )
 ( cd "$work/kvsite" && tar -cf - . | xz -6 -T1 > "$OUT_DIR/kvtier-site.tar.xz" )

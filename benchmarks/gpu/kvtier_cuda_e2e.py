@@ -22,6 +22,8 @@ prompt resumed from the engine's own prefix cache.
 * c: a fresh process with the decision on, starting from the evidence a and b left: per
   length, the decision's verdict (``kvtier:restore_decisions``; ``unmeasured`` would mean it
   restored unweighed) and its TTFT next to cold (a) and the disk restore (b).
+* d (with a shared tier only): a fresh process with an empty disk folder restores every prompt
+  from the shared tier (decision opted out), output checked against the oracle.
 
 Exit status 1 when an output differs from the oracle, a restore read nothing, or c found no
 evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2E_WORK``
@@ -29,7 +31,11 @@ evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2
 ``KVTIER_E2E_SHAPE`` (``llama-3-8b``, the default, or ``qwen2.5-32b``), ``KVTIER_E2E_DROP=1``
 drops the page cache before b and c (root), ``KVTIER_E2E_CALIBRATE=1``
 also prefills cold prompts of every length in c before the stored ones (not needed: the
-evidence is the earlier processes').
+evidence is the earlier processes'), ``KVTIER_E2E_REPS`` (distinct prompts per length, default
+1; medians are printed), ``KVTIER_E2E_PHASES`` (default ``abc``), ``KVTIER_E2E_ENCRYPT=1``
+(sealed records: AES-256-GCM under a key file made in the scratch folder),
+``KVTIER_E2E_REDIS_SERVER`` (a ``redis-server`` binary: a throw-away loopback server becomes the
+shared tier of every phase, and phase d runs; its folder is put on ``LD_LIBRARY_PATH`` for it).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +52,10 @@ from pathlib import Path
 
 WORK = Path(os.environ.get("KVTIER_E2E_WORK", "/var/tmp/kvtier-e2e"))
 LENGTHS = [int(x) for x in os.environ.get("KVTIER_E2E_LENGTHS", "2048,8192,32768").split(",")]
+REPS = int(os.environ.get("KVTIER_E2E_REPS", "1"))
+ENCRYPT = os.environ.get("KVTIER_E2E_ENCRYPT") == "1"
+#: Set by main() for the phases when KVTIER_E2E_REDIS_SERVER names a binary.
+SHARED_URL = os.environ.get("KVTIER_E2E_SHARED_URL")
 #: vLLM 0.25.1 on that host (docs: the CUDA research notes). PYTHONHASHSEED: kvtier refuses a
 #: persistent tier without it there (block hashes would differ in every process).
 ENV = {
@@ -105,13 +117,28 @@ def model_dir() -> str:
     return str(folder)
 
 
-def engine():  # type: ignore[no-untyped-def]
+def key_file() -> Path:
+    """A master key private to this user, made once per scratch folder."""
+    path = WORK / "master.key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+    return path
+
+
+def engine(disk: str = "disk"):  # type: ignore[no-untyped-def]
     from vllm import LLM
 
     import kvtier
 
     config = kvtier.kv_transfer_config(
-        host_pool="16GiB", disk_dir=WORK / "disk", disk_capacity="64GiB", platform="cuda"
+        host_pool="16GiB",
+        disk_dir=WORK / disk,
+        disk_capacity="64GiB",
+        platform="cuda",
+        shared=SHARED_URL,
+        encryption_key_files=[key_file()] if ENCRYPT else None,
     )
     return LLM(
         model=model_dir(),
@@ -130,9 +157,25 @@ def engine():  # type: ignore[no-untyped-def]
     )
 
 
-def prompts() -> dict[int, list[int]]:
+def prompts() -> dict[str, tuple[int, list[int]]]:
+    """Distinct prompts by name ("8192" or, with several per length, "8192#1"): (length, ids)."""
     rng = random.Random(7)
-    return {n: [rng.randrange(1000, 120000) for _ in range(n)] for n in LENGTHS}
+    found = {}
+    for rep in range(REPS):
+        for n in LENGTHS:
+            name = str(n) if rep == 0 else f"{n}#{rep}"
+            found[name] = (n, [rng.randrange(1000, 120000) for _ in range(n)])
+    return found
+
+
+def medians(by_name: dict[str, float]) -> str:
+    """Median per length of figures keyed by prompt name, as one line."""
+    per_length: dict[int, list[float]] = {}
+    for name, value in by_name.items():
+        per_length.setdefault(int(name.split("#")[0]), []).append(value)
+    return "  ".join(
+        f"{n}: {statistics.median(v):.3f}s (n={len(v)})" for n, v in sorted(per_length.items())
+    )
 
 
 def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, list[int]]:  # type: ignore[no-untyped-def]
@@ -216,7 +259,7 @@ def phase_a() -> bool:
     llm = engine()
     run(llm, [5] * 512)
     results, ok = {}, True
-    for n, ids in prompts().items():
+    for n, (_, ids) in prompts().items():
         cold = run(llm, ids)
         hit = run(llm, ids)  # the engine's own prefix hit: the oracle
         llm.reset_prefix_cache()
@@ -232,8 +275,36 @@ def phase_a() -> bool:
         )
     held = wait_for_disk()
     print(f"a: disk tier holds {held / 2**30:.2f} GiB", flush=True)
+    if SHARED_URL:
+        print(f"a: shared tier holds {wait_for_shared() / 2**30:.2f} GiB", flush=True)
+    print("a medians: cold " + medians({k: v["cold"] for k, v in results.items()}), flush=True)
+    print(
+        "a medians: host pool " + medians({k: v["host_pool"] for k, v in results.items()}),
+        flush=True,
+    )
     (WORK / "a.json").write_text(json.dumps(results))
     return ok and held > 0
+
+
+def shared_bytes() -> int:
+    import redis
+
+    client = redis.Redis.from_url(SHARED_URL)
+    try:
+        return int(client.info("memory")["used_memory"])
+    finally:
+        client.close()
+
+
+def wait_for_shared(timeout_s: float = 180.0) -> int:
+    """Until the shared server's memory stops growing (the tier's writes are asynchronous)."""
+    last, stable, deadline = -1, 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and stable < 3:
+        time.sleep(2)
+        now = shared_bytes()
+        stable = stable + 1 if now == last else 0
+        last = now
+    return last
 
 
 def drop_page_cache() -> None:
@@ -250,16 +321,21 @@ def phase_b() -> bool:
     run(llm, [5] * 512)
     ok = True
     restored = {}
-    for n, ids in prompts().items():
+    for n, (_, ids) in prompts().items():
         ttft, cached, tokens = run(llm, ids, OFF)
-        equal = tokens == before[str(n)]["oracle"]
+        equal = tokens == before[n]["oracle"]
         ok &= equal and cached > 0
         restored[n] = ttft
         print(
             f"b {n}: disk restore (fresh process) {ttft:.3f}s [{cached} cached] equal={equal} "
-            f"vs cold {before[str(n)]['cold']:.3f}s",
+            f"vs cold {before[n]['cold']:.3f}s",
             flush=True,
         )
+    print(
+        f"b medians ({'sealed' if ENCRYPT else 'plain'} records): disk restore "
+        + medians(restored),
+        flush=True,
+    )
     (WORK / "b.json").write_text(json.dumps(restored))
     return ok
 
@@ -280,15 +356,15 @@ def phase_c() -> bool:
         for n in LENGTHS:
             ttft = run(llm, [rng.randrange(1000, 120000) for _ in range(n)])[0]
             print(f"c calibration {n}: cold {ttft:.3f}s", flush=True)
-    for n, ids in prompts().items():
+    for n, (_, ids) in prompts().items():
         counted = decisions()
         ttft, cached, tokens = run(llm, ids)
         verdict = verdict_of(counted, decisions())
-        equal = tokens == before[str(n)]["oracle"]
+        equal = tokens == before[n]["oracle"]
         ok &= equal and "unmeasured" not in verdict
         did = "restored" if cached > 0 else "recomputed"
-        cold = before[str(n)]["cold"]
-        restore = disk.get(str(n))
+        cold = before[n]["cold"]
+        restore = disk.get(n)
         best = min(cold, restore) if restore is not None else cold
         print(
             f"c {n}: decision {verdict}: {did} {ttft:.3f}s [{cached} cached] equal={equal}; "
@@ -300,7 +376,64 @@ def phase_c() -> bool:
     return ok
 
 
-PHASES = {"a": phase_a, "b": phase_b, "c": phase_c}
+def phase_d() -> bool:
+    """A fresh process with an empty disk folder: every prompt from the shared tier."""
+    before = json.loads((WORK / "a.json").read_text())
+    llm = engine(disk="disk-d")
+    run(llm, [5] * 512)
+    ok, restored = True, {}
+    for n, (_, ids) in prompts().items():
+        ttft, cached, tokens = run(llm, ids, OFF)
+        equal = tokens == before[n]["oracle"]
+        ok &= equal and cached > 0
+        restored[n] = ttft
+        print(
+            f"d {n}: shared restore (fresh process, empty disk) {ttft:.3f}s [{cached} cached] "
+            f"equal={equal} vs cold {before[n]['cold']:.3f}s",
+            flush=True,
+        )
+    print("d medians: shared restore " + medians(restored), flush=True)
+    return ok
+
+
+PHASES = {"a": phase_a, "b": phase_b, "c": phase_c, "d": phase_d}
+
+
+def start_redis(binary: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A throw-away loopback server (no persistence) for the shared tier."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(Path(binary).resolve().parent)}
+    argv = [
+        binary,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "yes",
+        "--maxmemory",
+        "48gb",
+        "--maxmemory-policy",
+        "allkeys-lru",
+        "--proto-max-bulk-len",
+        "1gb",
+    ]
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server, f"redis://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.2)
+    server.kill()
+    raise RuntimeError(f"{binary} did not listen on port {port}")
 
 
 def main() -> int:
@@ -308,14 +441,34 @@ def main() -> int:
     if len(sys.argv) > 1:
         return 0 if PHASES[sys.argv[1]]() else 1
     env = {**ENV, **os.environ}
+    phases = os.environ.get("KVTIER_E2E_PHASES", "abc")
+    server = None
+    binary = os.environ.get("KVTIER_E2E_REDIS_SERVER")
+    if binary:
+        server, env["KVTIER_E2E_SHARED_URL"] = start_redis(binary)
+        phases += "" if "d" in phases else "d"
+    print(
+        f"runner: shape {SHAPE_NAME}, lengths {LENGTHS} x {REPS}, phases {phases}, "
+        f"records {'sealed' if ENCRYPT else 'plain'}, shared tier "
+        f"{env.get('KVTIER_E2E_SHARED_URL', 'none')}",
+        flush=True,
+    )
     status = 0
-    for phase in "abc":
-        started = time.time()
-        done = subprocess.run([sys.executable, __file__, phase], env=env, timeout=900)
-        print(f"== phase {phase}: rc {done.returncode} in {time.time() - started:.0f}s", flush=True)
-        status |= done.returncode
-        if phase == "a" and done.returncode:
-            break
+    try:
+        for phase in phases:
+            started = time.time()
+            done = subprocess.run([sys.executable, __file__, phase], env=env, timeout=900)
+            print(
+                f"== phase {phase}: rc {done.returncode} in {time.time() - started:.0f}s",
+                flush=True,
+            )
+            status |= done.returncode
+            if phase == "a" and done.returncode:
+                break
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
     return status
 
 
