@@ -15,7 +15,12 @@ import pytest
 
 import kvtier
 from kvtier.bench.harness import EngineConfig, ProcessEngine
-from tests.support.engine import record_stems, until_offloaded
+from tests.support.engine import (
+    record_stems,
+    sole_namespace_dir,
+    store_on_disk_only,
+    until_offloaded,
+)
 from tests.support.oracle import check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
@@ -47,25 +52,8 @@ def engine(start_engine, tiny_model, disk_dir) -> ProcessEngine:
     return start_engine(config, "kvtier-disk-tier")
 
 
-def namespace_dir(disk_dir: Path) -> Path:
-    (ns,) = [p for p in disk_dir.iterdir() if p.is_dir()]
-    return ns
-
-
 def record_files(disk_dir: Path) -> set[Path]:
-    return set((namespace_dir(disk_dir) / "blocks").rglob("*.kvb"))
-
-
-def store_on_disk_only(engine: ProcessEngine, disk_dir: Path, prompt: list[int]) -> set[Path]:
-    """Serve ``prompt`` and return the record files it added, with only the disk holding them."""
-    before = record_files(disk_dir)
-    engine.generate_one(prompt, MAX_TOKENS)
-    want = PROMPT_LEN // 128
-    until_offloaded(engine, lambda: len(record_files(disk_dir) - before) >= want)
-    assert engine.reset_prefix_cache(reset_connector=True)  # waits for in-flight stores
-    added = record_files(disk_dir) - before
-    assert len(added) == PROMPT_LEN // 128
-    return added
+    return set((sole_namespace_dir(disk_dir) / "blocks").rglob("*.kvb"))
 
 
 def cold_output(plain_engine: ProcessEngine, prompt: list[int]) -> list[int]:
@@ -77,10 +65,10 @@ def cold_output(plain_engine: ProcessEngine, prompt: list[int]) -> list[int]:
 def test_records_are_private_and_restored_across_the_disk_tier(engine, disk_dir, plain_engine):
     prompt = random_prompt(300, PROMPT_LEN)
     reference = resume_reference(plain_engine, prompt, MAX_TOKENS)
-    added = store_on_disk_only(engine, disk_dir, prompt)
+    added = store_on_disk_only(engine, sole_namespace_dir(disk_dir), prompt, MAX_TOKENS)
     for path in added:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for folder in (disk_dir, namespace_dir(disk_dir), next(iter(added)).parent):
+    for folder in (disk_dir, sole_namespace_dir(disk_dir), next(iter(added)).parent):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     before = engine.metrics()
     restored, _ = engine.generate_one(prompt, MAX_TOKENS)
@@ -92,7 +80,7 @@ def test_records_are_private_and_restored_across_the_disk_tier(engine, disk_dir,
 def test_blocks_corrupted_after_a_positive_lookup_are_recomputed(engine, disk_dir, plain_engine):
     prompt = random_prompt(301, PROMPT_LEN)
     expected = cold_output(plain_engine, prompt)
-    damaged = store_on_disk_only(engine, disk_dir, prompt)
+    damaged = store_on_disk_only(engine, sole_namespace_dir(disk_dir), prompt, MAX_TOKENS)
     for path in damaged:
         with open(path, "r+b") as f:  # flip one payload bit, past the 4 KiB header
             f.seek(4096 + 1000)
@@ -102,7 +90,7 @@ def test_blocks_corrupted_after_a_positive_lookup_are_recomputed(engine, disk_di
     result, _ = engine.generate_one(prompt, MAX_TOKENS)
     assert result.num_cached_tokens == 0, "no damaged block may be served"
     assert result.token_ids == expected
-    quarantined = list((namespace_dir(disk_dir) / "quarantine").glob("*.kvb"))
+    quarantined = list((sole_namespace_dir(disk_dir) / "quarantine").glob("*.kvb"))
     assert len(quarantined) >= PROMPT_LEN // 128
     assert all("checksum" in p.name for p in quarantined)
     # the recompute stored good blocks again: the next eviction round restores them
@@ -115,7 +103,7 @@ def test_blocks_corrupted_after_a_positive_lookup_are_recomputed(engine, disk_di
 def test_blocks_deleted_after_a_positive_lookup_are_recomputed(engine, disk_dir, plain_engine):
     prompt = random_prompt(302, PROMPT_LEN)
     expected = cold_output(plain_engine, prompt)
-    for path in store_on_disk_only(engine, disk_dir, prompt):
+    for path in store_on_disk_only(engine, sole_namespace_dir(disk_dir), prompt, MAX_TOKENS):
         path.unlink()
     result, _ = engine.generate_one(prompt, MAX_TOKENS)
     assert result.num_cached_tokens == 0
@@ -141,5 +129,5 @@ def test_cache_salt_keeps_tenants_apart(engine, disk_dir, plain_engine):
 def test_disk_usage_stays_under_the_cap(engine, disk_dir):
     total = sum(p.stat().st_size for p in record_files(disk_dir))
     assert 0 < total <= 512 * 2**20
-    assert not any(namespace_dir(disk_dir).joinpath("tmp").iterdir()), "no temp file left"
+    assert not any(sole_namespace_dir(disk_dir).joinpath("tmp").iterdir()), "no temp file left"
     assert os.access(disk_dir / "index.sqlite3", os.R_OK), "one index per disk folder"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.bench.harness import EngineConfig, ProcessEngine
+from kvtier.bench.harness import EngineConfig
 from kvtier.format.sealing import NAME_BYTES
-from tests.support.engine import until_offloaded
+from tests.support.engine import sole_namespace_dir, store_on_disk_only
 from tests.support.oracle import check_restore, resume_reference
 from tests.support.prompts import random_prompt
 
@@ -49,22 +49,6 @@ def config(model: Path, disk_dir: Path, *keys: Path) -> EngineConfig:
     )
 
 
-def records(disk_dir: Path) -> set[Path]:
-    (ns,) = [p for p in disk_dir.iterdir() if p.is_dir()]
-    return set((ns / "blocks").rglob("*.kvb"))
-
-
-def store_on_disk_only(engine: ProcessEngine, disk_dir: Path, prompt: list[int]) -> set[Path]:
-    before = records(disk_dir)
-    engine.generate_one(prompt, MAX_TOKENS)
-    want = PROMPT_LEN // 128
-    until_offloaded(engine, lambda: len(records(disk_dir) - before) >= want)
-    assert engine.reset_prefix_cache(reset_connector=True)
-    added = records(disk_dir) - before
-    assert len(added) == PROMPT_LEN // 128
-    return added
-
-
 def test_sealed_records_restore_recompute_when_damaged_and_survive_a_key_rotation(
     start_engine, tiny_model, folders, plain_engine
 ):
@@ -72,7 +56,7 @@ def test_sealed_records_restore_recompute_when_damaged_and_survive_a_key_rotatio
     engine = start_engine(config(tiny_model, disk_dir, old), "kvtier-encrypted")
     prompt = random_prompt(400, PROMPT_LEN)
     reference = resume_reference(plain_engine, prompt, MAX_TOKENS)
-    added = store_on_disk_only(engine, disk_dir, prompt)
+    added = store_on_disk_only(engine, sole_namespace_dir(disk_dir), prompt, MAX_TOKENS)
     # Names are 16-byte MACs, not vLLM's 36-byte keys; payloads are ciphertext.
     assert all(len(p.name.split(".")[0]) == 2 * NAME_BYTES for p in added)
     before = engine.metrics()
@@ -83,7 +67,9 @@ def test_sealed_records_restore_recompute_when_damaged_and_survive_a_key_rotatio
 
     damaged_prompt = random_prompt(401, PROMPT_LEN)
     cold, _ = plain_engine.generate_one(damaged_prompt, MAX_TOKENS)
-    for path in store_on_disk_only(engine, disk_dir, damaged_prompt):
+    for path in store_on_disk_only(
+        engine, sole_namespace_dir(disk_dir), damaged_prompt, MAX_TOKENS
+    ):
         with open(path, "r+b") as f:  # one ciphertext bit, past the 4 KiB header
             f.seek(4096 + 1000)
             byte = f.read(1)
@@ -92,7 +78,7 @@ def test_sealed_records_restore_recompute_when_damaged_and_survive_a_key_rotatio
     result, _ = engine.generate_one(damaged_prompt, MAX_TOKENS)
     assert result.num_cached_tokens == 0, "no tampered block may be served"
     assert result.token_ids == cold.token_ids
-    (ns,) = [p for p in disk_dir.iterdir() if p.is_dir()]
+    ns = sole_namespace_dir(disk_dir)
     quarantined = list((ns / "quarantine").glob("*.kvb"))
     assert quarantined and all(".auth." in p.name for p in quarantined)
     engine.close()

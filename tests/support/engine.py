@@ -111,6 +111,12 @@ def wait_for_namespace_dir(disk_dir: Path, model: Path, timeout_s: float = 120) 
             time.sleep(0.2)
 
 
+def sole_namespace_dir(disk_dir: Path) -> Path:
+    """The one namespace folder of a disk folder only one engine has used."""
+    (ns,) = [p for p in disk_dir.iterdir() if p.is_dir()]
+    return ns
+
+
 def record_files(ns_dir: Path) -> set[Path]:
     return set((ns_dir / "blocks").rglob("*.kvb"))
 
@@ -142,16 +148,19 @@ def record_stems(paths: set[Path] | list[Path]) -> set[str]:
     return {p.name.split(".")[0] for p in paths}
 
 
-def store_on_disk_only(engine: Engine, ns_dir: Path, prompt: list[int]) -> list[Path]:
-    """Serve ``prompt``; return the record files it added, with only the disk holding them."""
+def store_on_disk_only(
+    engine: Engine, ns_dir: Path, prompt: list[int], max_tokens: int = MAX_TOKENS
+) -> list[Path]:
+    """Serve ``prompt``; return the record files it added (one per whole block), with only the
+    disk holding them."""
     before = record_files(ns_dir)
-    engine.generate_one(prompt, MAX_TOKENS)
+    engine.generate_one(prompt, max_tokens)
     # New files, not a larger count: a capped folder evicts older records meanwhile.
-    want = PROMPT_LEN // BLOCK_TOKENS
+    want = len(prompt) // BLOCK_TOKENS
     until_offloaded(engine, lambda: len(record_files(ns_dir) - before) >= want)
     assert engine.reset_prefix_cache(reset_connector=True)  # waits for in-flight stores
     added = sorted(record_files(ns_dir) - before)
-    assert len(added) == PROMPT_LEN // BLOCK_TOKENS, f"{len(added)} records stored"
+    assert len(added) == want, f"{len(added)} records stored, {want} expected"
     return added
 
 
