@@ -82,6 +82,36 @@ def bench_decision(
     print_result(out, "decision")
 
 
+@app.command("encryption")
+def bench_encryption(
+    out: OutOption = Path("bench-out"),
+    model: ModelOption = None,
+    lengths: Annotated[str, typer.Option(help="Prompt lengths, comma separated.")] = "2048,8000",
+    reps: Annotated[int, typer.Option(help="Distinct prompts per length.")] = 3,
+    rounds: Annotated[
+        int, typer.Option(help="ABBA rounds of reader engines (off, on, on, off...).")
+    ] = 2,
+) -> None:
+    """Disk restores with encryption at rest off vs on, spread over several engines each, with
+    the cold prefill and the seal/open GB/s of one core beside them.
+
+    Example: python -m benchmarks encryption --lengths 2048,8000 --rounds 2
+    """
+    from benchmarks import encryption_cost
+    from kvtier.bench.console import print_result, progress
+
+    with progress("encryption") as report:
+        encryption_cost.run(
+            _model(model),
+            [int(x) for x in lengths.split(",")],
+            reps,
+            out,
+            rounds=rounds,
+            progress=report,
+        )
+    print_result(out, "encryption")
+
+
 @app.command("slow-tier")
 def bench_slow_tier(
     out: OutOption = Path("slowtier-out"),
@@ -161,6 +191,13 @@ def bench_store(
     read_ab_only: Annotated[
         bool, typer.Option("--read-ab-only", help="Only the O_DIRECT vs buffered read A/B.")
     ] = False,
+    sealed_only: Annotated[
+        bool,
+        typer.Option(
+            "--sealed-only",
+            help="Only the sealing figures: seal/open GB/s per core, DiskStore plain vs sealed.",
+        ),
+    ] = False,
 ) -> None:
     """DiskStore throughput, latency and index figures next to plain file I/O (no engine).
 
@@ -178,6 +215,7 @@ def bench_store(
         json_path=json_path,
         read_ab_only=read_ab_only,
         emit=typer.echo,
+        sealed_only=sealed_only,
     )
 
 

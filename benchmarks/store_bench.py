@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks store [--dir DIR] [--total-mib 192] [--repeats 3]``.
 
-Four tables:
+Five tables:
 
 1. Throughput for 0.5 MiB and 5.9 MiB blocks (5,898,240 B: SmolLM2-135M's 128-token fp32
    block): each case writes ``--total-mib`` of blocks, then reads them back cold (after
@@ -17,6 +17,10 @@ Four tables:
 4. Index: open() time and ``contains()`` latency with ``--open-records`` records indexed
    (rows bulk-inserted into the index, no block files, since open never reads them), and
    open() after real puts of ``--real-records`` small records (with the put rate).
+5. Sealing (encryption at rest): GB/s of one core sealing and opening a record of each block
+   size, no disk. Table 1 has the sealed store beside the plain one ("DiskStore default,
+   sealed"). ``--sealed-only`` measures only these: the seal/open table and table 1 with the
+   default and the sealed store.
 
 Everything is written under a temporary folder in ``--dir`` and removed at the end.
 """
@@ -45,8 +49,10 @@ from kvtier.bench.report import (
     markdown_table,
     median,
     p50_p99,
+    repeat_s,
 )
 from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.format.sealing import KeyRing, MasterKey, RecordSealer
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.disk.root import INDEX_ALLOWANCE_BYTES
 from kvtier.threads import usable_cpus
@@ -70,12 +76,12 @@ class Pass:
     resident: float
 
 
-
 def capacity_for(count: int, block: int) -> int:
     """A folder cap that holds ``count`` records of ``block`` bytes with no eviction: the
     records, the eviction watermark's headroom, and the index files the cap also charges."""
     records = (count + 1) * (block + HEADER_BYTES)
     return int(records / 0.9) + 2 * INDEX_ALLOWANCE_BYTES
+
 
 def resident_share(paths: list[Path]) -> float:
     """Share of the pages of ``paths`` that sit in the page cache (``mincore``)."""
@@ -134,13 +140,21 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def store_pass(folder: Path, block: int, count: int, io: RecordIO, cold: bool) -> Pass:
+def store_pass(
+    folder: Path,
+    block: int,
+    count: int,
+    io: RecordIO,
+    cold: bool,
+    sealer: RecordSealer | None = None,
+) -> Pass:
     store = DiskStore(
         folder,
         namespace(block),
         capacity_for(count, block),
         free_space_floor_bytes=0,
         io=io,
+        sealer=sealer,
     )
     payload, out = aligned(block, os.urandom(4096)), aligned(block)
     keys = [i.to_bytes(36, "big") for i in range(count)]
@@ -203,10 +217,20 @@ def _store_case(**io_options: object) -> Callable[[Path, int, int, bool], Pass]:
     return lambda d, b, n, c: store_pass(d, b, n, RecordIO(**io_options), c)  # type: ignore[arg-type]
 
 
+def bench_sealer() -> RecordSealer:
+    """The default tenant's sealer under a random master key (needs the encryption extra)."""
+    return KeyRing([MasterKey(os.urandom(32))]).tenant()
+
+
+#: The sealed store's case: the default store, records sealed (AES-256-GCM).
+SEALED_CASE = "DiskStore default, sealed (AES-256-GCM)"
+PLAIN_CASE = "DiskStore default: fsync=never, O_DIRECT writes+reads"
+
 CASES: dict[str, Callable[[Path, int, int, bool], Pass]] = {
     "plain file, buffered": lambda d, b, n, c: plain_pass(d, b, n, False, c),
     "plain file, O_DIRECT": lambda d, b, n, c: plain_pass(d, b, n, True, c),
-    "DiskStore default: fsync=never, O_DIRECT writes+reads": _store_case(),
+    PLAIN_CASE: _store_case(),
+    SEALED_CASE: lambda d, b, n, c: store_pass(d, b, n, RecordIO(), c, bench_sealer()),
     "DiskStore, buffered writes + DONTNEED": _store_case(direct_writes=False),
     "DiskStore, buffered writes, no fadvise": _store_case(
         direct_writes=False, drop_written_pages=False
@@ -221,12 +245,15 @@ def gbps(total: int, seconds: list[float]) -> str:
     return f"{total / median(seconds) / 1e9:.2f}" if seconds else "n/a"
 
 
-def throughput(work: Path, total_mib: int, repeats: int, cold: bool) -> tuple[str, dict]:
+def throughput(
+    work: Path, total_mib: int, repeats: int, cold: bool, cases: tuple[str, ...] = tuple(CASES)
+) -> tuple[str, dict]:
     rows, raw = [], {}
     for block in BLOCK_SIZES:
         count = max(4, (total_mib << 20) // block)
         total = count * block
-        for name, case in CASES.items():
+        for name in cases:
+            case = CASES[name]
             passes = []
             for r in range(repeats):
                 folder = work / f"{block}-{r}"
@@ -261,6 +288,70 @@ def throughput(work: Path, total_mib: int, repeats: int, cold: bool) -> tuple[st
         "cached after write+sync",
     ]
     return markdown_table(header, rows), raw
+
+
+def seal_rates(total_mib: int, repeats: int) -> tuple[str, dict]:
+    """GB/s of one thread sealing and opening a record of each ``BLOCK_SIZES`` size in memory
+    (no disk): what sealing adds to a put and a get, per core.
+
+    Seal is the put's path (encrypt into the thread's buffer, then the ciphertext checksum);
+    open is the get's (decrypt, the tag checked, no checksum pass; a get decrypts in place,
+    here into another buffer so the stored ciphertext stays for the next pass). Each timed pass
+    handles ``total_mib`` of records; the median of ``repeats`` passes.
+    """
+    sealer = bench_sealer()
+    rows, raw = [], {}
+    for block in BLOCK_SIZES:
+        count = max(4, (total_mib << 20) // block)
+        seal_s, open_s = _seal_open_seconds(sealer, block, count, repeats)
+        total = count * block
+        rows.append(
+            [
+                f"{block / (1 << 20):.2f} MiB",
+                gbps(total, seal_s),
+                gbps(total, open_s),
+                f"{median(seal_s) / count * 1e3:.2f}",
+                f"{median(open_s) / count * 1e3:.2f}",
+            ]
+        )
+        raw[f"seal @ {block}"] = seal_s
+        raw[f"open @ {block}"] = open_s
+    header = [
+        "record",
+        "seal GB/s, one core",
+        "open GB/s, one core",
+        "seal ms per record",
+        "open ms per record",
+    ]
+    return markdown_table(header, rows), {"bytes_per_pass": total_mib << 20, **raw}
+
+
+def _seal_open_seconds(
+    sealer: RecordSealer, block: int, count: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Seconds per pass of ``count`` seals, and of ``count`` opens, of one ``block`` record."""
+    digest = namespace(block).digest()
+    name = sealer.name(digest, bytes(36))
+    payload, out, stored = aligned(block, os.urandom(4096)), aligned(block), aligned(block)
+    header, ciphertext = sealer.seal(digest, name, payload)
+    stored[:] = ciphertext
+    # The ciphertext is a view of the sealer's per-thread buffer, which the next, larger seal
+    # replaces: a live view would stop it (BufferError).
+    ciphertext.release()
+
+    def seal_all() -> None:
+        for _ in range(count):
+            sealer.seal(digest, name, payload)
+
+    def open_all() -> None:
+        for _ in range(count):
+            sealer.open(header, stored, out)
+
+    sealer.open(header, stored, out)  # first touch of ``out``'s pages, untimed
+    seal_s, open_s = repeat_s(seal_all, repeats), repeat_s(open_all, repeats)
+    if bytes(out) != bytes(payload):
+        raise RuntimeError("open did not give back the sealed payload")
+    return seal_s, open_s
 
 
 def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
@@ -459,8 +550,10 @@ def run(
     json_path: Path | None = None,
     read_ab_only: bool = False,
     emit: Callable[[str], None] = print,
+    sealed_only: bool = False,
 ) -> None:
-    """Every table (or only the read A/B), each passed to ``emit`` as soon as it is measured.
+    """Every table (or only the read A/B, or only the sealing figures), each passed to
+    ``emit`` as soon as it is measured.
 
     Works under a temporary folder in ``folder`` (default: TMPDIR), removed at the end.
     """
@@ -470,8 +563,19 @@ def run(
             emit(cold_read_ab(work, total_mib, 2 * repeats + 1))
             emit(f"{total_mib} MiB per pass; {environment_line()}")
             return
+        if sealed_only:
+            seal_table, seal_raw = seal_rates(total_mib, repeats)
+            emit(seal_table + "\n")
+            table, raw = throughput(work, total_mib, repeats, cold, (PLAIN_CASE, SEALED_CASE))
+            emit(table + "\n")
+            emit(f"{total_mib} MiB per pass, {repeats} passes; {environment_line()}")
+            if json_path is not None:
+                json_path.write_text(json.dumps({"sealing": seal_raw, **raw}))
+            return
         table, raw = throughput(work, total_mib, repeats, cold)
         emit(table + "\n")
+        seal_table, raw["sealing"] = seal_rates(total_mib, repeats)
+        emit(seal_table + "\n")
         if cold:
             emit(cold_read_ab(work, total_mib, 2 * repeats + 1) + "\n")
         emit(threads(work, total_mib) + "\n")

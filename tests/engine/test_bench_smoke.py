@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from benchmarks import bandwidth, decision_abba
+from benchmarks import bandwidth, decision_abba, encryption_cost
 from kvtier.bench import concurrent, overhead, ttft
 
 pytestmark = pytest.mark.engine
@@ -61,6 +61,22 @@ def test_same_engine_decision_bench_restores_the_opted_out_requests(tiny_model, 
     assert len(result["samples"]["300/single/on"]) == 2
     assert result["verdicts"].get("off", 0) == 6, result["verdicts"]
     assert "on / off" in (tmp_path / "decision-same-engine.md").read_text()
+
+
+def test_encryption_bench_restores_from_disk_in_both_settings_and_cleans_up(tiny_model, tmp_path):
+    """Every reader restores every prompt (the bench raises on a partial restore), the
+    settings alternate, and the written folders and the bench's key are gone afterwards."""
+    result = encryption_cost.run(
+        str(tiny_model), [300], 2, tmp_path, rounds=1, progress=lambda _: None, in_process=True
+    )
+    assert [e["setting"] for e in result["engines"]] == ["off", "on"]
+    for engine in result["engines"]:
+        assert {k: len(v) for k, v in engine["samples"].items()} == {"300/fresh": 2, "300/warm": 2}
+    assert {s: len(c["300"]) for s, c in result["cold"].items()} == {"off": 2, "on": 2}
+    table = (tmp_path / "encryption.md").read_text()
+    assert "on / off" in table and "seal GB/s, one core" in table
+    assert not list(tmp_path.glob("disk-encryption-*"))
+    assert not (tmp_path / "bench-master-key").exists()
 
 
 def test_overhead_bench_compares_on_and_off_with_zero_reuse(tiny_model, tmp_path):
@@ -136,7 +152,14 @@ def test_store_and_checksum_benches_run_as_commands(tmp_path):
     )
     assert store.exit_code == 0, store.output
     assert "DiskStore default" in store.output and "contains() ns p50 / p99" in store.output
+    assert "DiskStore default, sealed" in store.output and "seal GB/s" in store.output
     assert json.loads(raw.read_text())
+    sealed = runner.invoke(
+        app, ["store", "--dir", str(tmp_path), *small, "--no-cold", "--sealed-only"]
+    )
+    assert sealed.exit_code == 0, sealed.output
+    assert "seal GB/s" in sealed.output and "DiskStore default, sealed" in sealed.output
+    assert "fsync=always" not in sealed.output, "only the sealing figures"
     assert [p.name for p in tmp_path.iterdir()] == ["store.json"], "its work folder is removed"
     checksum = runner.invoke(app, ["checksum", "--repeats", "1"])
     assert checksum.exit_code == 0, checksum.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvtier.format import HEADER_BYTES, Namespace
@@ -71,20 +72,25 @@ SEALED_KEYS_TRIED = 4096
 
 
 def disk_ground_truth(
-    namespace_dir: Path, namespace: Namespace, sealer: RecordSealer | None = None
+    namespace_dir: Path,
+    namespace: Namespace,
+    sealer: RecordSealer | None = None,
+    block_keys: Iterable[bytes] | None = None,
 ) -> dict[bytes, bytes]:
     """The records under a disk store's namespace folder, decoded from the files with
     kvtier.format alone (no store, no index): key -> payload. Where several files hold one
-    key (an older version not unlinked yet), the newest record id wins. A file that does not
-    decode is an AssertionError: a store must never leave one in ``blocks/``. With ``sealer``
-    the files are named by keyed MACs: each is opened with it, and its block key found among
-    ``key_of(i)`` for i below SEALED_KEYS_TRIED."""
+    key (an older version not unlinked yet, or a record under each key of a rotated key
+    ring), the newest record id wins. A file that does not decode is an AssertionError: a
+    store must never leave one in ``blocks/``. With ``sealer`` the files are named by keyed
+    MACs: each is opened with it, and its block key found among ``block_keys`` (default:
+    ``key_of(i)`` for i below SEALED_KEYS_TRIED) under any of the sealer's keys."""
     from kvtier.format.record import decode_header, verify_payload
 
     by_name = {}
     if sealer is not None:
         digest = namespace.digest()
-        by_name = {sealer.name(digest, key_of(i)): key_of(i) for i in range(SEALED_KEYS_TRIED)}
+        tried = block_keys if block_keys is not None else map(key_of, range(SEALED_KEYS_TRIED))
+        by_name = {name: key for key in tried for name in sealer.names(digest, key)}
     found: dict[bytes, tuple[int, bytes]] = {}
     for path in sorted((namespace_dir / "blocks").glob("*/*.kvb")):
         key_hex, record_id, _ = path.name.split(".")
