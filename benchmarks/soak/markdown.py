@@ -42,7 +42,8 @@ def render(verdict: Verdict) -> str:
         f"Over their bound (errored, or TTFT above bound_s): {req['over_bound']}; attributed to "
         f"a fault: {req['over_bound_attributed']}; not attributable: "
         f"{req['over_bound_unattributed']} (recovery window {req['recovery_s']:g} s). "
-        f"Wrong outputs: {req['wrong']}. Without a bound: {req['without_bound']}.",
+        f"Wrong outputs: {req['wrong']}. Without a bound: {req['without_bound']}. Over their "
+        f"bound in warm-up (not judged): {req['over_bound_in_warmup']}.",
         "",
         *_request_list("Not attributable", req["unattributed_listed"]),
         *_request_list("Wrong outputs", req["wrong_listed"]),
@@ -134,23 +135,27 @@ def _request_list(title: str, listed: list[dict]) -> list[str]:
         return []
     rows = [
         [
-            r["t"],
+            _num(r["t"], 1),
             r["server"],
             r["session"],
             r["turn"],
             r["outcome"],
-            r["ttft_s"],
-            r["bound_s"],
-            (r.get("error") or "")[:80],
+            _num(r["ttft_s"], 3),
+            _num(r["bound_s"], 3),
+            (r.get("error") or "").replace("|", "/").replace("\n", " ")[:80],
         ]
         for r in listed
     ]
     return [
-        f"{title} (first {len(listed)}):",
+        f"{title} ({len(listed)} listed, at most {requests.LISTED_MAX}):",
         "",
         *_table(["t", "server", "session", "turn", "outcome", "ttft s", "bound s", "error"], rows),
         "",
     ]
+
+
+def _num(value: object, digits: int) -> str:
+    return "" if value is None else f"{float(value):.{digits}f}"
 
 
 def _folders_table(folders: dict) -> list[str]:

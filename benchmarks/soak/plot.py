@@ -16,7 +16,9 @@ from benchmarks.soak.events import Log
 MIB = 1 << 20
 
 
-def draw(log: Log, path: Path) -> None:
+def draw(log: Log, path: Path, flagged: list[dict] = ()) -> None:
+    """Draw the figure into ``path``; ``flagged`` requests (over their bound with no fault to
+    explain them) are marked with a black cross on the TTFT panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -54,6 +56,15 @@ def draw(log: Log, path: Path) -> None:
     for f in log.faults:
         if f.get("injected_kill"):
             ax_ttft.axvline(float(f["t"]), color=colour[str(f.get("kind"))], lw=0.5, alpha=0.4)
+    crosses = [(float(r["t"]), float(r["ttft_s"] or r["latency_s"] or 0.0)) for r in flagged]
+    if crosses:
+        ax_ttft.scatter(
+            *zip(*crosses, strict=True),
+            marker="x",
+            color="black",
+            s=30,
+            label="over bound, no fault",
+        )
     if any(r.get("ttft_s") for r in log.requests):
         ax_ttft.set_yscale("log")
     ax_ttft.set_ylabel("TTFT s")

@@ -29,7 +29,7 @@ def write_report(events: Path, out_dir: Path) -> Verdict:
     record = {"passed": verdict.passed, "failures": verdict.failures, **verdict.summary}
     (out_dir / "report.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     (out_dir / "report.md").write_text(markdown.render(verdict))
-    plot.draw(log, out_dir / "soak.png")
+    plot.draw(log, out_dir / "soak.png", verdict.summary["requests"]["unattributed_listed"])
     return verdict
 
 

@@ -3,7 +3,9 @@ missed their bound and whether an injected fault explains it.
 
 A request *missed its bound* when it errored (it got no answer within any bound) or its TTFT
 (its latency where no first token was timed) exceeded ``bound_s``. Wrong outputs are counted
-on their own and disconnects (a client hanging up on purpose) are neither.
+on their own and disconnects (a client hanging up on purpose) are neither. Misses of requests
+that started during the run's warm-up are counted apart (``over_bound_in_warmup``) and judged
+by nothing: the warm-up is there for first compiles and empty caches.
 
 A miss is *attributed* to a fault when the runner listed faults on the request, or when the
 request's span overlaps ``[fault.t, fault.end_t + recovery_s]`` of a fault that touches the
@@ -40,7 +42,7 @@ def figures(log: Log) -> dict:
     touched, unplaced = fault_reach(log)
     outcomes: dict[str, Counter] = {}
     ttft: dict[str, list[float]] = {}
-    wrong, misses, no_bound = [], [], 0
+    wrong, misses, no_bound, in_warmup = [], [], 0, 0
     for req in log.requests:
         server = str(req.get("server"))
         outcome = str(req.get("outcome"))
@@ -57,6 +59,9 @@ def figures(log: Log) -> dict:
             continue
         if outcome == "ok" and _waited_s(req) <= float(req["bound_s"]):
             continue
+        if _start_t(req) < log.warmup_s:
+            in_warmup += 1
+            continue
         misses.append({**_brief(req), "faults": attributed_faults(req, log, touched, recovery_s)})
     unattributed = [m for m in misses if not m["faults"]]
     return {
@@ -71,6 +76,7 @@ def figures(log: Log) -> dict:
         "over_bound_unattributed": len(unattributed),
         "unattributed_listed": unattributed[:LISTED_MAX],
         "without_bound": no_bound,
+        "over_bound_in_warmup": in_warmup,
         "recovery_s": recovery_s,
         "unplaced_faults": unplaced,
     }
@@ -108,8 +114,7 @@ def attributed_faults(
     listed = [int(i) for i in req.get("faults") or []]
     if listed:
         return listed
-    end = float(req["t"])
-    start = float(req.get("start_t", end - float(req.get("latency_s") or 0.0)))
+    end, start = float(req["t"]), _start_t(req)
     server = str(req.get("server"))
     found = []
     for fault in log.faults:
@@ -138,6 +143,12 @@ def _stats(values: list[float]) -> dict:
         "p95": percentile(values, 95),
         "max": max(values),
     }
+
+
+def _start_t(req: dict) -> float:
+    if req.get("start_t") is not None:
+        return float(req["start_t"])
+    return float(req["t"]) - float(req.get("latency_s") or 0.0)
 
 
 def _waited_s(req: dict) -> float:

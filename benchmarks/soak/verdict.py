@@ -81,18 +81,18 @@ def _leak_rows(summary: dict, row) -> None:
             where = f"{label} pid {tr['pid']} over {tr['window_s']:.0f} s"
             if tr["fd_growth"] > resources.FD_GROWTH_MAX:
                 fd.append(
-                    f"{where}: +{tr['fd_growth']:.1f} fds (at most {resources.FD_GROWTH_MAX:g})"
+                    f"{where}: +{tr['fd_growth']:.1f} fds (at most +{resources.FD_GROWTH_MAX:g})"
                 )
             if tr["thread_growth"] > resources.THREAD_GROWTH_MAX:
                 thread.append(
                     f"{where}: +{tr['thread_growth']:.1f} threads "
-                    f"(at most {resources.THREAD_GROWTH_MAX:g})"
+                    f"(at most +{resources.THREAD_GROWTH_MAX:g})"
                 )
         for g in fig["rss"]:
             if g["growth"] >= resources.RSS_GROWTH_MAX:
                 rss.append(
                     f"{label} pid {g['pid']} over {g['window_s']:.0f} s: "
-                    f"{g['growth']:+.1%} (under {resources.RSS_GROWTH_MAX:.0%})"
+                    f"{g['growth']:+.1%} (must stay under +{resources.RSS_GROWTH_MAX:.0%})"
                 )
     judged = any(f["leak_judged"] for f in summary["processes"].values())
     detail = "; ".join(notes) or "every label judged on incarnations of 10 min or more"

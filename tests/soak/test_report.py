@@ -90,6 +90,14 @@ def test_a_slow_request_in_a_fault_window_is_attributed(
     assert verdict.summary["requests"]["over_bound_attributed"] == 1
 
 
+def test_a_slow_request_in_the_warm_up_is_counted_but_not_judged(tmp_path: Path) -> None:
+    run = Run()
+    run.request(60.0, ttft_s=3.0, latency_s=3.2)
+    verdict = report(run, tmp_path)
+    assert verdict.passed, verdict.failures
+    assert verdict.summary["requests"]["over_bound_in_warmup"] == 1
+
+
 def test_a_fault_on_another_resource_explains_nothing(tmp_path: Path) -> None:
     run = Run()
     run.fault(1, 500.0, "redis_kill", "redis", end_t=510.0)
