@@ -11,7 +11,7 @@ import pytest
 from benchmarks.soak.events import load
 from benchmarks.soak.report import summarize, write_report
 from benchmarks.soak.verdict import Verdict, judge
-from tests.soak.synthetic import CAP_BYTES, MIB, Run
+from tests.soak.synthetic import CAP_BYTES, LABELS, MIB, Run
 
 
 def report(run: Run, tmp_path: Path) -> Verdict:
@@ -146,6 +146,16 @@ def test_rss_growth_of_ten_percent_fails(tmp_path: Path) -> None:
     run.rss["replica-b"] = lambda t: int(500 * MIB * (1 + 0.1 * t / 1800))
     message = only_failure(report(run, tmp_path), "RSS growth")
     assert "replica-b" in message
+
+
+def test_an_hour_run_whose_servers_all_restarted_cannot_show_its_rss_flat(
+    tmp_path: Path,
+) -> None:
+    run = Run(duration_s=3600, every_s=30)
+    for n, label in enumerate(LABELS):
+        run.pids[label] = lambda t, n=n: 100 * n + int(t // 1000)
+    failures = report(run, tmp_path).failures
+    assert any(f.startswith("RSS growth: no incarnation spans") for f in failures), failures
 
 
 def test_a_leftover_shm_region_fails(tmp_path: Path) -> None:
