@@ -27,6 +27,11 @@ def render(verdict: Verdict) -> str:
         f"Planned {run.get('duration_s', '?')} s (warm-up {run.get('warmup_s', '?')} s), "
         f"measured {s['measured_s']:.0f} s, {s['log']['samples']} samples"
         + (f", {s['log']['torn_lines']} torn log line(s)" if s["log"]["torn_lines"] else ""),
+        *(
+            [f"Fault kinds left out: {run['fault_kinds_left_out']}"]
+            if run.get("fault_kinds_left_out")
+            else []
+        ),
         "",
         "## Acceptance",
         "",
@@ -41,7 +46,9 @@ def render(verdict: Verdict) -> str:
         "",
         f"Over their bound (errored, or TTFT above bound_s): {req['over_bound']}; attributed to "
         f"a fault: {req['over_bound_attributed']}; not attributable: "
-        f"{req['over_bound_unattributed']} (recovery window {req['recovery_s']:g} s). "
+        f"{req['over_bound_unattributed']} (recovery window {req['recovery_s']:g} s; explained "
+        f"by the fault windows where the runner listed none: "
+        f"{req['attributed_by_windows_only']}). "
         f"Wrong outputs: {req['wrong']}. Without a bound: {req['without_bound']}. Over their "
         f"bound in warm-up (not judged): {req['over_bound_in_warmup']}.",
         "",
@@ -187,6 +194,14 @@ def _folders_table(folders: dict) -> list[str]:
     )
 
 
+def _judged(fig: dict) -> str:
+    if not fig["kvtier_server"]:
+        return "not a kvtier server"
+    if not fig["leak_judged"]:
+        return "nothing to judge"
+    return "short incarnations" if fig["leak_short"] else "judged"
+
+
 def _processes_tables(procs: dict) -> list[str]:
     rows = [
         [
@@ -198,6 +213,7 @@ def _processes_tables(procs: dict) -> list[str]:
             f["max"]["threads"],
             f"{(f['last']['rss_bytes'] or 0) / MIB:.0f}",
             f"{f['max']['rss_bytes'] / MIB:.0f}",
+            _judged(f),
         ]
         for label, f in procs.items()
     ]
@@ -211,6 +227,7 @@ def _processes_tables(procs: dict) -> list[str]:
             "threads max",
             "RSS MiB last",
             "RSS MiB max",
+            "leak check",
         ],
         rows,
     )

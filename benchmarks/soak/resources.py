@@ -13,6 +13,8 @@ from fresh counts, so trends never span a restart):
   whose incarnations lived that long (a short run, or a server killed often) is judged on
   its longest incarnation with ``MIN_SAMPLES`` settled samples, and the figure says so
   (``short``). A label with no such incarnation is not judged (``judged: false``).
+* Only kvtier's servers (the run's ``servers``) are judged; other sampled processes (Redis,
+  the plain vLLM reference) are shown, not judged: their leaks are not kvtier's.
 * RSS: the incarnations whose settled window covers ``RSS_SPAN_FRACTION`` of the run's
   settled time; growth from the median of the first settled ``RSS_EDGE_S`` to the median of
   the last ``RSS_EDGE_S`` (a third of the window each, if shorter) must stay under
@@ -24,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from benchmarks.soak.events import Log
+from benchmarks.soak.eventlog import Log
 
 LEAK_WINDOW_S = 600.0
 FD_GROWTH_MAX = 8.0
@@ -51,6 +53,7 @@ def process_figures(log: Log) -> dict:
     """Leak figures per label (see the module docstring)."""
     warmup_s = log.warmup_s
     settled_run_s = max(log.duration_s - warmup_s, 0.0)
+    servers = {str(s.get("label")) for s in log.run.get("servers", [])}
     out = {}
     for label, incarnations in series(log).items():
         settled = []
@@ -72,6 +75,7 @@ def process_figures(log: Log) -> dict:
         ]
         last = incarnations[-1][-1]
         out[label] = {
+            "kvtier_server": not servers or label in servers,
             "incarnations": len(incarnations),
             "leak_judged": bool(judged),
             "leak_short": short,

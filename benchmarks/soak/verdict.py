@@ -73,7 +73,8 @@ def _leak_rows(summary: dict, row) -> None:
     full_run = _planned_s(summary) >= VOLUME_MIN_DURATION_S
     fd, thread, rss, notes = [], [], [], []
     unjudged = []
-    for label, fig in summary["processes"].items():
+    procs = {k: f for k, f in summary["processes"].items() if f["kvtier_server"]}
+    for label, fig in procs.items():
         if not fig["leak_judged"]:
             unjudged.append(label)
             notes.append(
@@ -103,13 +104,13 @@ def _leak_rows(summary: dict, row) -> None:
     if full_run:
         fd += [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
         thread += [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
-    judged = any(f["leak_judged"] for f in summary["processes"].values())
+    judged = any(f["leak_judged"] for f in procs.values())
     detail = "; ".join(notes) or (
         f"every label judged on incarnations of {resources.LEAK_WINDOW_S:g} s or more"
     )
     row("descriptor leak", fd, detail, applies=judged or full_run)
     row("thread leak", thread, detail, applies=judged or full_run)
-    rss_judged = sum(len(f["rss"]) for f in summary["processes"].values())
+    rss_judged = sum(len(f["rss"]) for f in procs.values())
     if full_run and not rss_judged:
         rss.append(
             f"no incarnation spans {resources.RSS_SPAN_FRACTION:.0%} of the run "
