@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.soak import resources
-from benchmarks.soak.eventlog import Log
+from benchmarks.soak.events import Log
 
 MIB = 1 << 20
 

@@ -13,7 +13,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.soak import eventlog, markdown, plot, requests, resources
+from benchmarks.soak import events as event_log
+from benchmarks.soak import markdown, plot, requests, resources
 from benchmarks.soak.verdict import Verdict, judge
 
 __all__ = ["Verdict", "summarize", "write_report"]
@@ -22,7 +23,7 @@ __all__ = ["Verdict", "summarize", "write_report"]
 def write_report(events: Path, out_dir: Path) -> Verdict:
     """Read ``events`` (events.jsonl), write report.md, report.json and soak.png into
     ``out_dir``, and return the verdict."""
-    log = eventlog.load(events)
+    log = event_log.load(events)
     verdict = judge(summarize(log))
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"passed": verdict.passed, "failures": verdict.failures, **verdict.summary}
@@ -32,7 +33,7 @@ def write_report(events: Path, out_dir: Path) -> Verdict:
     return verdict
 
 
-def summarize(log: eventlog.Log) -> dict:
+def summarize(log: event_log.Log) -> dict:
     """Every figure of the report (without the acceptance rows, which ``judge`` adds)."""
     run = {k: v for k, v in log.run.items() if k != "type"}
     by_kind = Counter(str(f.get("kind")) for f in log.faults)

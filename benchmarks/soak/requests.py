@@ -26,7 +26,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 
-from benchmarks.soak.eventlog import Log
+from benchmarks.soak.events import Log
 
 #: Seconds after a fault's end during which a slow request is still its doing, unless the
 #: run says otherwise: the runner's (``benchmarks.soak.faults.RECOVERY_S``; an engine kill's

@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from benchmarks.soak.eventlog import Log
+from benchmarks.soak.events import Log
 
 LEAK_WINDOW_S = 600.0
 FD_GROWTH_MAX = 8.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak.eventlog import load
+from benchmarks.soak.events import load
 from benchmarks.soak.report import summarize, write_report
 from benchmarks.soak.verdict import Verdict, judge
 from tests.soak.synthetic import CAP_BYTES, LABELS, MIB, Run
