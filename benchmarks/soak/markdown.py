@@ -240,17 +240,29 @@ def _processes_tables(procs: dict) -> list[str]:
             tr["samples"],
             f"{tr['fd_growth']:+.1f}",
             f"{tr['thread_growth']:+.1f}",
-            "yes" if f["leak_short"] else "",
+            f"{tr['rss_growth_bytes'] / MIB:+.1f}",
+            ("yes, short" if f["leak_short"] else "yes") if tr["judged"] else "no",
         ]
         for label, f in procs.items()
         for tr in f["trends"]
     ]
     out += [
         "",
-        "Trends after warm-up (slope x window):",
+        "Trends after warm-up, per incarnation (least-squares slope x window):",
         "",
         *_table(
-            ["label", "pid", "from t", "window s", "samples", "fds", "threads", "short"], trends
+            [
+                "label",
+                "pid",
+                "from t",
+                "window s",
+                "samples",
+                "fds",
+                "threads",
+                "RSS MiB",
+                "judged",
+            ],
+            trends,
         ),
     ]
     rss = [
@@ -278,15 +290,23 @@ def _processes_tables(procs: dict) -> list[str]:
 def _leftovers(left: dict) -> list[str]:
     after = left["after_shutdown"] or {}
     last = left["last_sample"]
-    return _table(
-        ["", "/dev/shm regions", "temp files", "servers alive"],
-        [
-            ["last sample", last.get("shm_regions"), last.get("temp_files"), ""],
+    judged = ("shm_regions", "temp_files", "servers_alive")
+    others = [
+        f"- {k} (the harness's, not judged): {v}" for k, v in after.items() if k not in judged
+    ]
+    return [
+        *_table(
+            ["", "/dev/shm regions", "temp files", "servers alive"],
             [
-                "after shutdown",
-                after.get("shm_regions", "?"),
-                after.get("temp_files", "?"),
-                after.get("servers_alive", "?"),
+                ["last sample", last.get("shm_regions"), last.get("temp_files"), ""],
+                [
+                    "after shutdown",
+                    after.get("shm_regions", "?"),
+                    after.get("temp_files", "?"),
+                    after.get("servers_alive", "?"),
+                ],
             ],
-        ],
-    )
+        ),
+        "",
+        *others,
+    ]

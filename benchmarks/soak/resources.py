@@ -61,13 +61,22 @@ def process_figures(log: Log) -> dict:
             start = points[0]["t"]
             settle_t = warmup_s if n == 0 else start + min(warmup_s, RESTART_SETTLE_S)
             settled.append([p for p in points if p["t"] >= settle_t])
-        trends = [_trend(pts, incarnations[n][0]["pid"]) for n, pts in enumerate(settled)]
-        judged = [tr for tr in trends if tr and tr["window_s"] >= LEAK_WINDOW_S]
+        trends = [
+            tr
+            for n, pts in enumerate(settled)
+            if (tr := _trend(pts, incarnations[n][0]["pid"])) is not None
+        ]
+        judged = [tr for tr in trends if tr["window_s"] >= LEAK_WINDOW_S]
         short = False
         if not judged:
-            candidates = [tr for tr in trends if tr and tr["samples"] >= MIN_SAMPLES]
+            candidates = [tr for tr in trends if tr["samples"] >= MIN_SAMPLES]
             judged = [max(candidates, key=lambda tr: tr["window_s"])] if candidates else []
             short = bool(judged)
+        is_server = not servers or label in servers
+        if not is_server:
+            judged, short = [], False
+        for tr in trends:
+            tr["judged"] = any(tr is j for j in judged)
         rss = [
             _rss_growth(pts, incarnations[n][0]["pid"])
             for n, pts in enumerate(settled)
@@ -75,11 +84,12 @@ def process_figures(log: Log) -> dict:
         ]
         last = incarnations[-1][-1]
         out[label] = {
-            "kvtier_server": not servers or label in servers,
+            "kvtier_server": is_server,
             "incarnations": len(incarnations),
             "leak_judged": bool(judged),
             "leak_short": short,
-            "trends": judged,
+            #: Every incarnation's trend after warm-up; ``judged`` marks those checked.
+            "trends": trends,
             "rss": rss,
             "last": {k: last.get(k) for k in ("pid", "fds", "threads", "rss_bytes")},
             "max": {
@@ -155,6 +165,7 @@ def _trend(points: list[dict], pid: int) -> dict | None:
         "samples": len(points),
         "fd_growth": slope(ts, [p["fds"] for p in points]) * window,
         "thread_growth": slope(ts, [p["threads"] for p in points]) * window,
+        "rss_growth_bytes": slope(ts, [p["rss_bytes"] for p in points]) * window,
     }
 
 

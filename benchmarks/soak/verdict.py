@@ -82,9 +82,9 @@ def _leak_rows(summary: dict, row) -> None:
                 "samples after warm-up)"
             )
         elif fig["leak_short"]:
-            tr = fig["trends"][0]
+            tr = next(tr for tr in fig["trends"] if tr["judged"])
             notes.append(f"{label} judged on its longest incarnation ({tr['window_s']:.0f} s)")
-        for tr in fig["trends"]:
+        for tr in (tr for tr in fig["trends"] if tr["judged"]):
             where = f"{label} pid {tr['pid']} over {tr['window_s']:.0f} s"
             if tr["fd_growth"] > resources.FD_GROWTH_MAX:
                 fd.append(
