@@ -8,6 +8,8 @@ from benchmarks.soak import requests, resources
 from benchmarks.soak.verdict import Verdict
 
 MIB = 1 << 20
+#: Most requests a table lists one by one.
+ROWS_MAX = 30
 
 
 def render(verdict: Verdict) -> str:
@@ -52,8 +54,10 @@ def render(verdict: Verdict) -> str:
         f"Wrong outputs: {req['wrong']}. Without a bound: {req['without_bound']}. Over their "
         f"bound in warm-up (not judged): {req['over_bound_in_warmup']}.",
         "",
-        *_request_list("Not attributable", req["unattributed_listed"]),
-        *_request_list("Wrong outputs", req["wrong_listed"]),
+        *_request_list(
+            "Not attributable", req["unattributed_listed"], req["over_bound_unattributed"]
+        ),
+        *_request_list("Wrong outputs", req["wrong_listed"], req["wrong"]),
         "## TTFT per server (ok requests)",
         "",
         *_table(
@@ -137,9 +141,10 @@ def _requests_table(req: dict) -> list[str]:
     return _table(["server", *names, "total"], rows)
 
 
-def _request_list(title: str, listed: list[dict]) -> list[str]:
+def _request_list(title: str, listed: list[dict], total: int) -> list[str]:
     if not listed:
         return []
+    shown = listed[:ROWS_MAX]
     rows = [
         [
             _num(r["t"], 1),
@@ -151,10 +156,11 @@ def _request_list(title: str, listed: list[dict]) -> list[str]:
             _num(r["bound_s"], 3),
             (r.get("error") or "").replace("|", "/").replace("\n", " ")[:80],
         ]
-        for r in listed
+        for r in shown
     ]
     return [
-        f"{title} ({len(listed)} listed, at most {requests.LISTED_MAX}):",
+        f"{title}: the first {len(shown)} of {total} (report.json lists up to "
+        f"{requests.LISTED_MAX}):",
         "",
         *_table(["t", "server", "session", "turn", "outcome", "ttft s", "bound s", "error"], rows),
         "",

@@ -36,8 +36,8 @@ DEFAULT_RECOVERY_S = 5.0
 MACHINE_KINDS = frozenset({"cpu_burst"})
 MACHINE_TARGETS = frozenset({"cpu", "machine"})
 OUTCOMES = ("ok", "wrong", "error", "disconnected")
-#: Most requests listed by name in a figure (the counts are always complete).
-LISTED_MAX = 50
+#: Most requests listed one by one in a figure (the counts are always complete).
+LISTED_MAX = 200
 
 
 def figures(log: Log) -> dict:
