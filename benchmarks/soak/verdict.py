@@ -35,6 +35,8 @@ def judge(summary: dict) -> Verdict:
         status = "n/a" if not applies else ("fail" if problems else "pass")
         rows.append({"check": name, "status": status, "detail": detail, "problems": problems})
 
+    if not summary["run"]:
+        row("run started", ["no run line: not a soak event log, or the run never started"], "")
     req = summary["requests"]
     row(
         "wrong outputs",
@@ -102,8 +104,10 @@ def _leak_rows(summary: dict, row) -> None:
                     f"{g['growth']:+.1%} (must stay under +{resources.RSS_GROWTH_MAX:.0%})"
                 )
     if full_run:
-        fd += [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
-        thread += [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
+        why = [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
+        why += [] if procs else ["no kvtier server was ever sampled"]
+        fd += why
+        thread += why
     judged = any(f["leak_judged"] for f in procs.values())
     detail = "; ".join(notes) or (
         f"every label judged on incarnations of {resources.LEAK_WINDOW_S:g} s or more"
@@ -114,7 +118,7 @@ def _leak_rows(summary: dict, row) -> None:
     if full_run and not rss_judged:
         rss.append(
             f"no incarnation spans {resources.RSS_SPAN_FRACTION:.0%} of the run "
-            "after warm-up (every server restarted): the growth cannot be told"
+            "after warm-up (no samples, or every server restarted): the growth cannot be told"
         )
     row(
         "RSS growth",

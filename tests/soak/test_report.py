@@ -217,3 +217,12 @@ def test_the_command_exits_1_on_a_failed_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["soak-report", str(events), str(tmp_path / "out")])
     assert result.exit_code == 1, result.output
     assert (tmp_path / "out" / "report.md").exists()
+
+
+def test_an_empty_log_fails_and_still_gives_a_report(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    verdict = write_report(events, tmp_path / "out")
+    assert any(f.startswith("run started:") for f in verdict.failures), verdict.failures
+    assert any(f.startswith("run finished:") for f in verdict.failures), verdict.failures
+    assert (tmp_path / "out" / "report.md").exists()
