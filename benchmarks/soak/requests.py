@@ -106,7 +106,8 @@ def fault_reach(log: Log) -> tuple[dict[int, set[str]], list[dict]]:
         elif kind.startswith("redis") or "redis" in target.lower():
             reach = set(on_redis)
         else:
-            path = folder_paths.get(target, _real(target))
+            # A folder label, or (a runner that names folders by path) an absolute path.
+            path = folder_paths.get(target, _real(target) if target.startswith("/") else "")
             reach = {str(s["label"]) for s in servers if path and _real(s.get("disk_dir")) == path}
         touched[int(fault["id"])] = reach
         if not reach:

@@ -88,7 +88,7 @@ def process_figures(log: Log) -> dict:
             "incarnations": len(incarnations),
             "leak_judged": bool(judged),
             "leak_short": short,
-            #: Every incarnation's trend after warm-up; ``judged`` marks those checked.
+            # Every incarnation's trend after warm-up; "judged" marks those checked.
             "trends": trends,
             "rss": rss,
             "last": {k: last.get(k) for k in ("pid", "fds", "threads", "rss_bytes")},
