@@ -5,8 +5,11 @@ Leak checks, per process label and incarnation (a new pid is a new incarnation; 
 from fresh counts, so trends never span a restart):
 
 * An incarnation *settles* at the run's ``warmup_s`` (the first one) or
-  ``min(warmup_s, RESTART_SETTLE_S)`` after its first sample (a restarted one: the run is
-  warm by then, only the process is new). Only samples after it count.
+  ``min(warmup_s, RESTART_SETTLE_S)`` after it was ready (a restarted one: the run is warm
+  by then, only the process is new). A restart after an injected kill is ready when the kill
+  fault ends (the runner closes it once the new server answers: a restart that loads the
+  model for a minute on a busy machine would otherwise look like a leak of 150 fds); any
+  other restart is taken as ready at its first sample. Only samples after it count.
 * Descriptors and threads: every incarnation with at least ``LEAK_WINDOW_S`` of settled
   samples is judged; its least-squares slope times its settled window (the growth the trend
   says it had) must stay within ``FD_GROWTH_MAX`` / ``THREAD_GROWTH_MAX``. A label none of
@@ -56,10 +59,14 @@ def process_figures(log: Log) -> dict:
     servers = {str(s.get("label")) for s in log.run.get("servers", [])}
     out = {}
     for label, incarnations in series(log).items():
+        kills = [f for f in log.faults if f.get("injected_kill") and f.get("target") == label]
         settled = []
         for n, points in enumerate(incarnations):
-            start = points[0]["t"]
-            settle_t = warmup_s if n == 0 else start + min(warmup_s, RESTART_SETTLE_S)
+            if n == 0:
+                settle_t = warmup_s
+            else:
+                ready_t = _ready_t(points[0]["t"], kills)
+                settle_t = ready_t + min(warmup_s, RESTART_SETTLE_S)
             settled.append([p for p in points if p["t"] >= settle_t])
         trends = [
             tr
@@ -147,6 +154,18 @@ def slope(ts: Sequence[float], values: Sequence[float]) -> float:
     if var == 0:
         return 0.0
     return sum((t - mean_t) * (v - mean_v) for t, v in zip(ts, values, strict=True)) / var
+
+
+def _ready_t(first_t: float, kills: list[dict]) -> float:
+    """When an incarnation first sampled at ``first_t`` was ready: the end of the last kill
+    of its label that began before it (the new process appears while the kill's fault is
+    open), else ``first_t``."""
+    before = [f for f in kills if float(f["t"]) <= first_t]
+    if not before:
+        return first_t
+    last = max(before, key=lambda f: float(f["t"]))
+    end_t = last.get("end_t")
+    return max(first_t, float(end_t)) if end_t is not None else first_t
 
 
 def _span(points: list[dict]) -> float:

@@ -161,6 +161,19 @@ def test_a_growing_process_other_than_a_server_is_not_judged(tmp_path: Path) -> 
     assert report(run, tmp_path).passed
 
 
+def test_a_restart_loading_until_its_kill_fault_ends_is_not_a_leak(tmp_path: Path) -> None:
+    run = Run()
+    run.fault(1, 895.0, "engine_sigkill", "pair-a", end_t=1200.0, injected_kill=True)
+    run.crash(895.5, "pair-a", injected=True)
+    run.pids["pair-a"] = lambda t: 2000 if t < 900 else 2001
+    # The new process loads its model (and spawns its engine) until it is ready at 1200.
+    run.fds["pair-a"] = lambda t: 40 if t < 900 else 3 + int(min(t - 900, 300) / 2)
+    verdict = report(run, tmp_path)
+    assert verdict.passed, verdict.failures
+    second = verdict.summary["processes"]["pair-a"]["trends"][1]
+    assert second["from_t"] >= 1200 + 120
+
+
 def test_rss_growth_of_ten_percent_fails(tmp_path: Path) -> None:
     run = Run()
     run.rss["rep-b"] = lambda t: int(500 * MIB * (1 + 0.1 * t / 1800))
