@@ -14,6 +14,7 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvtier.errors import ConfigError
+from kvtier.vllm import store_tier
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from tests.support.store import files_under
 from tests.vllm.test_disk_tier import CTX, ROW_BYTES, ROWS, key, offloading_config, run, wait_open
@@ -72,3 +73,23 @@ def test_a_key_file_others_can_read_refuses_start_up(tmp_path: Path, pool: np.nd
     os.chmod(path, 0o640)
     with pytest.raises(ConfigError, match=rf"encryption_key_files.*chmod 600 {path}"):
         make_tier(tmp_path, pool, path)
+
+
+def test_the_decision_evidence_and_the_start_up_line_name_the_sealed_folder(
+    tmp_path: Path, pool: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sealed records live under another namespace digest than plain ones; the evidence file
+    # beside them and the namespace the start-up line names (what `kvtier gc --namespace`
+    # takes) must be that folder's, not the plain digest's, which no folder has.
+    lines: list[str] = []
+    monkeypatch.setattr(store_tier, "report_to", lambda spec, part: lines.append(part))
+    tier = make_tier(tmp_path, pool, key_file(tmp_path, bytes(range(32))))
+    try:
+        wait_open(tier)
+        (folder,) = [p for p in (tmp_path / "disk").iterdir() if p.is_dir()]
+        assert tier._memory is not None
+        assert tier._memory.path.parent == folder
+        (line,) = lines
+        assert f"namespace {folder.name[:12]}," in line
+    finally:
+        tier.shutdown()

@@ -26,7 +26,12 @@ from kvtier.store.disk.layout import DECISION_FILE
 from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
 from kvtier.vllm.configured_tier import ConfiguredTier
-from kvtier.vllm.shared_tier import check_server, describe_encryption, open_shared_store
+from kvtier.vllm.shared_tier import (
+    check_server,
+    describe_encryption,
+    open_shared_store,
+    stored_namespace,
+)
 from kvtier.vllm.tenants import DEFAULT_TENANT
 from kvtier.vllm.tier_opener import HOUSEKEEPING_INTERVAL_S
 
@@ -96,7 +101,8 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
     def decision_evidence_path(self, namespace: Namespace) -> Path:
         """Beside the namespace's records: what it holds was stored by earlier processes of
         this namespace, which measured the evidence (kvtier.vllm.decision_memory)."""
-        return Path(self.settings.root_dir) / namespace.digest_hex() / DECISION_FILE
+        folder = stored_namespace(self.settings, namespace).digest_hex()
+        return Path(self.settings.root_dir) / folder / DECISION_FILE
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         capacity = store.capacity_bytes
@@ -105,7 +111,8 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
         line = (
             f"disk {self.settings.root_dir}: cap {format_size(capacity)} ({capacity:,} B) = "
             f"{records:,} records = {records * self.tokens_per_row:,} tokens, namespace "
-            f"{namespace.digest_hex()[:12]}, fsync {self.settings.fsync}"
+            f"{stored_namespace(self.settings, namespace).digest_hex()[:12]}, "
+            f"fsync {self.settings.fsync}"
         )
         line += describe_encryption(self.settings)
         if self.settings.shared is not None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from kvtier.env import read_env
 from kvtier.format import Namespace
-from kvtier.format.sealing import RecordSealer
+from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.keyfiles import tier_keyring
 from kvtier.settings import DiskTierSettings, SharedTierSettings, tier_options
 from kvtier.store import BlockStore
@@ -46,6 +46,15 @@ def open_shared_store(
         sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
     password = read_env().shared_password
     return SharedStore(settings.with_password(password), namespace, sealer=sealer)
+
+
+def stored_namespace(
+    settings: DiskTierSettings | SharedTierSettings, namespace: Namespace
+) -> Namespace:
+    """The namespace the tier's records are kept under: an encrypted tier's stores mark it
+    as sealed (``sealed_namespace``), which gives its folder and its server keys another
+    digest; what the tier logs, and where it keeps files beside its records, must follow."""
+    return namespace if settings.encryption is None else sealed_namespace(namespace)
 
 
 def describe_encryption(settings: DiskTierSettings | SharedTierSettings) -> str:
@@ -100,6 +109,5 @@ class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         return (
             f"shared {self.settings.url}: capacity is the server's (maxmemory), "
-            f"namespace {namespace.digest_hex()[:12]}"
+            f"namespace {stored_namespace(self.settings, namespace).digest_hex()[:12]}"
         ) + describe_encryption(self.settings)
-

@@ -252,4 +252,3 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         head += "; restore decision " + ("on" if self.settings.restore_decision else "off")
         decision = UNMEASURED if self.settings.restore_decision else None
         self.startup_line = StartupLine(head, kvtier_tiers, decision)
-
