@@ -254,3 +254,18 @@ def test_a_master_key_is_not_pickled() -> None:
 
     with pytest.raises(TypeError):
         pickle.dumps(MasterKey(os.urandom(32)))
+
+
+def test_a_larger_seal_while_the_last_ciphertext_is_still_viewed_works() -> None:
+    # A thread seals into one reusable buffer and grows it for a larger record; a caller that
+    # still holds the previous ciphertext's view must neither break that nor lose its bytes.
+    sealer = ring().tenant()
+    small, large = payload_of(1, 4096), payload_of(2, 3 * 1024 * 1024)
+    name = sealer.name(NS, key_of(1))
+    header, body = sealer.seal(NS, name, small)
+    kept = bytes(body)
+    _, larger = sealer.seal(NS, sealer.name(NS, key_of(2)), large)
+    assert bytes(body) == kept and larger.nbytes == len(large)
+    out = memoryview(bytearray(body))
+    sealer.open(header, out, out)
+    assert bytes(out) == small

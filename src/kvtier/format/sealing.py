@@ -40,6 +40,7 @@ Engine-agnostic: no vLLM, no torch; ``cryptography`` is imported when a key ring
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -302,7 +303,10 @@ class RecordSealer:
         buf: mmap.mmap | None = getattr(self._local, "buf", None)
         if buf is None or len(buf) < nbytes:
             if buf is not None:
-                buf.close()
+                # A view of this thread's previous ciphertext may still be alive: then the
+                # mapping is left to be unmapped when that view goes (closing it would fail).
+                with contextlib.suppress(BufferError):
+                    buf.close()
             buf = mmap.mmap(-1, max(_PAGE, -(-nbytes // _PAGE) * _PAGE))
             self._local.buf = buf
         return memoryview(buf)[:nbytes]
