@@ -148,6 +148,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         self._layout = engine_row_layout(config, replicated, self._pool_row_bytes)
         #: Payload bytes of one record: a row's distinct KV slices.
         self._row_bytes = self._layout.record_bytes
+        self._tp_size = int(getattr(config.parallel, "tp_size", 1) or 1)
         #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
         self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * int(
             getattr(config.cache, "blocks_per_chunk", 1) or 1
@@ -240,11 +241,16 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         path = self.decision_evidence_path(namespace) if self._keeps_evidence else None
         if path is not None:
             # Before the store is published: the first lookup already weighs with it.
+            device = device_description()
+            if device is not None:
+                # Engines of other TP sizes may share this namespace (kvtier.vllm.row_layout),
+                # and prefill time scales with the ranks: their timings are not this engine's.
+                device += f", tensor parallel {self._tp_size}"
             memory = DecisionMemory(
                 self.decider.policy,
                 path,
                 namespace.digest_hex(),
-                device_description(),
+                device,
                 label=self.label,
             )
             memory.load()
