@@ -276,3 +276,13 @@ def test_tp2_of_two_heads_misses_what_tp1_stored(tmp_path):
         assert tp2.lookup(KEY, CTX) is LookupResult.MISS
     finally:
         tp2.shutdown()
+
+
+def test_rows_whose_slots_may_not_follow_the_tp_rank_cross_nothing(tmp_path):
+    model = model_dir(tmp_path, kv_heads=1)
+    tp1, tp2 = engine_config(model, 1), engine_config(model, 2)
+    by_rank = [
+        build_namespace(c, engine_row_layout(c, False, pool_row_bytes(c), by_heads=False))
+        for c in (tp1, tp2)
+    ]
+    assert by_rank[0] != by_rank[1]

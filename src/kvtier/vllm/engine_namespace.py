@@ -81,9 +81,14 @@ def model_shape(model: str) -> ModelShape:
     return ModelShape(layers, kv_heads, head_size, latent)
 
 
-def engine_row_layout(config: Any, replicated: bool, pool_row_bytes: int) -> RowLayout:
-    """The row layout of the engine of ``config`` (``OffloadingConfig`` or its shape)."""
-    shape = model_shape(config.model.name)
+def engine_row_layout(
+    config: Any, replicated: bool, pool_row_bytes: int, by_heads: bool = True
+) -> RowLayout:
+    """The row layout of the engine of ``config`` (``OffloadingConfig`` or its shape).
+
+    ``by_heads=False`` names every worker part by its rank: for a vLLM whose row slots are
+    not known to follow the TP rank (0.25.1 places a worker by its device index)."""
+    shape = model_shape(config.model.name) if by_heads else ModelShape()
     blocks_per_chunk = max(int(getattr(config.cache, "blocks_per_chunk", 1) or 1), 1)
     return row_layout(
         config.parallel,

@@ -65,6 +65,7 @@ from kvtier.format import Namespace
 from kvtier.store import BlockStore
 from kvtier.vllm import metrics
 from kvtier.vllm.compat import (
+    API,
     JobResult,
     Locality,
     TierBase,
@@ -145,7 +146,11 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         #: Stride of the host pool's rows (padding included).
         self._pool_row_bytes = self.block_size_bytes
         replicated = bool(getattr(offloading_spec, "replicated_layout", False))
-        self._layout = engine_row_layout(config, replicated, self._pool_row_bytes)
+        # 0.32 places each worker's part of a row by its TP rank (the slices' order); 0.25.1
+        # by its device index, so there records cross no TP size.
+        self._layout = engine_row_layout(
+            config, replicated, self._pool_row_bytes, by_heads=API == "0.32"
+        )
         #: Payload bytes of one record: a row's distinct KV slices.
         self._row_bytes = self._layout.record_bytes
         self._tp_size = int(getattr(config.parallel, "tp_size", 1) or 1)
