@@ -95,26 +95,37 @@ TINY_ARCHS: dict[str, dict[str, object]] = {
 }
 
 
-def tiny_llama(seed: int = 0) -> Path:
-    """A random-weight 4-layer Llama (vocab 2048, no tokenizer: drive it with token ids)."""
-    return tiny_model("llama", seed)
+def tiny_llama(seed: int = 0, kv_heads: int | None = None) -> Path:
+    """A random-weight 4-layer Llama (vocab 2048, no tokenizer: drive it with token ids).
+
+    ``kv_heads``: another number of KV heads than the default 2 (1: every tensor-parallel
+    rank holds the same head)."""
+    if kv_heads is None:
+        return tiny_model("llama", seed)
+    return tiny_model("llama", seed, {"num_key_value_heads": kv_heads}, f"kv{kv_heads}")
 
 
-def tiny_model(arch: str, seed: int = 0) -> Path:
+def tiny_model(
+    arch: str, seed: int = 0, overrides: dict[str, object] | None = None, variant: str = ""
+) -> Path:
     """A random-weight 4-layer model of family ``arch`` (one of ``TINY_ARCHS``), cached.
 
     Vocab 2048 and no tokenizer: drive it with token ids. Weights are scaled so greedy decoding
-    has real margins (see below).
+    has real margins (see below). ``overrides`` change the family's config; ``variant`` names
+    them in the cached folder's name.
     """
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny model family {arch!r}; known: {sorted(TINY_ARCHS)}")
-    final = cache_dir() / "models" / f"tiny-{arch.replace('_', '-')}-s{seed}"
+    if bool(overrides) != bool(variant):
+        raise ValueError("tiny_model: give overrides and the variant that names them together")
+    suffix = f"-{variant}" if variant else ""
+    final = cache_dir() / "models" / f"tiny-{arch.replace('_', '-')}{suffix}-s{seed}"
     if (final / ".complete").exists():
         return final
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    overrides = dict(TINY_ARCHS[arch])
+    overrides = {**TINY_ARCHS[arch], **(overrides or {})}
     model_type = str(overrides.pop("model_type"))
     embedding_scale = float(overrides.pop("_embedding_scale", 10.0))  # type: ignore[arg-type]
     torch.manual_seed(seed)

@@ -11,8 +11,9 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult
 
 from kvtier.errors import ConfigError
+from kvtier.format import Namespace
 from kvtier.vllm import compat
-from kvtier.vllm.engine_namespace import build_namespace
+from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.guards import check_hash_stability
 from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE, TierDecider, make_policy
 
@@ -167,10 +168,17 @@ def test_a_0_25_1_spec_gives_the_namespace_the_same_geometry_in_every_process():
     assert view.groups[0].tokens_per_block == 16 and view.groups[0].layer_names == ("l.0", "l.1")
     assert (view.cache.tokens_per_hash, view.cache.blocks_per_chunk) == (16, 4)
     assert view.model.dtype == "bfloat16" and view.worker_kv_bytes_per_block == 16 * 1024
-    first = build_namespace(view, 65536)
-    other_process = build_namespace(compat.view_from_0_25(spec025("instance-b")), 65536)
-    assert first == other_process, "no per-process value in the namespace"
-    assert first != build_namespace(compat.view_from_0_25(spec025("a")), 2 * 65536)
+
+    def namespace(spec: SimpleNamespace) -> Namespace:
+        view = compat.view_from_0_25(spec)
+        return build_namespace(view, engine_row_layout(view, False, 65536))
+
+    first = namespace(spec025("instance-a"))
+    assert engine_row_layout(view, False, 65536).record_bytes == 65536
+    assert first == namespace(spec025("instance-b")), "no per-process value in the namespace"
+    smaller = spec025("a")
+    smaller.kv_bytes_per_offloaded_block //= 2
+    assert first != namespace(smaller)
 
 
 def test_tier_base_gives_0_25_1_tiers_the_0_32_constructor():

@@ -84,7 +84,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
             start=False,
             drain_deadline_s=self.drain_deadline_s(self.settings),
         )
-        (check if check is not None else self.check_start_up)(self.settings, self.block_size_bytes)
+        (check if check is not None else self.check_start_up)(self.settings, self.record_bytes)
         self.start()
 
     # -- what a subclass says ------------------------------------------------------------

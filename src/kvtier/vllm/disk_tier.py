@@ -106,7 +106,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         capacity = store.capacity_bytes
-        record = HEADER_BYTES + self.block_size_bytes
+        record = HEADER_BYTES + self.record_bytes
         records = capacity // record
         line = (
             f"disk {self.settings.root_dir}: cap {format_size(capacity)} ({capacity:,} B) = "

@@ -2,18 +2,27 @@
 
 Built from vLLM's ``OffloadingConfig`` or its shape on releases without one
 (``kvtier.vllm.compat.offloading_view``: model, KV dtype, groups and their layers, tokens per
-block and per hash, bytes per chunk row, parallel layout), the model folder (KV heads, head size,
-a weights fingerprint) and the block-hash seed (``NONE_HASH``, which folds in the prefix-caching
-hash algorithm and its seed). A change in any of them gives another namespace, stored in another
+block and per hash, bytes per worker and chunk), the KV slices a record holds
+(``kvtier.vllm.row_layout``: the head slices of the ranks, not the world size and rank, so
+engines of different tensor-parallel sizes whose ranks hold the same slices share records),
+the pipeline and context-parallel sizes, the model folder (KV heads, head size, a weights
+fingerprint) and the block-hash seed (``NONE_HASH``, which folds in the prefix-caching hash
+algorithm and its seed). A change in any of them gives another namespace, stored in another
 folder and never served to this engine.
 """
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvtier.format import Namespace
+from kvtier.vllm.row_layout import RowLayout, row_layout
+
+#: Version of the record's layout inside the namespace: the distinct KV slices of a row
+#: (``kvtier.vllm.row_layout``), where records were whole host-pool rows before.
+ROW_LAYOUT = "kv-slices-1"
 
 # Weights are fingerprinted by name, size and the first and last MiB of each file: cheap at
 # start-up, and it changes when a fine-tune or re-quantisation replaces the weights in place.
@@ -43,19 +52,52 @@ def weights_fingerprint(model: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def _model_shape(model: str) -> tuple[int, int, int]:
-    """(layers, kv heads, head size) from a local config.json; zeros when unknown."""
+@dataclass(frozen=True)
+class ModelShape:
+    """What the model folder's config.json says of the KV cache; zeros when unknown."""
+
+    layers: int = 0
+    kv_heads: int = 0
+    head_size: int = 0
+    #: Multi-head latent attention (``kv_lora_rank``): one latent, the same on every rank.
+    latent: bool = False
+
+
+def model_shape(model: str) -> ModelShape:
+    """The KV shape of a local model folder (``ModelShape()`` for a non-local model)."""
     config_path = Path(model) / "config.json"
     try:
         config: dict[str, Any] = json.loads(config_path.read_text())
     except (OSError, ValueError):
-        return 0, 0, 0
+        return ModelShape()
+    if not isinstance(config, dict):
+        return ModelShape()
     config = config.get("text_config", config)
     layers = int(config.get("num_hidden_layers", 0))
     heads = int(config.get("num_attention_heads", 0))
     kv_heads = int(config.get("num_key_value_heads", heads))
     head_size = int(config.get("head_dim") or (config.get("hidden_size", 0) // max(heads, 1)))
-    return layers, kv_heads, head_size
+    latent = bool(config.get("kv_lora_rank"))
+    return ModelShape(layers, kv_heads, head_size, latent)
+
+
+def engine_row_layout(
+    config: Any, replicated: bool, pool_row_bytes: int, by_heads: bool = True
+) -> RowLayout:
+    """The row layout of the engine of ``config`` (``OffloadingConfig`` or its shape).
+
+    ``by_heads=False`` names every worker part by its rank: for a vLLM whose row slots are
+    not known to follow the TP rank (0.25.1 places a worker by its device index)."""
+    shape = model_shape(config.model.name) if by_heads else ModelShape()
+    blocks_per_chunk = max(int(getattr(config.cache, "blocks_per_chunk", 1) or 1), 1)
+    return row_layout(
+        config.parallel,
+        int(config.worker_kv_bytes_per_block) * blocks_per_chunk,
+        replicated,
+        pool_row_bytes,
+        shape.kv_heads,
+        shape.latent,
+    )
 
 
 class BlockHashNotReady(RuntimeError):
@@ -77,9 +119,11 @@ def block_hash_identity() -> str:
     return hashlib.sha256(bytes(none_hash)).hexdigest()[:32]
 
 
-def build_namespace(config: Any, row_bytes: int) -> Namespace:
-    """``config``: 0.32's ``OffloadingConfig`` or its shape (``compat.offloading_view``)."""
-    layers, kv_heads, head_size = _model_shape(config.model.name)
+def build_namespace(config: Any, layout: RowLayout) -> Namespace:
+    """``config``: 0.32's ``OffloadingConfig`` or its shape (``compat.offloading_view``);
+    ``layout``: its rows' (``engine_row_layout``). Nothing here depends on the world size or
+    the rank except through ``layout``, where the slices could not be named by heads."""
+    shape = model_shape(config.model.name)
     parallel = config.parallel
     groups = [{"tokens": g.tokens_per_block, "layers": list(g.layer_names)} for g in config.groups]
     return Namespace(
@@ -88,10 +132,10 @@ def build_namespace(config: Any, row_bytes: int) -> Namespace:
         kv_dtype=str(config.model.dtype),
         block_size_tokens=config.groups[0].tokens_per_block if config.groups else 0,
         num_groups=len(config.groups),
-        num_layers=layers,
-        num_kv_heads=kv_heads,
-        head_size=head_size,
-        block_bytes=row_bytes,
+        num_layers=shape.layers,
+        num_kv_heads=shape.kv_heads,
+        head_size=shape.head_size,
+        block_bytes=layout.record_bytes,
         hash_algorithm=f"vllm-none-hash:{block_hash_identity()}",
         extra={
             "engine": "vllm",
@@ -99,9 +143,12 @@ def build_namespace(config: Any, row_bytes: int) -> Namespace:
             "tokens_per_hash": str(config.cache.tokens_per_hash),
             "blocks_per_chunk": str(config.cache.blocks_per_chunk),
             "worker_kv_bytes_per_block": str(config.worker_kv_bytes_per_block),
-            "world_size": str(parallel.world_size),
-            "tp_pp_pcp_dcp": f"{parallel.tp_size}/{parallel.pp_size}/"
-            f"{parallel.pcp_size}/{parallel.dcp_size}",
+            "row_layout": ROW_LAYOUT,
+            "kv_slices": " | ".join(layout.slices),
+            "slice_bytes": str(layout.segment_bytes),
+            "latent": str(shape.latent).lower(),
+            # Pipeline and context parallelism split layers and tokens, not heads: distinct.
+            "pp_pcp_dcp": f"{parallel.pp_size}/{parallel.pcp_size}/{parallel.dcp_size}",
             "kv_cache_layout": str(config.kv_cache_layout),
         },
     )

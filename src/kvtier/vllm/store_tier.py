@@ -7,8 +7,11 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   while the store is still opening it answers RETRY, so a fresh engine's first request waits
   for the index instead of missing.
 * ``submit_store`` / ``submit_load`` queue one task per block on the tier's own I/O threads,
-  which read and write host-pool rows in place. When more than ``max_queued_blocks`` stores
-  are waiting, new stores are dropped and counted (a slow tier never holds the host pool).
+  which read and write host-pool rows in place. A record holds a row's distinct KV slices
+  (``kvtier.vllm.row_layout``): the row itself when no rank repeats another's slice, else one
+  copy of each slice, gathered on store and copied to every rank's part on load. When more
+  than ``max_queued_blocks`` stores are waiting, new stores are dropped and counted (a slow
+  tier never holds the host pool).
 * A store that can ask a server about keys it has not seen (``abilities.remote_lookup``: the
   shared tier) answers RETRY for such a key and asks the server on the tier's prober thread,
   all keys of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY
@@ -62,6 +65,7 @@ from kvtier.format import Namespace
 from kvtier.store import BlockStore
 from kvtier.vllm import metrics
 from kvtier.vllm.compat import (
+    API,
     JobResult,
     Locality,
     TierBase,
@@ -72,7 +76,7 @@ from kvtier.vllm.compat import (
     offloading_view,
 )
 from kvtier.vllm.decision_memory import DecisionMemory
-from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace
+from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
 from kvtier.vllm.lookup_decider import TierDecider, make_policy
 from kvtier.vllm.startup_line import decision_to, report_to
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
@@ -138,8 +142,18 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         self.locality = Locality(locality) if locality is not None else None
         self._spec = offloading_spec
         self._clock = clock
-        self._row_bytes = self.block_size_bytes
         config = offloading_view(offloading_spec)
+        #: Stride of the host pool's rows (padding included).
+        self._pool_row_bytes = self.block_size_bytes
+        replicated = bool(getattr(offloading_spec, "replicated_layout", False))
+        # 0.32 places each worker's part of a row by its TP rank (the slices' order); 0.25.1
+        # by its device index, so there records cross no TP size.
+        self._layout = engine_row_layout(
+            config, replicated, self._pool_row_bytes, by_heads=API == "0.32"
+        )
+        #: Payload bytes of one record: a row's distinct KV slices.
+        self._row_bytes = self._layout.record_bytes
+        self._tp_size = int(getattr(config.parallel, "tp_size", 1) or 1)
         #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
         self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * int(
             getattr(config.cache, "blocks_per_chunk", 1) or 1
@@ -147,6 +161,8 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
         self._pool_bytes = primary_kv_view.cast("B")
         self._bounce = BounceBuffers(self._row_bytes)
+        # A record that is not a row prefix is gathered here (store) or read here (load).
+        self._gathered = BounceBuffers(self._row_bytes)
         self._stats = TierStats()
         self._health = TierHealth(clock, negative_ttl_s, load_deadline_s)
         self._prober: ExistenceProber | None = None
@@ -163,7 +179,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         self._opener = TierOpener(
             label=self.label,
             thread_name=f"{prefix}-open",
-            namespace=lambda: build_namespace(config, self._row_bytes),
+            namespace=lambda: build_namespace(config, self._layout),
             not_ready=BlockHashNotReady,
             open_store=open_store,
             on_open=self._on_open,
@@ -230,11 +246,16 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         path = self.decision_evidence_path(namespace) if self._keeps_evidence else None
         if path is not None:
             # Before the store is published: the first lookup already weighs with it.
+            device = device_description()
+            if device is not None:
+                # Engines of other TP sizes may share this namespace (kvtier.vllm.row_layout),
+                # and prefill time scales with the ranks: their timings are not this engine's.
+                device += f", tensor parallel {self._tp_size}"
             memory = DecisionMemory(
                 self.decider.policy,
                 path,
                 namespace.digest_hex(),
-                device_description(),
+                device,
                 label=self.label,
             )
             memory.load()
@@ -457,22 +478,37 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
                 )
 
     # -- I/O threads ---------------------------------------------------------------------
+    @property
+    def record_bytes(self) -> int:
+        """Payload bytes of one of this tier's records (a row's distinct KV slices)."""
+        return self._row_bytes
+
     def _row(self, row: int) -> memoryview:
+        """The whole row (padding included)."""
         # A slice past the pool's end is short or empty, and a negative row counts from the
         # end: either would store a record of the wrong length (or another row's bytes).
-        if not 0 <= row < self._pool_bytes.nbytes // self._row_bytes:
+        if not 0 <= row < self._pool_bytes.nbytes // self._pool_row_bytes:
             raise IndexError(f"host-pool row {row} outside the pool's rows")
-        start = row * self._row_bytes
-        return self._pool_bytes[start : start + self._row_bytes]
+        start = row * self._pool_row_bytes
+        return self._pool_bytes[start : start + self._pool_row_bytes]
+
+    def _record_of(self, row: int) -> memoryview:
+        """The record's bytes of ``row``: the row's prefix, or its slices gathered."""
+        row_view = self._row(row)
+        if self._layout.is_prefix:
+            return row_view[: self._row_bytes]
+        record = self._gathered.get()
+        self._layout.gather(row_view, record)
+        return record
 
     def _store_one(self, key: OffloadKey, row: int) -> bool:
         store = self._wait_store()
         if store is None:
             return False
         started = time.perf_counter()
-        row_view = self._row(row)
+        record = self._record_of(row)
         # A record of another length can never load into a row: replace it.
-        stored = store.payload_len(key) == self._row_bytes or store.put(key, row_view)
+        stored = store.payload_len(key) == self._row_bytes or store.put(key, record)
         self._stats.stored(time.perf_counter() - started, ok=stored)
         if stored:
             self._health.stored(key)  # a fresh good copy is authoritative
@@ -500,8 +536,16 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         return False
 
     def _read(self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
+        row_view = self._row(row)
         try:
-            return store.get_into_when(key, self._row(row), load.claim, self._bounce.get())
+            if self._layout.is_prefix:
+                out = row_view[: self._row_bytes]
+                return store.get_into_when(key, out, load.claim, self._bounce.get())
+            record = self._gathered.get()
+            if not store.get_into_when(key, record, load.claim, self._bounce.get()):
+                return False
+            self._layout.scatter(record, row_view)  # claimed: the row is this load's
+            return True
         finally:
             if load.state is LoadState.COPYING:
                 load.finish()
