@@ -39,11 +39,17 @@ class ModelSpec:
 @dataclass(frozen=True)
 class FolderSpec:
     label: str
-    path: Path
+    #: The file system's root (a tmpfs mount point when mounts are possible); the disk folder
+    #: is its ``cache`` subfolder, so a balloon filling the file system sits outside it.
+    mount: Path
     #: ``--disk-capacity`` of every server on the folder (a setting of the folder).
     capacity: str
-    #: Size of the tmpfs under it (when mounts are possible): room above the cap to fill.
+    #: Size of the tmpfs (room above the cap to fill).
     mount_size: str
+
+    @property
+    def path(self) -> Path:
+        return self.mount / "cache"
 
     @property
     def cap_bytes(self) -> int:
@@ -166,14 +172,22 @@ class Supervisor:
         self._emit = emit
         self._stop = threading.Event()
         self._restarting: set[str] = set()
+        self._restarts: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._watch, name="soak-supervisor", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop watching; restarts in progress give up (``join_restarts`` after closing the
+        servers, whose close ends a restart's wait)."""
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def join_restarts(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in self._restarts:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _watch(self) -> None:
         while not self._stop.wait(0.25):
@@ -193,14 +207,20 @@ class Supervisor:
                     log_tail=server.log_tail(),
                 )
                 self._restarting.add(server.label)
-                threading.Thread(
+                thread = threading.Thread(
                     target=self._restart, args=(server,), name=f"restart-{server.label}"
-                ).start()
+                )
+                thread.start()
+                self._restarts.append(thread)
 
     def _restart(self, server: Served) -> None:
         try:
             while not self._stop.is_set():
                 if server.engine is not None:
+                    # What is left of the dead incarnation's session (an EngineCore whose API
+                    # server crashed) goes before the new one takes the port and the folder.
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(server.engine.proc.pid, signal.SIGKILL)
                     server.engine.close(timeout_s=5)
                 server.spawn()
                 try:
@@ -255,21 +275,23 @@ class Mounts:
         self.paths.append(path)
 
     def unmount_all(self) -> list[str]:
-        """Unmount every mount (read-only binds over them first); returns what failed."""
+        """Unmount every mount (a read-only bind left over its cache folder first); returns
+        what could not be unmounted."""
         failed = []
-        for path in reversed(self.paths):
-            for _ in range(4):  # a ro bind left over a folder, then the tmpfs itself
-                if not is_mount_point(path):
-                    break
-                if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-                    subprocess.run(["umount", "-l", str(path)], capture_output=True)
-            if is_mount_point(path):
-                failed.append(str(path))
+        for mount in reversed(self.paths):
+            for path in (mount / "cache", mount):
+                for _ in range(4):
+                    if not is_mount_point(path):
+                        break
+                    if subprocess.run(["umount", str(path)], capture_output=True).returncode:
+                        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+                if is_mount_point(path):
+                    failed.append(str(path))
         return failed
 
 
 def is_mount_point(path: Path) -> bool:
-    target = str(path.resolve())
+    target = os.path.realpath(path)
     with open("/proc/self/mounts", encoding="utf-8") as mounts:
         return any(line.split()[1] == target for line in mounts if len(line.split()) > 1)
 

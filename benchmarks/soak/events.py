@@ -34,15 +34,16 @@ class EventLog:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
-    def emit(self, kind: str, t: float | None = None, **fields: Any) -> None:
-        record = {"type": kind, "t": round(self.now() if t is None else t, 4), **fields}
+    def emit(self, event_type: str, /, t: float | None = None, **fields: Any) -> None:
+        # Positional-only: ``kind`` and ``type``-like names are event fields (a fault's kind).
+        record = {"type": event_type, "t": round(self.now() if t is None else t, 4), **fields}
         line = json.dumps(record, default=str)
         with self._lock:
             if self._file.closed:
                 return
             self._file.write(line + "\n")
             self._file.flush()
-            self.counts[kind] += 1
+            self.counts[event_type] += 1
 
     def close(self) -> None:
         with self._lock:

@@ -97,6 +97,8 @@ class Fault:
     end_t: float | None = None
     detail: str = ""
     injected_kill: bool = False
+    #: The injecting thread (a failed injection closes what it opened).
+    owner: int = 0
 
 
 def plan(
@@ -156,7 +158,14 @@ class FaultBook:
 
     def open(self, kind: str, target: str, injected_kill: bool = False) -> Fault:
         with self._lock:
-            fault = Fault(len(self._faults) + 1, kind, target, self._now(), None, "", injected_kill)
+            fault = Fault(
+                len(self._faults) + 1,
+                kind,
+                target,
+                self._now(),
+                injected_kill=injected_kill,
+                owner=threading.get_ident(),
+            )
             self._faults.append(fault)
             return fault
 
@@ -179,9 +188,12 @@ class FaultBook:
             injected_kill=fault.injected_kill,
         )
 
-    def close_open(self, detail: str) -> None:
+    def close_open(self, detail: str, owner: int | None = None) -> None:
+        """Close every fault still open (of thread ``owner`` only, if given)."""
         with self._lock:
-            still = [f for f in self._faults if f.end_t is None]
+            still = [
+                f for f in self._faults if f.end_t is None and (owner is None or f.owner == owner)
+            ]
         for fault in still:
             self.close(fault, f"{fault.detail}; {detail}".strip("; "))
 
@@ -248,6 +260,7 @@ class Faults:
             getattr(self, planned.kind)(planned, random.Random(planned.seed))
         except Exception as exc:
             self._skip(planned.kind)
+            self.book.close_open(f"injection failed: {exc!r}"[:300], owner=threading.get_ident())
             print(f"soak: {planned.kind} on {planned.target} failed: {exc!r}", flush=True)
         finally:
             lock.release()
@@ -313,7 +326,7 @@ class Faults:
 
         folder = self.folders[planned.target]
         fault = self.book.open(planned.kind, planned.target)
-        balloon = fill(folder.path, f"balloon-{fault.id}")
+        balloon = fill(folder.mount, f"balloon-{fault.id}")
         try:
             size = balloon.stat().st_size
             self.stop.wait(planned.hold_s)
@@ -330,7 +343,7 @@ class Faults:
         # a read-only bind over the folder, as an admin's ro remount of a busy volume acts.
         how = "remount ro"
         tried = subprocess.run(
-            ["mount", "-o", "remount,ro", str(folder.path)], capture_output=True, text=True
+            ["mount", "-o", "remount,ro", str(folder.mount)], capture_output=True, text=True
         )
         if tried.returncode != 0:
             from tests.support.faults import bind_readonly
@@ -341,7 +354,7 @@ class Faults:
             self.stop.wait(planned.hold_s)
         finally:
             if how == "remount ro":
-                subprocess.run(["mount", "-o", "remount,rw", str(folder.path)], check=True)
+                subprocess.run(["mount", "-o", "remount,rw", str(folder.mount)], check=True)
             else:
                 subprocess.run(["umount", str(folder.path)], check=True)
         self.book.close(fault, f"{how} for {planned.hold_s:.1f} s, then rw")
@@ -440,4 +453,4 @@ def unavailable_kinds(mounts_reason: str | None) -> dict[str, str]:
 
 
 def leftover_mounts(folders: dict[str, FolderSpec]) -> list[str]:
-    return [str(f.path) for f in folders.values() if is_mount_point(f.path)]
+    return [str(p) for f in folders.values() for p in (f.path, f.mount) if is_mount_point(p)]

@@ -4,10 +4,13 @@ resume oracle of a reference server without kvtier."""
 
 from __future__ import annotations
 
+import array
 import bisect
 import contextlib
+import hashlib
 import random
 import statistics
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -110,6 +113,9 @@ class Sessions:
             servers = [
                 s for s in self._groups[session.group] if s.spec.model.name == session.model.name
             ]
+            # A turn goes to a neighbour while its server restarts (a request already sent
+            # to it waits and retries instead).
+            servers = [s for s in servers if s.ready.is_set()] or servers
             return session, self._rng.choice(servers), random.Random(self._rng.getrandbits(32))
 
     def checkin(self, session: Session, answer: list[int] | None, rng: random.Random) -> None:
@@ -141,12 +147,15 @@ class Oracle:
     def __init__(self, reference: ServerEngine) -> None:
         self.reference = reference
         self._lock = threading.Lock()
-        self._memo: dict[tuple[tuple[int, ...], int, int], tuple[int, ...]] = {}
+        # Keyed by a digest of the prompt: an hour's thousands of 2,000-token prompts held as
+        # tuples would take hundreds of MiB of the runner.
+        self._memo: dict[tuple[bytes, int, int], tuple[int, ...]] = {}
         #: (prompt tokens, cold TTFT seconds) of every cold reference run.
         self.cold: list[tuple[int, float]] = []
 
     def expected(self, prompt: list[int], cached: int, max_tokens: int) -> tuple[int, ...]:
-        key = (tuple(prompt), cached, max_tokens)
+        digest = hashlib.blake2b(array.array("i", prompt).tobytes(), digest_size=16).digest()
+        key = (digest, cached, max_tokens)
         with self._lock:
             if key in self._memo:
                 return self._memo[key]
@@ -306,6 +315,8 @@ class Load:
             answer = None
             try:
                 answer = self.request(server, session.model, session.prompt, session, rng)
+            except Exception as exc:  # a bug in the runner must not silently stop the load
+                print(f"soak: load worker: {exc!r}", file=sys.stderr, flush=True)
             finally:
                 self.sessions.checkin(session, answer, rng)
 
@@ -353,7 +364,7 @@ class Load:
                     )
                     error = None
                     break
-                except (openai.APIConnectionError, openai.APIStatusError) as exc:
+                except Exception as exc:  # the client's errors and httpx's mid-stream ones
                     error = f"{type(exc).__name__}: {str(exc)[:300]}"
                     # A server killed or restarting under the request: retry once it is back.
                     if server.ready.is_set() and server.incarnation == incarnation:
@@ -361,6 +372,8 @@ class Load:
                         if server.ready.is_set() and server.incarnation == incarnation:
                             break
         latency = time.perf_counter() - started
+        end_t = self.now()  # the oracle's own time below is not the request's
+        faults = self.active_faults(self.resources(server), start_t, end_t)
         right = None
         if answer is not None:
             if answer.disconnected:
@@ -383,10 +396,8 @@ class Load:
                             f"got {answer.token_ids} want {list(expected)} resuming from "
                             f"{answer.cached_tokens} cached tokens"
                         )
-                if answer.cached_tokens == 0 and answer.ttft_s is not None:
+                if answer.cached_tokens == 0 and answer.ttft_s is not None and not faults:
                     self._cold_seen[(model.name, len(prompt) // 256)].append(answer.ttft_s)
-        end_t = self.now()
-        faults = self.active_faults(self.resources(server), start_t, end_t)
         if hang_up_fault is not None and hang_up_fault not in faults:
             faults.append(hang_up_fault)
         self.requests += 1

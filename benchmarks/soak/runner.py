@@ -80,16 +80,16 @@ def layout(root: Path, short: bool, smollm: bool) -> tuple[list[ServerSpec], dic
     share Redis and one folder, the least that exercises both kinds of sharing."""
     tiny = tiny_spec()
     if short:
-        folder = FolderSpec("disk-shared", root / "disk-shared", "24MiB", "56m")
+        folder = FolderSpec("disk-shared", root / "disk-shared", "24MiB", "64m")
         servers = [
             ServerSpec(label, tiny, "replica+folder-pair", folder, True, "all")
             for label in ("srv-a", "srv-b")
         ]
         return servers, {folder.label: folder}
-    rep_a = FolderSpec("disk-rep-a", root / "disk-rep-a", "24MiB", "56m")
-    rep_b = FolderSpec("disk-rep-b", root / "disk-rep-b", "24MiB", "56m")
+    rep_a = FolderSpec("disk-rep-a", root / "disk-rep-a", "24MiB", "64m")
+    rep_b = FolderSpec("disk-rep-b", root / "disk-rep-b", "24MiB", "64m")
     pair_cap = "320MiB" if smollm else "24MiB"
-    pair = FolderSpec("disk-pair", root / "disk-pair", pair_cap, "680m" if smollm else "56m")
+    pair = FolderSpec("disk-pair", root / "disk-pair", pair_cap, "680m" if smollm else "64m")
     servers = [
         ServerSpec("rep-a", tiny, "replica", rep_a, True, "replicas"),
         ServerSpec("rep-b", tiny, "replica", rep_b, True, "replicas"),
@@ -161,9 +161,8 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
         left_out = unavailable_kinds(mount_reason)
         for folder in folders.values():
             if mount_reason is None:
-                mounts.tmpfs(folder.path, folder.mount_size)
-            else:
-                folder.path.mkdir(parents=True)
+                mounts.tmpfs(folder.mount, folder.mount_size)
+            folder.path.mkdir(parents=True)
         outside = root / "outside-file"
         outside.write_bytes(b"not a record\n")
         redis = start_standalone(root / "redis", maxmemory_bytes=64 << 20)
@@ -389,6 +388,11 @@ def _shut_down(
     for server in servers:
         with contextlib.suppress(Exception):
             server.close()
+    if supervisor is not None:
+        supervisor.join_restarts(timeout_s=30)
+        for server in servers:  # one a restart spawned while the others were closing
+            with contextlib.suppress(Exception):
+                server.close()
     for reference in references.values():
         with contextlib.suppress(Exception):
             reference.close(timeout_s=30)
