@@ -35,8 +35,11 @@ a read-only bind over the folder when the remount is refused as busy, for 2-6 s)
 version, another key's record copied or hard-linked, symlink, FIFO, directory, another owner,
 0666), ``gc_to`` (``kvtier gc --to`` 20-70% of the cap) and ``verify_fix`` (``kvtier verify
 --fix``) on the live folder, ``cpu_burst`` (a busy process per core for 2-5 s) and
-``client_disconnect`` (a stream closed after its first token). ``disk_throttled`` is not
-injected here (see ``faults.unavailable_kinds``); kinds the host cannot do (no mounts) are
+``client_disconnect`` (a stream closed after its first token), ``disk_throttled`` (the
+folder reads of one server, ``pair-a`` or ``srv-a``, slowed to 1 MiB/s or 256 KiB/s or stalled
+at 4 KiB/s for 3-8 s through ``throttle.SoakThrottledDiskTier``: that server runs what
+``kvtier serve`` runs, vLLM's server with kvtier's config, its disk tier swapped for the
+throttled one; no root, loop device or cgroup needed). Kinds the host cannot do (no mounts) are
 left out, with the reason in the ``run`` line.
 
 Output: ``OUT/events.jsonl`` as EVENTS.md specifies (a ``sample`` every 5 s from

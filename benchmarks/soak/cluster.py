@@ -4,6 +4,7 @@ on small tmpfs mounts, and plain vLLM reference servers for the oracle."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -66,6 +67,8 @@ class ServerSpec:
     shared: bool
     #: Sessions stay within a group, so a turn's prefix may be on a neighbour's tier.
     group: str
+    #: Its folder reads go through a throttle the soak controls (``benchmarks.soak.throttle``).
+    throttled: bool = False
 
 
 #: vLLM settings common to every server and the reference, so batch shapes match.
@@ -76,7 +79,7 @@ MAX_BATCHED_TOKENS = 2048
 class Served:
     """One ``kvtier serve`` server across its incarnations; ``ready`` is set while it serves."""
 
-    def __init__(self, spec: ServerSpec, logs: Path, redis_url: str | None) -> None:
+    def __init__(self, spec: ServerSpec, logs: Path, redis_url: str | None, work: Path) -> None:
         self.spec = spec
         self.label = spec.label
         self.port = free_port()
@@ -91,10 +94,45 @@ class Served:
         self.pids: list[int] = []
         #: Callbacks run (once) when the current restart is ready: kill faults end there.
         self.on_ready: list[Callable[[], None]] = []
+        #: The read throttle of a throttled server (outside its folder, which faults fill).
+        self.throttle = None
+        if spec.throttled:
+            from tests.support.throttled_tier import throttled_disk
+
+            self.throttle = throttled_disk(work / f"throttle-{spec.label}")
 
     def spawn(self) -> None:
         spec = self.spec
         self.incarnation += 1
+        tiers = {
+            "host_pool": spec.model.host_pool,
+            "disk_dir": str(spec.folder.path),
+            "disk_capacity": spec.folder.capacity,
+            "shared": self._redis_url if spec.shared else None,
+            # Every hit is restored: the data path is what the soak exercises (recompute is
+            # about as fast as a restore with the tiny model, so the decision may refuse one).
+            "restore_decision": False,
+            "allow_small_tiers": True,
+        }
+        vllm_args = [
+            "--num-gpu-blocks-override",
+            str(spec.model.engine_blocks),
+            "--max-num-batched-tokens",
+            str(MAX_BATCHED_TOKENS),
+        ]
+        env = None
+        if self.throttle is not None:
+            # What ``kvtier serve`` runs (vLLM's server with kvtier's config), its disk tier
+            # reading through the throttle.
+            from benchmarks.soak.throttle import transfer_config
+            from tests.support.throttled_tier import CONTROL_ENV, REPO_ROOT
+
+            vllm_args += ["--kv-transfer-config", json.dumps(transfer_config(**tiers))]
+            paths = (str(REPO_ROOT / "src"), str(REPO_ROOT), os.environ.get("PYTHONPATH", ""))
+            env = {
+                CONTROL_ENV: str(self.throttle.control),
+                "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            }
         self.engine = ServerEngine(
             spec.model.path,
             self.log,
@@ -104,19 +142,14 @@ class Served:
             max_model_len=MAX_MODEL_LEN,
             ready_timeout_s=READY_TIMEOUT_S,
             allow_small_tiers=True,
-            shared=self._redis_url if spec.shared else None,
-            # Every hit is restored: the data path is what the soak exercises (recompute is
-            # about as fast as a restore with the tiny model, so the decision may refuse one).
+            shared=tiers["shared"],
             restore_decision=False,
             wait=False,
-            extra_args=[
-                "--disk-capacity",
-                spec.folder.capacity,
-                "--num-gpu-blocks-override",
-                str(spec.model.engine_blocks),
-                "--max-num-batched-tokens",
-                str(MAX_BATCHED_TOKENS),
-            ],
+            extra_args=(
+                vllm_args if env else ["--disk-capacity", spec.folder.capacity, *vllm_args]
+            ),
+            kvtier=env is None,
+            env_overrides=env,
         )
         self.pids.append(self.engine.proc.pid)
 

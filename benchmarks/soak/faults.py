@@ -52,6 +52,7 @@ WEIGHTS = {
     "verify_fix": 8,
     "disk_read_only": 8,
     "disk_full": 8,
+    "disk_throttled": 6,
     "redis_restart_empty": 2,
     "redis_kill": 2,
     "engine_sigkill": 2,
@@ -134,6 +135,7 @@ def plan(
             "disk_full": rng.uniform(2, 6),
             "disk_read_only": rng.uniform(2, 6),
             "cpu_burst": rng.uniform(2, 5),
+            "disk_throttled": rng.uniform(3, 8),
         }.get(kind, 0.0)
         schedule.append(
             Planned(t, kind, rng.choice(targets[kind]), round(hold, 3), rng.getrandbits(32))
@@ -401,6 +403,26 @@ class Faults:
         done = kvtier_cli("verify", str(folder.path), "--fix", "--json")
         self.book.close(fault, f"kvtier verify --fix: rc {done.returncode} {_tail(done)}")
 
+    def disk_throttled(self, planned: Planned, rng: random.Random) -> None:
+        server = self.servers[planned.target]
+        assert server.throttle is not None
+        # A slow disk (a 256 KiB record in 0.25-1 s) or a stall (4 KiB/s): the tier's load
+        # deadline must abandon such loads and recompute.
+        read_bps = rng.choice((256 << 10, 1 << 20, 4 << 10))
+        fault = self.book.open(planned.kind, planned.target)
+        before = server.throttle.bytes_read()
+        server.throttle.throttle(read_bps)
+        try:
+            self.stop.wait(planned.hold_s)
+        finally:
+            server.throttle.throttle(None)
+        read = server.throttle.bytes_read() - before
+        self.book.close(
+            fault,
+            f"folder reads throttled to {read_bps >> 10} KiB/s for {planned.hold_s:.1f} s "
+            f"({read >> 10} KiB read meanwhile)",
+        )
+
     # -- the machine -----------------------------------------------------------------------
 
     def cpu_burst(self, planned: Planned, rng: random.Random) -> None:
@@ -444,11 +466,6 @@ def unavailable_kinds(mounts_reason: str | None) -> dict[str, str]:
         out["disk_read_only"] = f"needs a mount: {mounts_reason}"
     if shutil.which("/bin/sh") is None:
         out["cpu_burst"] = "no /bin/sh"
-    out["disk_throttled"] = (
-        "not injected by this runner: a throttled disk needs each server's folder on its own "
-        "loop device and the server's processes in a cgroup v1 blkio group (the lab's "
-        "slow-tier benchmark and tests/faults/test_slow_tier.py cover it)"
-    )
     return out
 
 

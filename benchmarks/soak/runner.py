@@ -82,7 +82,7 @@ def layout(root: Path, short: bool, smollm: bool) -> tuple[list[ServerSpec], dic
     if short:
         folder = FolderSpec("disk-shared", root / "disk-shared", "24MiB", "64m")
         servers = [
-            ServerSpec(label, tiny, "replica+folder-pair", folder, True, "all")
+            ServerSpec(label, tiny, "replica+folder-pair", folder, True, "all", label == "srv-a")
             for label in ("srv-a", "srv-b")
         ]
         return servers, {folder.label: folder}
@@ -93,7 +93,7 @@ def layout(root: Path, short: bool, smollm: bool) -> tuple[list[ServerSpec], dic
     servers = [
         ServerSpec("rep-a", tiny, "replica", rep_a, True, "replicas"),
         ServerSpec("rep-b", tiny, "replica", rep_b, True, "replicas"),
-        ServerSpec("pair-a", tiny, "folder-pair", pair, False, "pair"),
+        ServerSpec("pair-a", tiny, "folder-pair", pair, False, "pair", throttled=True),
         ServerSpec("pair-b", smollm_spec() if smollm else tiny, "folder-pair", pair, False, "pair"),
     ]
     return servers, {f.label: f for f in (rep_a, rep_b, pair)}
@@ -166,7 +166,7 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
         outside = root / "outside-file"
         outside.write_bytes(b"not a record\n")
         redis = start_standalone(root / "redis", maxmemory_bytes=64 << 20)
-        servers = [Served(spec, logs, redis.url) for spec in specs]
+        servers = [Served(spec, logs, redis.url, root) for spec in specs]
         models = {s.model.name: s.model for s in specs}
         for model in models.values():
             references[model.name] = start_reference(model, logs)
@@ -187,6 +187,7 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
         kinds = [k for k in KINDS if k not in left_out]
         targets = {
             "engine_sigkill": [s.label for s in servers],
+            "disk_throttled": [s.label for s in servers if s.throttle is not None],
             "client_disconnect": [s.label for s in servers],
             "redis_kill": ["redis"],
             "redis_restart_empty": ["redis"],

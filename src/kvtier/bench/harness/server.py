@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,8 @@ class ServerEngine(EngineBase):
     ``extra_args`` go after the server's own (``kvtier serve`` options such as
     ``--disk-capacity`` or vLLM's). ``kvtier=False`` starts vLLM's own API server with the same
     vLLM settings and no offloading at all (the tier options are then ignored): a reference
-    whose scheduler and batch shapes match the kvtier server's.
+    whose scheduler and batch shapes match the kvtier server's. ``env_overrides`` are set in
+    the server's environment last.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class ServerEngine(EngineBase):
         wait: bool = True,
         extra_args: Sequence[str] = (),
         kvtier: bool = True,
+        env_overrides: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.ignore_eos = ignore_eos
@@ -71,6 +73,7 @@ class ServerEngine(EngineBase):
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_CPU_NUM_OF_RESERVED_CPU="0",
         )
+        env.update(env_overrides or {})
         if kvtier:
             argv = [
                 sys.executable,
