@@ -328,3 +328,22 @@ def gpu_evidence(
     from benchmarks.gpu_evidence import report
 
     typer.echo(report(raw, json_path, md), nl=False)
+
+
+@app.command("soak-report")
+def soak_report(
+    events: Annotated[Path, typer.Argument(help="The soak's events.jsonl.")],
+    out: Annotated[Path, typer.Argument(help="Folder for report.md, report.json, soak.png.")],
+) -> None:
+    """Render the soak's report and verdict again from its event log (exit 1 if it failed).
+
+    Example: python -m benchmarks soak-report soak-out/events.jsonl soak-out
+    """
+    from benchmarks.soak.report import write_report
+
+    verdict = write_report(events, out)
+    for failure in verdict.failures:
+        typer.echo(f"FAIL {failure}", err=True)
+    typer.echo(f"{'passed' if verdict.passed else 'FAILED'}: {out / 'report.md'}")
+    if not verdict.passed:
+        raise typer.Exit(1)

@@ -70,12 +70,12 @@ class Pass:
     resident: float
 
 
-
 def capacity_for(count: int, block: int) -> int:
     """A folder cap that holds ``count`` records of ``block`` bytes with no eviction: the
     records, the eviction watermark's headroom, and the index files the cap also charges."""
     records = (count + 1) * (block + HEADER_BYTES)
     return int(records / 0.9) + 2 * INDEX_ALLOWANCE_BYTES
+
 
 def resident_share(paths: list[Path]) -> float:
     """Share of the pages of ``paths`` that sit in the page cache (``mincore``)."""

@@ -1,50 +1,72 @@
-"""The soak's event log: one JSON object per line, flushed per line (see EVENTS.md)."""
+"""Reading the soak's event log (``events.jsonl``, one JSON object per line).
+
+The runner flushes a line per event, so a run killed mid-write leaves at most one torn last
+line: it is dropped and counted (``torn_lines``), not an error, so that a report of the
+events that did arrive can still be written. A torn line elsewhere is counted the same way.
+"""
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
-class EventLog:
-    """Thread-safe writer of ``events.jsonl``; ``t`` is seconds since ``start()`` (monotonic).
+@dataclass
+class Log:
+    """The events of one run, by type, each list in file order."""
 
-    Lines are written as events complete, so a ``fault`` (emitted when it ends, carrying its
-    start ``t`` and ``end_t``) may follow requests that started after it: readers sort by ``t``
-    where order matters.
-    """
+    run: dict = field(default_factory=dict)
+    requests: list[dict] = field(default_factory=list)
+    faults: list[dict] = field(default_factory=list)
+    crashes: list[dict] = field(default_factory=list)
+    samples: list[dict] = field(default_factory=list)
+    end: dict | None = None
+    #: Lines that were not a JSON object (a torn write).
+    torn_lines: int = 0
+    #: Events of a type this reader does not know, by type (kept out of the figures).
+    other: dict[str, int] = field(default_factory=dict)
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._lock = threading.Lock()
-        self._t0 = time.monotonic()
-        #: Lines written per ``type``.
-        self.counts: Counter[str] = Counter()
+    @property
+    def duration_s(self) -> float:
+        """How long the run went: its end event, else its last event, else its plan."""
+        if self.end is not None and "t" in self.end:
+            return float(self.end["t"])
+        last = [float(e["t"]) for kind in (self.requests, self.faults, self.samples) for e in kind]
+        if last:
+            return max(last)
+        return float(self.run.get("duration_s", 0.0))
 
-    def start(self) -> None:
-        """Make now the run's ``t = 0`` (the load phase starts)."""
-        self._t0 = time.monotonic()
+    @property
+    def warmup_s(self) -> float:
+        return float(self.run.get("warmup_s", 0.0))
 
-    def now(self) -> float:
-        return time.monotonic() - self._t0
 
-    def emit(self, event_type: str, /, t: float | None = None, **fields: Any) -> None:
-        # Positional-only: ``kind`` and ``type``-like names are event fields (a fault's kind).
-        record = {"type": event_type, "t": round(self.now() if t is None else t, 4), **fields}
-        line = json.dumps(record, default=str)
-        with self._lock:
-            if self._file.closed:
-                return
-            self._file.write(line + "\n")
-            self._file.flush()
-            self.counts[event_type] += 1
+_LISTS = {"request": "requests", "fault": "faults", "crash": "crashes", "sample": "samples"}
 
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
+
+def load(path: Path) -> Log:
+    """Parse ``path`` into a ``Log``."""
+    log = Log()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                log.torn_lines += 1
+                continue
+            if not isinstance(event, dict):
+                log.torn_lines += 1
+                continue
+            kind = event.get("type")
+            if kind == "run":
+                log.run = event
+            elif kind == "end":
+                log.end = event
+            elif kind in _LISTS:
+                getattr(log, _LISTS[kind]).append(event)
+            else:
+                log.other[str(kind)] = log.other.get(str(kind), 0) + 1
+    return log

@@ -30,7 +30,7 @@ from benchmarks.soak.cluster import (
     session_alive,
     start_reference,
 )
-from benchmarks.soak.events import EventLog
+from benchmarks.soak.eventlog import EventLog
 from benchmarks.soak.faults import (
     KINDS,
     FaultBook,

@@ -1,0 +1,275 @@
+"""report.md: the verdict, then one table per figure of ``report.summarize``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from benchmarks.soak import requests, resources
+from benchmarks.soak.verdict import Verdict
+
+MIB = 1 << 20
+
+
+def render(verdict: Verdict) -> str:
+    s = verdict.summary
+    run, req = s["run"], s["requests"]
+    out = [
+        "# kvtier soak report",
+        "",
+        f"**{'PASSED' if verdict.passed else 'FAILED'}**"
+        + (f": {len(verdict.failures)} failure(s)" if verdict.failures else ""),
+        "",
+        *[f"- {f}" for f in verdict.failures],
+        "",
+        f"Command: `{run.get('command', '?')}`  ",
+        f"Started {run.get('started', '?')}, git {run.get('git_rev', '?')}, "
+        f"seed {run.get('seed', '?')}, machine {run.get('machine', '?')}  ",
+        f"Planned {run.get('duration_s', '?')} s (warm-up {run.get('warmup_s', '?')} s), "
+        f"measured {s['measured_s']:.0f} s, {s['log']['samples']} samples"
+        + (f", {s['log']['torn_lines']} torn log line(s)" if s["log"]["torn_lines"] else ""),
+        "",
+        "## Acceptance",
+        "",
+        *_table(
+            ["check", "status", "detail"],
+            [[r["check"], r["status"], r["detail"]] for r in s["acceptance"]],
+        ),
+        "",
+        "## Requests by server and outcome",
+        "",
+        *_requests_table(req),
+        "",
+        f"Over their bound (errored, or TTFT above bound_s): {req['over_bound']}; attributed to "
+        f"a fault: {req['over_bound_attributed']}; not attributable: "
+        f"{req['over_bound_unattributed']} (recovery window {req['recovery_s']:g} s). "
+        f"Wrong outputs: {req['wrong']}. Without a bound: {req['without_bound']}. Over their "
+        f"bound in warm-up (not judged): {req['over_bound_in_warmup']}.",
+        "",
+        *_request_list("Not attributable", req["unattributed_listed"]),
+        *_request_list("Wrong outputs", req["wrong_listed"]),
+        "## TTFT per server (ok requests)",
+        "",
+        *_table(
+            ["server", "count", "p50 s", "p95 s", "max s"],
+            [
+                [k, v["count"], f"{v['p50']:.3f}", f"{v['p95']:.3f}", f"{v['max']:.3f}"]
+                for k, v in req["ttft_s"].items()
+            ],
+        ),
+        "",
+        "## Faults by kind",
+        "",
+        *_table(["kind", "count"], [[k, n] for k, n in s["faults"]["by_kind"].items()]),
+        "",
+        f"Total {s['faults']['total']}."
+        + (
+            f" Unplaced (their target names no server, folder or Redis; they explain no "
+            f"request): {_unplaced(req['unplaced_faults'])}."
+            if req["unplaced_faults"]
+            else ""
+        ),
+        "",
+        "## Crashes",
+        "",
+        f"{s['crashes']['total']} server exits, {s['crashes']['injected']} injected.",
+        "",
+        *[
+            f"- uninjected: {c['server']} rc {c['returncode']} at t={c['t']}\n\n```\n"
+            f"{(c.get('log_tail') or '').strip()[-2000:]}\n```\n"
+            for c in s["crashes"]["uninjected"]
+        ],
+        "## Disk folders against their caps (du -s, files and folders)",
+        "",
+        *_folders_table(s["folders"]),
+        "",
+        "## Processes (summed over each server and its children)",
+        "",
+        *_processes_tables(s["processes"]),
+        "## Leftovers",
+        "",
+        *_leftovers(s["leftovers"]),
+        "",
+        "## How the checks are defined",
+        "",
+        f"- Leaks, per incarnation (a new pid): samples after warm-up (restarts: "
+        f"min(warm-up, {resources.RESTART_SETTLE_S:g} s) after their first sample); "
+        f"incarnations with {resources.LEAK_WINDOW_S:g} s of them are judged (else the "
+        f"longest with {resources.MIN_SAMPLES} samples, marked short): least-squares slope x "
+        f"window <= {resources.FD_GROWTH_MAX:g} fds and {resources.THREAD_GROWTH_MAX:g} "
+        "threads.",
+        f"- RSS: incarnations spanning {resources.RSS_SPAN_FRACTION:.0%} of the settled run; "
+        f"median of the first vs the last {resources.RSS_EDGE_S:g} s; growth under "
+        f"{resources.RSS_GROWTH_MAX:.0%}.",
+        "- A request over its bound is attributed when the runner listed faults on it, or its "
+        "span overlaps [t, end_t + recovery] of a fault on its server, on Redis (replicas), on "
+        "its disk folder, or a cpu burst.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _unplaced(faults: list[dict]) -> str:
+    return ", ".join(f"{f['id']} ({f['kind']} on {f['target']})" for f in faults)
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _requests_table(req: dict) -> list[str]:
+    names = list(requests.OUTCOMES)
+    for counts in req["by_server"].values():
+        names += [o for o in counts if o not in names]
+    rows = [
+        [server, *(c.get(o, 0) for o in names), sum(c.values())]
+        for server, c in sorted(req["by_server"].items())
+    ]
+    rows.append(["all", *(req["by_outcome"].get(o, 0) for o in names), req["total"]])
+    return _table(["server", *names, "total"], rows)
+
+
+def _request_list(title: str, listed: list[dict]) -> list[str]:
+    if not listed:
+        return []
+    rows = [
+        [
+            _num(r["t"], 1),
+            r["server"],
+            r["session"],
+            r["turn"],
+            r["outcome"],
+            _num(r["ttft_s"], 3),
+            _num(r["bound_s"], 3),
+            (r.get("error") or "").replace("|", "/").replace("\n", " ")[:80],
+        ]
+        for r in listed
+    ]
+    return [
+        f"{title} ({len(listed)} listed, at most {requests.LISTED_MAX}):",
+        "",
+        *_table(["t", "server", "session", "turn", "outcome", "ttft s", "bound s", "error"], rows),
+        "",
+    ]
+
+
+def _num(value: object, digits: int) -> str:
+    return "" if value is None else f"{float(value):.{digits}f}"
+
+
+def _folders_table(folders: dict) -> list[str]:
+    rows = [
+        [
+            label,
+            f"{f['cap_bytes'] / MIB:.1f}",
+            f"{f['max_du_bytes'] / MIB:.2f}",
+            f"{f['max_files_bytes'] / MIB:.2f}",
+            f"{f['max_dirs_bytes'] / MIB:.2f}",
+            f"{f['max_ratio']:.1%}",
+            f"{f['last_du_bytes'] / MIB:.2f}",
+            f"{f['samples_over']} / {f['samples']}",
+        ]
+        for label, f in folders.items()
+    ]
+    return _table(
+        [
+            "folder",
+            "cap MiB",
+            "max du MiB",
+            "files MiB (at max)",
+            "dirs MiB (at max)",
+            "max du/cap",
+            "last du MiB",
+            "samples over",
+        ],
+        rows,
+    )
+
+
+def _processes_tables(procs: dict) -> list[str]:
+    rows = [
+        [
+            label,
+            f["incarnations"],
+            f["last"]["fds"],
+            f["max"]["fds"],
+            f["last"]["threads"],
+            f["max"]["threads"],
+            f"{(f['last']['rss_bytes'] or 0) / MIB:.0f}",
+            f"{f['max']['rss_bytes'] / MIB:.0f}",
+        ]
+        for label, f in procs.items()
+    ]
+    out = _table(
+        [
+            "label",
+            "incarnations",
+            "fds last",
+            "fds max",
+            "threads last",
+            "threads max",
+            "RSS MiB last",
+            "RSS MiB max",
+        ],
+        rows,
+    )
+    trends = [
+        [
+            label,
+            tr["pid"],
+            f"{tr['from_t']:.0f}",
+            f"{tr['window_s']:.0f}",
+            tr["samples"],
+            f"{tr['fd_growth']:+.1f}",
+            f"{tr['thread_growth']:+.1f}",
+            "yes" if f["leak_short"] else "",
+        ]
+        for label, f in procs.items()
+        for tr in f["trends"]
+    ]
+    out += [
+        "",
+        "Trends after warm-up (slope x window):",
+        "",
+        *_table(
+            ["label", "pid", "from t", "window s", "samples", "fds", "threads", "short"], trends
+        ),
+    ]
+    rss = [
+        [
+            label,
+            g["pid"],
+            f"{g['window_s']:.0f}",
+            f"{g['first_bytes'] / MIB:.0f}",
+            f"{g['last_bytes'] / MIB:.0f}",
+            f"{g['growth']:+.1%}",
+        ]
+        for label, f in procs.items()
+        for g in f["rss"]
+    ]
+    out += [
+        "",
+        "RSS growth (medians of the first and last minute after warm-up):",
+        "",
+        *_table(["label", "pid", "window s", "first MiB", "last MiB", "growth"], rss),
+        "",
+    ]
+    return out
+
+
+def _leftovers(left: dict) -> list[str]:
+    after = left["after_shutdown"] or {}
+    last = left["last_sample"]
+    return _table(
+        ["", "/dev/shm regions", "temp files", "servers alive"],
+        [
+            ["last sample", last.get("shm_regions"), last.get("temp_files"), ""],
+            [
+                "after shutdown",
+                after.get("shm_regions", "?"),
+                after.get("temp_files", "?"),
+                after.get("servers_alive", "?"),
+            ],
+        ],
+    )

@@ -1,0 +1,169 @@
+"""The soak's resource figures from its samples: descriptor, thread and RSS trends per process
+incarnation, the disk folders against their caps, and what was left after shutdown.
+
+Leak checks, per process label and incarnation (a new pid is a new incarnation; it starts
+from fresh counts, so trends never span a restart):
+
+* An incarnation *settles* at the run's ``warmup_s`` (the first one) or
+  ``min(warmup_s, RESTART_SETTLE_S)`` after its first sample (a restarted one: the run is
+  warm by then, only the process is new). Only samples after it count.
+* Descriptors and threads: every incarnation with at least ``LEAK_WINDOW_S`` of settled
+  samples is judged; its least-squares slope times its settled window (the growth the trend
+  says it had) must stay within ``FD_GROWTH_MAX`` / ``THREAD_GROWTH_MAX``. A label none of
+  whose incarnations lived that long (a short run, or a server killed often) is judged on
+  its longest incarnation with ``MIN_SAMPLES`` settled samples, and the figure says so
+  (``short``). A label with no such incarnation is not judged (``judged: false``).
+* RSS: the incarnations whose settled window covers ``RSS_SPAN_FRACTION`` of the run's
+  settled time; growth from the median of the first settled ``RSS_EDGE_S`` to the median of
+  the last ``RSS_EDGE_S`` (a third of the window each, if shorter) must stay under
+  ``RSS_GROWTH_MAX``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from benchmarks.soak.events import Log
+
+LEAK_WINDOW_S = 600.0
+FD_GROWTH_MAX = 8.0
+THREAD_GROWTH_MAX = 4.0
+MIN_SAMPLES = 5
+RESTART_SETTLE_S = 120.0
+RSS_SPAN_FRACTION = 0.75
+RSS_EDGE_S = 60.0
+RSS_GROWTH_MAX = 0.05
+
+
+def series(log: Log) -> dict[str, list[list[dict]]]:
+    """Per label, its incarnations in order of appearance, each its samples
+    ``{t, pid, fds, threads, rss_bytes}`` in time order."""
+    found: dict[str, dict[int, list[dict]]] = {}
+    for sample in log.samples:
+        for label, proc in (sample.get("processes") or {}).items():
+            point = {"t": float(sample["t"]), **proc}
+            found.setdefault(label, {}).setdefault(int(proc["pid"]), []).append(point)
+    return {label: list(by_pid.values()) for label, by_pid in found.items()}
+
+
+def process_figures(log: Log) -> dict:
+    """Leak figures per label (see the module docstring)."""
+    warmup_s = log.warmup_s
+    settled_run_s = max(log.duration_s - warmup_s, 0.0)
+    out = {}
+    for label, incarnations in series(log).items():
+        settled = []
+        for n, points in enumerate(incarnations):
+            start = points[0]["t"]
+            settle_t = warmup_s if n == 0 else start + min(warmup_s, RESTART_SETTLE_S)
+            settled.append([p for p in points if p["t"] >= settle_t])
+        trends = [_trend(pts, incarnations[n][0]["pid"]) for n, pts in enumerate(settled)]
+        judged = [tr for tr in trends if tr and tr["window_s"] >= LEAK_WINDOW_S]
+        short = False
+        if not judged:
+            candidates = [tr for tr in trends if tr and tr["samples"] >= MIN_SAMPLES]
+            judged = [max(candidates, key=lambda tr: tr["window_s"])] if candidates else []
+            short = bool(judged)
+        rss = [
+            _rss_growth(pts, incarnations[n][0]["pid"])
+            for n, pts in enumerate(settled)
+            if len(pts) >= 2 and _span(pts) >= RSS_SPAN_FRACTION * settled_run_s
+        ]
+        last = incarnations[-1][-1]
+        out[label] = {
+            "incarnations": len(incarnations),
+            "leak_judged": bool(judged),
+            "leak_short": short,
+            "trends": judged,
+            "rss": rss,
+            "last": {k: last.get(k) for k in ("pid", "fds", "threads", "rss_bytes")},
+            "max": {
+                k: max(p.get(k, 0) for pts in incarnations for p in pts)
+                for k in ("fds", "threads", "rss_bytes")
+            },
+        }
+    return out
+
+
+def folder_figures(log: Log) -> dict:
+    """Each folder's footprint (du) against its cap over every sample."""
+    out: dict[str, dict] = {}
+    for sample in log.samples:
+        for label, f in (sample.get("folders") or {}).items():
+            cap, du = int(f["cap_bytes"]), int(f["du_bytes"])
+            fig = out.setdefault(
+                label,
+                {"path": f.get("path"), "cap_bytes": cap, "samples": 0, "samples_over": 0},
+            )
+            fig["samples"] += 1
+            ratio = du / cap if cap else float("inf")
+            if du > cap:
+                fig["samples_over"] += 1
+                fig.setdefault("first_over_t", float(sample["t"]))
+            if ratio >= fig.get("max_ratio", -1.0):
+                fig.update(
+                    max_ratio=ratio,
+                    max_du_bytes=du,
+                    max_files_bytes=int(f["files_bytes"]),
+                    max_dirs_bytes=int(f["dirs_bytes"]),
+                    max_t=float(sample["t"]),
+                )
+            fig["last_du_bytes"] = du
+    return out
+
+
+def leftovers(log: Log) -> dict:
+    """/dev/shm regions and temp files at the last sample and after shutdown."""
+    last = log.samples[-1] if log.samples else {}
+    after = (log.end or {}).get("after_shutdown")
+    return {
+        "last_sample": {k: last.get(k) for k in ("shm_regions", "temp_files")},
+        "after_shutdown": after,
+    }
+
+
+def slope(ts: Sequence[float], values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` over ``ts`` (per second); 0 for fewer than 2 times."""
+    n = len(ts)
+    if n < 2:
+        return 0.0
+    mean_t, mean_v = sum(ts) / n, sum(values) / n
+    var = sum((t - mean_t) ** 2 for t in ts)
+    if var == 0:
+        return 0.0
+    return sum((t - mean_t) * (v - mean_v) for t, v in zip(ts, values, strict=True)) / var
+
+
+def _span(points: list[dict]) -> float:
+    return points[-1]["t"] - points[0]["t"] if points else 0.0
+
+
+def _trend(points: list[dict], pid: int) -> dict | None:
+    if len(points) < 2:
+        return None
+    ts = [p["t"] for p in points]
+    window = _span(points)
+    return {
+        "pid": pid,
+        "from_t": ts[0],
+        "window_s": window,
+        "samples": len(points),
+        "fd_growth": slope(ts, [p["fds"] for p in points]) * window,
+        "thread_growth": slope(ts, [p["threads"] for p in points]) * window,
+    }
+
+
+def _rss_growth(points: list[dict], pid: int) -> dict:
+    window = _span(points)
+    edge = min(RSS_EDGE_S, window / 3)
+    t0, t1 = points[0]["t"], points[-1]["t"]
+    first = statistics.median(p["rss_bytes"] for p in points if p["t"] <= t0 + edge)
+    last = statistics.median(p["rss_bytes"] for p in points if p["t"] >= t1 - edge)
+    return {
+        "pid": pid,
+        "window_s": window,
+        "first_bytes": first,
+        "last_bytes": last,
+        "growth": (last - first) / first if first else 0.0,
+    }

@@ -1,0 +1,85 @@
+"""The soak's sampler on this machine: a folder's allocated bytes as ``du`` counts them, this
+process's descriptors and threads, its children summed in, and a dead pid skipped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from benchmarks.soak import sample
+
+
+def make_store_like_folder(root: Path) -> None:
+    """Files of several sizes in nested folders, a sparse file, a symlink, and temp files."""
+    ns = root / "ns"
+    for sub in ("blocks/0a", "blocks/ff", "tmp", "sessions"):
+        (ns / sub).mkdir(parents=True)
+    for n, size in enumerate((0, 1, 4095, 4096, 70_000, 1 << 20)):
+        (ns / "blocks" / ("0a" if n % 2 else "ff") / f"{n}.kvb").write_bytes(b"x" * size)
+    with open(ns / "blocks" / "0a" / "sparse.kvb", "wb") as f:
+        f.truncate(8 << 20)
+        f.write(b"y")
+    (ns / "tmp" / "abc.1.s.tmp").write_bytes(b"z" * 5000)
+    (ns / ".namespace.json.123.0badcafe.tmp").write_bytes(b"{}")
+    (ns / "namespace.json").write_bytes(b"{}")
+    (ns / "link").symlink_to(ns / "namespace.json")
+    for n in range(300):  # a folder that grows past one allocation unit
+        (ns / "sessions" / f"session-with-a-long-name-{n:04}.lock").touch()
+
+
+@pytest.mark.skipif(shutil.which("du") is None, reason="no du binary to compare with")
+def test_folder_usage_equals_du(tmp_path: Path) -> None:
+    make_store_like_folder(tmp_path)
+    du = subprocess.run(
+        ["du", "-s", "--block-size=1", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    usage = sample.folder_usage(tmp_path)
+    assert usage.files_bytes + usage.dirs_bytes == int(du.stdout.split()[0])
+    assert usage.dirs_bytes >= 8 * 4096  # the folders are counted, not only the files
+
+
+def test_folder_usage_counts_temp_files_and_a_missing_folder_is_empty(tmp_path: Path) -> None:
+    make_store_like_folder(tmp_path)
+    assert sample.folder_usage(tmp_path).temp_files == 2
+    assert sample.folder_usage(tmp_path / "gone") == (0, 0, 0)
+
+
+def test_take_reports_this_process_and_skips_a_dead_pid(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    make_store_like_folder(tmp_path)
+    got = sample.take({"me": os.getpid(), "dead": dead.pid}, {"disk": (tmp_path, 1 << 30)})
+    assert set(got["processes"]) == {"me"}
+    me = got["processes"]["me"]
+    assert me["pid"] == os.getpid() and me["fds"] > 0 and me["threads"] > 0
+    assert me["rss_bytes"] > 1 << 20
+    folder = got["folders"]["disk"]
+    assert folder["du_bytes"] == folder["files_bytes"] + folder["dirs_bytes"] > 0
+    assert folder["cap_bytes"] == 1 << 30
+    assert got["temp_files"] == 2
+    assert isinstance(got["shm_regions"], int)
+
+
+def test_threads_and_children_are_summed_in() -> None:
+    alone = sample.process_tree_usage(os.getpid())
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with_both = sample.process_tree_usage(os.getpid())
+        child_alone = sample.process_tree_usage(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+        stop.set()
+        worker.join()
+    assert alone is not None and with_both is not None and child_alone is not None
+    assert with_both["threads"] >= alone["threads"] + 1 + child_alone["threads"]
+    assert with_both["rss_bytes"] > alone["rss_bytes"]
