@@ -341,6 +341,20 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
     return 0 if verdict.passed else 1
 
 
+def _all_at_once(calls: list) -> None:
+    """Run ``calls`` on threads of their own and wait for all; errors are ignored."""
+
+    def quietly(call) -> None:  # type: ignore[no-untyped-def]
+        with contextlib.suppress(Exception):
+            call()
+
+    threads = [threading.Thread(target=quietly, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def _raise_interrupt() -> None:
     raise KeyboardInterrupt
 
@@ -386,17 +400,13 @@ def _shut_down(
         thread.join(timeout=10)
     if supervisor is not None:
         supervisor.stop()
-    for server in servers:
-        with contextlib.suppress(Exception):
-            server.close()
+    closers = [server.close for server in servers] + [
+        lambda r=reference: r.close(timeout_s=30) for reference in references.values()
+    ]
+    _all_at_once(closers)  # each waits for its server's exit: SIGTERM them together
     if supervisor is not None:
         supervisor.join_restarts(timeout_s=30)
-        for server in servers:  # one a restart spawned while the others were closing
-            with contextlib.suppress(Exception):
-                server.close()
-    for reference in references.values():
-        with contextlib.suppress(Exception):
-            reference.close(timeout_s=30)
+        _all_at_once([server.close for server in servers])  # one a restart spawned meanwhile
     if redis is not None:
         with contextlib.suppress(Exception):
             redis.kill()  # type: ignore[attr-defined]
