@@ -184,7 +184,6 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
         }
         startup_s = time.monotonic() - started_wall
 
-        kinds = [k for k in KINDS if k not in left_out]
         targets = {
             "engine_sigkill": [s.label for s in servers],
             "disk_throttled": [s.label for s in servers if s.throttle is not None],
@@ -198,6 +197,7 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
                 for k in ("disk_full", "disk_read_only", "records_damaged", "gc_to", "verify_fix")
             },
         }
+        kinds = [k for k in KINDS if k not in left_out and targets.get(k)]
         schedule = plan(
             random.Random(rng.getrandbits(64)),
             duration_s,
