@@ -35,6 +35,14 @@ class ModelSpec:
     engine_blocks: int
     host_pool: str
     max_prompt_tokens: int
+    #: False for the tiny random models, which ship no tokenizer (prompts are token ids).
+    tokenizer: bool = True
+
+    @property
+    def vllm_args(self) -> list[str]:
+        """vLLM settings of every server of this model, reference included."""
+        args = ["--max-num-batched-tokens", str(MAX_BATCHED_TOKENS)]
+        return args if self.tokenizer else [*args, "--skip-tokenizer-init"]
 
 
 @dataclass(frozen=True)
@@ -117,8 +125,7 @@ class Served:
         vllm_args = [
             "--num-gpu-blocks-override",
             str(spec.model.engine_blocks),
-            "--max-num-batched-tokens",
-            str(MAX_BATCHED_TOKENS),
+            *spec.model.vllm_args,
         ]
         env = None
         if self.throttle is not None:
@@ -187,10 +194,13 @@ class Served:
         return "\n".join(text.splitlines()[-lines:])
 
     def close(self) -> int | None:
+        """SIGTERM, then SIGKILL after 30 s (5 s for one still starting: it serves nothing and
+        vLLM handles SIGTERM only once started)."""
+        serving = self.ready.is_set()
         self.ready.clear()
         if self.engine is None:
             return None
-        return self.engine.close(timeout_s=30)
+        return self.engine.close(timeout_s=30 if serving else 5)
 
 
 class Supervisor:
@@ -285,7 +295,7 @@ def start_reference(model: ModelSpec, logs: Path) -> ServerEngine:
         ready_timeout_s=READY_TIMEOUT_S,
         wait=False,
         kvtier=False,
-        extra_args=["--max-num-batched-tokens", str(MAX_BATCHED_TOKENS)],
+        extra_args=model.vllm_args,
     )
 
 

@@ -8,6 +8,7 @@ import datetime
 import os
 import platform
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -63,7 +64,7 @@ def tiny_spec() -> ModelSpec:
     from tests.support.models import tiny_llama
 
     # 40 engine blocks (5,120 tokens) of 256 KiB records; a 16 MiB host pool (64 rows).
-    return ModelSpec("tiny-llama", tiny_llama(), 2048, 40, "16MiB", 1800)
+    return ModelSpec("tiny-llama", tiny_llama(), 2048, 40, "16MiB", 1800, tokenizer=False)
 
 
 def smollm_spec() -> ModelSpec:
@@ -284,7 +285,11 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
 
         def sampling() -> None:
             while True:
-                processes = {s.label: s.pid for s in servers if s.pid is not None}
+                # A server counts once ready: a starting one grows its descriptors and
+                # threads as it should, which is no leak.
+                processes = {
+                    s.label: s.pid for s in servers if s.pid is not None and s.ready.is_set()
+                }
                 if (pid := redis_pid(redis)) is not None:
                     processes["redis"] = pid
                 for name, ref in references.items():
@@ -339,6 +344,18 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
     for failure in verdict.failures:
         print(f"  - {failure}")
     return 0 if verdict.passed else 1
+
+
+REGION_NAME = re.compile(r"/dev/shm/(vllm_offload_[\w.-]+?\.mmap)")
+
+
+def own_regions(logs: list[Path]) -> list[str]:
+    """Host-pool region files named in ``logs`` that still exist in /dev/shm."""
+    names: set[str] = set()
+    for log in logs:
+        with contextlib.suppress(OSError):
+            names.update(REGION_NAME.findall(log.read_text(errors="replace")))
+    return sorted(n for n in names if (Path("/dev/shm") / n).exists())
 
 
 def _all_at_once(calls: list) -> None:
@@ -415,7 +432,12 @@ def _shut_down(
     after: dict[str, object] = {"servers_alive": len(alive)}
     try:
         measured = sample.take({}, {f.label: (f.path, f.cap_bytes) for f in folders.values()})
-        after["shm_regions"] = measured.get("shm_regions")
+        # /dev/shm is the machine's: other engines' regions are not this run's leak, so
+        # ``shm_regions`` counts the regions this run's servers logged; ``_all`` every one.
+        ours = own_regions([s.log for s in servers])
+        after["shm_regions"] = len(ours)
+        after["shm_region_files"] = ours
+        after["shm_regions_all"] = measured.get("shm_regions")
         after["temp_files"] = measured.get("temp_files")
     except Exception as exc:
         after["shm_regions"] = after["temp_files"] = None
