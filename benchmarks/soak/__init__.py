@@ -13,7 +13,7 @@ engine KV blocks, so eviction and the cascade to disk and Redis happen all the t
 * two engines sharing one disk folder, no shared tier; with ``--smollm`` (default for runs of
   10 minutes or more) one of them serves SmolLM2, the others the tiny random Llama;
 * ``--short``: two servers sharing Redis *and* one folder (both kinds of sharing, fewer
-  start-ups on a 2-core machine);
+  start-ups on a 2-core machine; no engine kills: a restart outlasts the short run there);
 * per model, vLLM's own API server without kvtier, same settings: the oracle's reference.
 
 Each disk folder is the ``cache`` subfolder of its own small tmpfs. The load
