@@ -33,7 +33,7 @@ Fault kinds (``faults.Faults``; the schedule is drawn from ``random.Random(seed)
 a read-only bind over the folder when the remount is refused as busy, for 2-6 s),
 ``records_damaged`` (1-3 live records: bit flips, truncation, extension, zeroes, a foreign
 version, another key's record copied or hard-linked, symlink, FIFO, directory, another owner,
-0666), ``gc_to`` (``kvtier gc --to`` 20-70% of the cap) and ``verify_fix`` (``kvtier verify
+0666), ``gc_to`` (``kvtier gc --to`` 10-40% of the cap) and ``verify_fix`` (``kvtier verify
 --fix``) on the live folder, ``cpu_burst`` (a busy process per core for 2-5 s) and
 ``client_disconnect`` (a stream closed after its first token), ``disk_throttled`` (the
 folder reads of one server, ``pair-a`` or ``srv-a``, slowed to 1 MiB/s or 256 KiB/s or stalled

@@ -37,6 +37,8 @@ class ModelSpec:
     max_prompt_tokens: int
     #: False for the tiny random models, which ship no tokenizer (prompts are token ids).
     tokenizer: bool = True
+    #: Relative share of new sessions among the servers of a group that serve this model.
+    session_weight: float = 1.0
 
     @property
     def vllm_args(self) -> list[str]:

@@ -392,7 +392,8 @@ class Faults:
 
     def gc_to(self, planned: Planned, rng: random.Random) -> None:
         folder = self.folders[planned.target]
-        to_mib = max(1, int(folder.cap_bytes * rng.uniform(0.2, 0.7)) >> 20)
+        # Below what the load keeps in the folder (40-60% of the cap), so gc evicts.
+        to_mib = max(1, int(folder.cap_bytes * rng.uniform(0.1, 0.4)) >> 20)
         fault = self.book.open(planned.kind, planned.target)
         done = kvtier_cli("gc", str(folder.path), "--to", f"{to_mib}MiB", "--json")
         self.book.close(fault, f"kvtier gc --to {to_mib}MiB: rc {done.returncode} {_tail(done)}")

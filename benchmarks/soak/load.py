@@ -96,7 +96,9 @@ class Sessions:
 
     def _new(self, group: str) -> Session:
         self._count += 1
-        model = self._rng.choice(self._groups[group]).spec.model
+        servers = self._groups[group]
+        weights = [s.spec.model.session_weight for s in servers]
+        model = self._rng.choices(servers, weights)[0].spec.model
         return Session(
             f"s{self._count}", group, model, self._prompts[model.name].opening(self._rng)
         )
