@@ -3,6 +3,8 @@
 The runner flushes a line per event, so a run killed mid-write leaves at most one torn last
 line: it is dropped and counted (``torn_lines``), not an error, so that a report of the
 events that did arrive can still be written. A torn line elsewhere is counted the same way.
+Lines are written as events complete (a fault when it ends, a request with its start ``t``),
+so each list is sorted by ``t`` after reading.
 """
 
 from __future__ import annotations
@@ -69,4 +71,6 @@ def load(path: Path) -> Log:
                 getattr(log, _LISTS[kind]).append(event)
             else:
                 log.other[str(kind)] = log.other.get(str(kind), 0) + 1
+    for name in _LISTS.values():
+        getattr(log, name).sort(key=lambda e: float(e.get("t") or 0.0))
     return log

@@ -8,6 +8,8 @@ from benchmarks.soak import requests, resources
 from benchmarks.soak.verdict import Verdict
 
 MIB = 1 << 20
+#: Most requests a table lists one by one.
+ROWS_MAX = 30
 
 
 def render(verdict: Verdict) -> str:
@@ -27,6 +29,11 @@ def render(verdict: Verdict) -> str:
         f"Planned {run.get('duration_s', '?')} s (warm-up {run.get('warmup_s', '?')} s), "
         f"measured {s['measured_s']:.0f} s, {s['log']['samples']} samples"
         + (f", {s['log']['torn_lines']} torn log line(s)" if s["log"]["torn_lines"] else ""),
+        *(
+            [f"Fault kinds left out: {run['fault_kinds_left_out']}"]
+            if run.get("fault_kinds_left_out")
+            else []
+        ),
         "",
         "## Acceptance",
         "",
@@ -41,12 +48,16 @@ def render(verdict: Verdict) -> str:
         "",
         f"Over their bound (errored, or TTFT above bound_s): {req['over_bound']}; attributed to "
         f"a fault: {req['over_bound_attributed']}; not attributable: "
-        f"{req['over_bound_unattributed']} (recovery window {req['recovery_s']:g} s). "
+        f"{req['over_bound_unattributed']} (recovery window {req['recovery_s']:g} s; explained "
+        f"by the fault windows where the runner listed none: "
+        f"{req['attributed_by_windows_only']}). "
         f"Wrong outputs: {req['wrong']}. Without a bound: {req['without_bound']}. Over their "
         f"bound in warm-up (not judged): {req['over_bound_in_warmup']}.",
         "",
-        *_request_list("Not attributable", req["unattributed_listed"]),
-        *_request_list("Wrong outputs", req["wrong_listed"]),
+        *_request_list(
+            "Not attributable", req["unattributed_listed"], req["over_bound_unattributed"]
+        ),
+        *_request_list("Wrong outputs", req["wrong_listed"], req["wrong"]),
         "## TTFT per server (ok requests)",
         "",
         *_table(
@@ -130,9 +141,10 @@ def _requests_table(req: dict) -> list[str]:
     return _table(["server", *names, "total"], rows)
 
 
-def _request_list(title: str, listed: list[dict]) -> list[str]:
+def _request_list(title: str, listed: list[dict], total: int) -> list[str]:
     if not listed:
         return []
+    shown = listed[:ROWS_MAX]
     rows = [
         [
             _num(r["t"], 1),
@@ -144,10 +156,11 @@ def _request_list(title: str, listed: list[dict]) -> list[str]:
             _num(r["bound_s"], 3),
             (r.get("error") or "").replace("|", "/").replace("\n", " ")[:80],
         ]
-        for r in listed
+        for r in shown
     ]
     return [
-        f"{title} ({len(listed)} listed, at most {requests.LISTED_MAX}):",
+        f"{title}: the first {len(shown)} of {total} (report.json lists up to "
+        f"{requests.LISTED_MAX}):",
         "",
         *_table(["t", "server", "session", "turn", "outcome", "ttft s", "bound s", "error"], rows),
         "",
@@ -187,6 +200,14 @@ def _folders_table(folders: dict) -> list[str]:
     )
 
 
+def _judged(fig: dict) -> str:
+    if not fig["kvtier_server"]:
+        return "not a kvtier server"
+    if not fig["leak_judged"]:
+        return "nothing to judge"
+    return "short incarnations" if fig["leak_short"] else "judged"
+
+
 def _processes_tables(procs: dict) -> list[str]:
     rows = [
         [
@@ -198,6 +219,7 @@ def _processes_tables(procs: dict) -> list[str]:
             f["max"]["threads"],
             f"{(f['last']['rss_bytes'] or 0) / MIB:.0f}",
             f"{f['max']['rss_bytes'] / MIB:.0f}",
+            _judged(f),
         ]
         for label, f in procs.items()
     ]
@@ -211,6 +233,7 @@ def _processes_tables(procs: dict) -> list[str]:
             "threads max",
             "RSS MiB last",
             "RSS MiB max",
+            "leak check",
         ],
         rows,
     )
@@ -223,17 +246,29 @@ def _processes_tables(procs: dict) -> list[str]:
             tr["samples"],
             f"{tr['fd_growth']:+.1f}",
             f"{tr['thread_growth']:+.1f}",
-            "yes" if f["leak_short"] else "",
+            f"{tr['rss_growth_bytes'] / MIB:+.1f}",
+            ("yes, short" if f["leak_short"] else "yes") if tr["judged"] else "no",
         ]
         for label, f in procs.items()
         for tr in f["trends"]
     ]
     out += [
         "",
-        "Trends after warm-up (slope x window):",
+        "Trends after warm-up, per incarnation (least-squares slope x window):",
         "",
         *_table(
-            ["label", "pid", "from t", "window s", "samples", "fds", "threads", "short"], trends
+            [
+                "label",
+                "pid",
+                "from t",
+                "window s",
+                "samples",
+                "fds",
+                "threads",
+                "RSS MiB",
+                "judged",
+            ],
+            trends,
         ),
     ]
     rss = [
@@ -261,15 +296,23 @@ def _processes_tables(procs: dict) -> list[str]:
 def _leftovers(left: dict) -> list[str]:
     after = left["after_shutdown"] or {}
     last = left["last_sample"]
-    return _table(
-        ["", "/dev/shm regions", "temp files", "servers alive"],
-        [
-            ["last sample", last.get("shm_regions"), last.get("temp_files"), ""],
+    judged = ("shm_regions", "temp_files", "servers_alive")
+    others = [
+        f"- {k} (the harness's, not judged): {v}" for k, v in after.items() if k not in judged
+    ]
+    return [
+        *_table(
+            ["", "/dev/shm regions", "temp files", "servers alive"],
             [
-                "after shutdown",
-                after.get("shm_regions", "?"),
-                after.get("temp_files", "?"),
-                after.get("servers_alive", "?"),
+                ["last sample", last.get("shm_regions"), last.get("temp_files"), ""],
+                [
+                    "after shutdown",
+                    after.get("shm_regions", "?"),
+                    after.get("temp_files", "?"),
+                    after.get("servers_alive", "?"),
+                ],
             ],
-        ],
-    )
+        ),
+        "",
+        *others,
+    ]

@@ -45,6 +45,10 @@ def draw(log: Log, path: Path, flagged: list[dict] = ()) -> None:
     ax_faults.set_title("faults (bar: t to end_t)", fontsize=9)
 
     servers = sorted({str(r.get("server")) for r in log.requests})
+    procs = resources.series(log)
+    # One colour per label across the panels (a server's TTFT, RSS and fds alike).
+    palette = plt.get_cmap("tab10")
+    by_label = {k: palette(i % 10) for i, k in enumerate(sorted({*servers, *procs}))}
     for server in servers:
         pts = [
             (float(r["t"]), float(r["ttft_s"]))
@@ -52,7 +56,7 @@ def draw(log: Log, path: Path, flagged: list[dict] = ()) -> None:
             if str(r.get("server")) == server and r.get("ttft_s") is not None
         ]
         if pts:
-            ax_ttft.scatter(*zip(*pts, strict=True), s=4, label=server)
+            ax_ttft.scatter(*zip(*pts, strict=True), s=4, label=server, color=by_label[server])
     for f in log.faults:
         if f.get("injected_kill"):
             ax_ttft.axvline(float(f["t"]), color=colour[str(f.get("kind"))], lw=0.5, alpha=0.4)
@@ -70,8 +74,8 @@ def draw(log: Log, path: Path, flagged: list[dict] = ()) -> None:
     ax_ttft.set_ylabel("TTFT s")
     ax_ttft.set_title("TTFT per server (lines: injected kills)", fontsize=9)
 
-    for n, (label, incarnations) in enumerate(sorted(resources.series(log).items())):
-        line_colour = cmap((2 * n) % 20)
+    for label, incarnations in sorted(procs.items()):
+        line_colour = by_label[label]
         for i, pts in enumerate(incarnations):
             ts = [p["t"] for p in pts]
             ax_rss.plot(
@@ -93,7 +97,8 @@ def draw(log: Log, path: Path, flagged: list[dict] = ()) -> None:
     ax_fds.set_xlabel("seconds since start")
     for ax in (ax_ttft, ax_rss, ax_fds):
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left", ncol=4, markerscale=3)
+            # Outside the axes, on the right: inside, it hid the first minutes' points.
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), markerscale=2)
         ax.grid(alpha=0.3)
     if log.warmup_s:
         for ax in (ax_faults, ax_ttft, ax_rss, ax_fds):

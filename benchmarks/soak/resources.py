@@ -5,14 +5,19 @@ Leak checks, per process label and incarnation (a new pid is a new incarnation; 
 from fresh counts, so trends never span a restart):
 
 * An incarnation *settles* at the run's ``warmup_s`` (the first one) or
-  ``min(warmup_s, RESTART_SETTLE_S)`` after its first sample (a restarted one: the run is
-  warm by then, only the process is new). Only samples after it count.
+  ``min(warmup_s, RESTART_SETTLE_S)`` after it was ready (a restarted one: the run is warm
+  by then, only the process is new). A restart after an injected kill is ready when the kill
+  fault ends (the runner closes it once the new server answers: a restart that loads the
+  model for a minute on a busy machine would otherwise look like a leak of 150 fds); any
+  other restart is taken as ready at its first sample. Only samples after it count.
 * Descriptors and threads: every incarnation with at least ``LEAK_WINDOW_S`` of settled
   samples is judged; its least-squares slope times its settled window (the growth the trend
   says it had) must stay within ``FD_GROWTH_MAX`` / ``THREAD_GROWTH_MAX``. A label none of
   whose incarnations lived that long (a short run, or a server killed often) is judged on
   its longest incarnation with ``MIN_SAMPLES`` settled samples, and the figure says so
   (``short``). A label with no such incarnation is not judged (``judged: false``).
+* Only kvtier's servers (the run's ``servers``) are judged; other sampled processes (Redis,
+  the plain vLLM reference) are shown, not judged: their leaks are not kvtier's.
 * RSS: the incarnations whose settled window covers ``RSS_SPAN_FRACTION`` of the run's
   settled time; growth from the median of the first settled ``RSS_EDGE_S`` to the median of
   the last ``RSS_EDGE_S`` (a third of the window each, if shorter) must stay under
@@ -51,20 +56,34 @@ def process_figures(log: Log) -> dict:
     """Leak figures per label (see the module docstring)."""
     warmup_s = log.warmup_s
     settled_run_s = max(log.duration_s - warmup_s, 0.0)
+    servers = {str(s.get("label")) for s in log.run.get("servers", [])}
     out = {}
     for label, incarnations in series(log).items():
+        kills = [f for f in log.faults if f.get("injected_kill") and f.get("target") == label]
         settled = []
         for n, points in enumerate(incarnations):
-            start = points[0]["t"]
-            settle_t = warmup_s if n == 0 else start + min(warmup_s, RESTART_SETTLE_S)
+            if n == 0:
+                settle_t = warmup_s
+            else:
+                ready_t = _ready_t(points[0]["t"], kills)
+                settle_t = ready_t + min(warmup_s, RESTART_SETTLE_S)
             settled.append([p for p in points if p["t"] >= settle_t])
-        trends = [_trend(pts, incarnations[n][0]["pid"]) for n, pts in enumerate(settled)]
-        judged = [tr for tr in trends if tr and tr["window_s"] >= LEAK_WINDOW_S]
+        trends = [
+            tr
+            for n, pts in enumerate(settled)
+            if (tr := _trend(pts, incarnations[n][0]["pid"])) is not None
+        ]
+        judged = [tr for tr in trends if tr["window_s"] >= LEAK_WINDOW_S]
         short = False
         if not judged:
-            candidates = [tr for tr in trends if tr and tr["samples"] >= MIN_SAMPLES]
+            candidates = [tr for tr in trends if tr["samples"] >= MIN_SAMPLES]
             judged = [max(candidates, key=lambda tr: tr["window_s"])] if candidates else []
             short = bool(judged)
+        is_server = not servers or label in servers
+        if not is_server:
+            judged, short = [], False
+        for tr in trends:
+            tr["judged"] = any(tr is j for j in judged)
         rss = [
             _rss_growth(pts, incarnations[n][0]["pid"])
             for n, pts in enumerate(settled)
@@ -72,10 +91,12 @@ def process_figures(log: Log) -> dict:
         ]
         last = incarnations[-1][-1]
         out[label] = {
+            "kvtier_server": is_server,
             "incarnations": len(incarnations),
             "leak_judged": bool(judged),
             "leak_short": short,
-            "trends": judged,
+            # Every incarnation's trend after warm-up; "judged" marks those checked.
+            "trends": trends,
             "rss": rss,
             "last": {k: last.get(k) for k in ("pid", "fds", "threads", "rss_bytes")},
             "max": {
@@ -135,6 +156,18 @@ def slope(ts: Sequence[float], values: Sequence[float]) -> float:
     return sum((t - mean_t) * (v - mean_v) for t, v in zip(ts, values, strict=True)) / var
 
 
+def _ready_t(first_t: float, kills: list[dict]) -> float:
+    """When an incarnation first sampled at ``first_t`` was ready: the end of the last kill
+    of its label that began before it (the new process appears while the kill's fault is
+    open), else ``first_t``."""
+    before = [f for f in kills if float(f["t"]) <= first_t]
+    if not before:
+        return first_t
+    last = max(before, key=lambda f: float(f["t"]))
+    end_t = last.get("end_t")
+    return max(first_t, float(end_t)) if end_t is not None else first_t
+
+
 def _span(points: list[dict]) -> float:
     return points[-1]["t"] - points[0]["t"] if points else 0.0
 
@@ -151,6 +184,7 @@ def _trend(points: list[dict], pid: int) -> dict | None:
         "samples": len(points),
         "fd_growth": slope(ts, [p["fds"] for p in points]) * window,
         "thread_growth": slope(ts, [p["threads"] for p in points]) * window,
+        "rss_growth_bytes": slope(ts, [p["rss_bytes"] for p in points]) * window,
     }
 
 

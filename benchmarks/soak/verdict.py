@@ -35,6 +35,8 @@ def judge(summary: dict) -> Verdict:
         status = "n/a" if not applies else ("fail" if problems else "pass")
         rows.append({"check": name, "status": status, "detail": detail, "problems": problems})
 
+    if not summary["run"]:
+        row("run started", ["no run line: not a soak event log, or the run never started"], "")
     req = summary["requests"]
     row(
         "wrong outputs",
@@ -73,7 +75,8 @@ def _leak_rows(summary: dict, row) -> None:
     full_run = _planned_s(summary) >= VOLUME_MIN_DURATION_S
     fd, thread, rss, notes = [], [], [], []
     unjudged = []
-    for label, fig in summary["processes"].items():
+    procs = {k: f for k, f in summary["processes"].items() if f["kvtier_server"]}
+    for label, fig in procs.items():
         if not fig["leak_judged"]:
             unjudged.append(label)
             notes.append(
@@ -81,9 +84,9 @@ def _leak_rows(summary: dict, row) -> None:
                 "samples after warm-up)"
             )
         elif fig["leak_short"]:
-            tr = fig["trends"][0]
+            tr = next(tr for tr in fig["trends"] if tr["judged"])
             notes.append(f"{label} judged on its longest incarnation ({tr['window_s']:.0f} s)")
-        for tr in fig["trends"]:
+        for tr in (tr for tr in fig["trends"] if tr["judged"]):
             where = f"{label} pid {tr['pid']} over {tr['window_s']:.0f} s"
             if tr["fd_growth"] > resources.FD_GROWTH_MAX:
                 fd.append(
@@ -101,19 +104,21 @@ def _leak_rows(summary: dict, row) -> None:
                     f"{g['growth']:+.1%} (must stay under +{resources.RSS_GROWTH_MAX:.0%})"
                 )
     if full_run:
-        fd += [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
-        thread += [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
-    judged = any(f["leak_judged"] for f in summary["processes"].values())
+        why = [f"{label} not judged: no incarnation lived long enough" for label in unjudged]
+        why += [] if procs else ["no kvtier server was ever sampled"]
+        fd += why
+        thread += why
+    judged = any(f["leak_judged"] for f in procs.values())
     detail = "; ".join(notes) or (
         f"every label judged on incarnations of {resources.LEAK_WINDOW_S:g} s or more"
     )
     row("descriptor leak", fd, detail, applies=judged or full_run)
     row("thread leak", thread, detail, applies=judged or full_run)
-    rss_judged = sum(len(f["rss"]) for f in summary["processes"].values())
+    rss_judged = sum(len(f["rss"]) for f in procs.values())
     if full_run and not rss_judged:
         rss.append(
             f"no incarnation spans {resources.RSS_SPAN_FRACTION:.0%} of the run "
-            "after warm-up (every server restarted): the growth cannot be told"
+            "after warm-up (no samples, or every server restarted): the growth cannot be told"
         )
     row(
         "RSS growth",

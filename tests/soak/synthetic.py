@@ -9,23 +9,17 @@ from pathlib import Path
 
 MIB = 1 << 20
 CAP_BYTES = 64 * MIB
+#: The runner's long layout: two replicas sharing Redis, each its own folder, and a pair of
+#: engines sharing one folder.
+FOLDERS = {"disk-rep-a": "/soak/rep-a", "disk-rep-b": "/soak/rep-b", "disk-pair": "/soak/pair"}
 SERVERS = [
-    {"label": "replica-a", "model": "tiny", "role": "replica", "disk_dir": None, "shared": "redis"},
-    {"label": "replica-b", "model": "tiny", "role": "replica", "disk_dir": None, "shared": "redis"},
-    {
-        "label": "disk-a",
-        "model": "smollm2",
-        "role": "disk",
-        "disk_dir": "/soak/disk",
-        "shared": "disk",
-    },
-    {
-        "label": "disk-b",
-        "model": "smollm2",
-        "role": "disk",
-        "disk_dir": "/soak/disk",
-        "shared": "disk",
-    },
+    {"label": label, "model": "tiny", "role": role, "disk_dir": FOLDERS[folder], "shared": shared}
+    for label, role, folder, shared in (
+        ("rep-a", "replica", "disk-rep-a", True),
+        ("rep-b", "replica", "disk-rep-b", True),
+        ("pair-a", "folder-pair", "disk-pair", False),
+        ("pair-b", "folder-pair", "disk-pair", False),
+    )
 ]
 LABELS = [s["label"] for s in SERVERS]
 
@@ -39,10 +33,12 @@ class Run:
     warmup_s: float = 120.0
     every_s: float = 5.0
     events: list[dict] = field(default_factory=list)
-    #: Per label: fds, threads, rss_bytes as a function of t (for leaks and restarts).
+    #: Per process label (the servers' and ``redis``): pid, fds and rss_bytes as functions
+    #: of t (for leaks and restarts).
     fds: dict = field(default_factory=dict)
     rss: dict = field(default_factory=dict)
     pids: dict = field(default_factory=dict)
+    #: du of the pair's folder (the replicas' stay at 8 MiB).
     du_bytes: int = 32 * MIB
     after_shutdown: dict = field(
         default_factory=lambda: {"shm_regions": 0, "temp_files": 0, "servers_alive": 0}
@@ -61,11 +57,14 @@ class Run:
                 "git_rev": "abc",
                 "machine": "test",
                 "servers": SERVERS,
-                "folders": [{"label": "disk", "path": "/soak/disk", "cap_bytes": CAP_BYTES}],
+                "folders": [
+                    {"label": label, "path": path, "cap_bytes": CAP_BYTES}
+                    for label, path in FOLDERS.items()
+                ],
             }
         )
 
-    def request(self, t: float, server: str = "disk-a", **fields: object) -> None:
+    def request(self, t: float, server: str = "pair-a", **fields: object) -> None:
         event = {
             "type": "request",
             "t": t,
@@ -155,16 +154,18 @@ class Run:
                             "threads": 30,
                             "rss_bytes": self.rss.get(label, lambda _t: 500 * MIB)(t),
                         }
-                        for i, label in enumerate(LABELS)
+                        for i, label in enumerate([*LABELS, "redis"])
                     },
                     "folders": {
-                        "disk": {
-                            "path": "/soak/disk",
+                        label: {
+                            "path": path,
                             "cap_bytes": CAP_BYTES,
-                            "files_bytes": self.du_bytes - MIB,
+                            "files_bytes": du - MIB,
                             "dirs_bytes": MIB,
-                            "du_bytes": self.du_bytes,
+                            "du_bytes": du,
                         }
+                        for label, path in FOLDERS.items()
+                        for du in [self.du_bytes if label == "disk-pair" else 8 * MIB]
                     },
                     "shm_regions": 4,
                     "temp_files": 0,

@@ -33,7 +33,7 @@ def test_a_clean_run_passes_and_writes_the_three_files(tmp_path: Path) -> None:
     assert (out / "soak.png").stat().st_size > 0
     saved = json.loads((out / "report.json").read_text())
     assert saved["passed"] is True
-    assert saved["requests"]["by_server"]["disk-a"]["ok"] == saved["requests"]["total"] // 4
+    assert saved["requests"]["by_server"]["pair-a"]["ok"] == saved["requests"]["total"] // 4
     assert "**PASSED**" in (out / "report.md").read_text()
 
 
@@ -58,8 +58,8 @@ def test_a_wrong_output_fails(tmp_path: Path) -> None:
 
 def test_a_slow_request_outside_any_fault_fails(tmp_path: Path) -> None:
     run = Run()
-    run.fault(1, 900.0, "disk_throttled", "disk")
-    run.request(500.0, server="disk-a", ttft_s=3.0, latency_s=3.2)
+    run.fault(1, 900.0, "disk_full", "disk-pair")
+    run.request(500.0, server="pair-a", ttft_s=3.0, latency_s=3.2)
     only_failure(report(run, tmp_path), "over-bound requests not attributable to a fault")
 
 
@@ -72,10 +72,10 @@ def test_an_error_outside_any_fault_fails(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "target", "server"),
     [
-        ("disk_throttled", "disk", "disk-b"),  # the folder's other server
-        ("redis_sigstop", "redis", "replica-a"),  # a replica, through shared Redis
-        ("cpu_burst", "machine", "disk-a"),  # everyone
-        ("engine_sigkill", "disk-a", "disk-a"),  # its own server
+        ("disk_full", "disk-pair", "pair-b"),  # the folder's other server
+        ("redis_sigstop", "redis", "rep-a"),  # a replica, through shared Redis
+        ("cpu_burst", "cpu", "pair-a"),  # everyone
+        ("engine_sigkill", "pair-a", "pair-a"),  # its own server
     ],
 )
 def test_a_slow_request_in_a_fault_window_is_attributed(
@@ -84,7 +84,7 @@ def test_a_slow_request_in_a_fault_window_is_attributed(
     run = Run()
     run.fault(1, 500.0, kind, target, end_t=510.0)
     # Starts within the recovery window after the fault's end.
-    run.request(530.0, server=server, ttft_s=3.0, latency_s=5.0)
+    run.request(513.0, server=server, ttft_s=3.0, latency_s=5.0)
     verdict = report(run, tmp_path)
     assert verdict.passed, verdict.failures
     assert verdict.summary["requests"]["over_bound_attributed"] == 1
@@ -98,10 +98,24 @@ def test_a_slow_request_in_the_warm_up_is_counted_but_not_judged(tmp_path: Path)
     assert verdict.summary["requests"]["over_bound_in_warmup"] == 1
 
 
+def test_a_slow_request_after_the_recovery_window_is_not_attributed(tmp_path: Path) -> None:
+    run = Run()
+    run.fault(1, 500.0, "engine_sigkill", "pair-a", end_t=510.0)
+    run.request(520.0, server="pair-a", ttft_s=3.0, latency_s=3.1)
+    only_failure(report(run, tmp_path), "over-bound requests not attributable to a fault")
+
+
+def test_a_slow_request_that_began_before_a_fault_is_attributed(tmp_path: Path) -> None:
+    run = Run()
+    run.fault(1, 500.0, "disk_full", "disk-pair", end_t=504.0)
+    run.request(495.0, server="pair-b", ttft_s=6.0, latency_s=6.2)  # in flight at t=500
+    assert report(run, tmp_path).passed
+
+
 def test_a_fault_on_another_resource_explains_nothing(tmp_path: Path) -> None:
     run = Run()
     run.fault(1, 500.0, "redis_kill", "redis", end_t=510.0)
-    run.request(512.0, server="disk-a", ttft_s=3.0, latency_s=3.1)
+    run.request(512.0, server="pair-a", ttft_s=3.0, latency_s=3.1)
     only_failure(report(run, tmp_path), "over-bound requests not attributable to a fault")
 
 
@@ -113,39 +127,58 @@ def test_a_request_the_runner_listed_faults_on_is_attributed(tmp_path: Path) -> 
 
 def test_an_uninjected_crash_fails_and_an_injected_kill_does_not(tmp_path: Path) -> None:
     run = Run()
-    run.crash(400.0, "disk-a", injected=True)
-    run.crash(800.0, "disk-b", injected=False, returncode=-11)
+    run.crash(400.0, "pair-a", injected=True)
+    run.crash(800.0, "pair-b", injected=False, returncode=-11)
     message = only_failure(report(run, tmp_path), "crashes other than injected kills")
-    assert "disk-b" in message and "-11" in message
+    assert "pair-b" in message and "-11" in message
 
 
 def test_a_growing_descriptor_count_fails(tmp_path: Path) -> None:
     run = Run()
-    run.fds["disk-a"] = lambda t: 40 + int(t / 60)  # one a minute: ~28 over the run
+    run.fds["pair-a"] = lambda t: 40 + int(t / 60)  # one a minute: ~28 over the run
     message = only_failure(report(run, tmp_path), "descriptor leak")
-    assert "disk-a" in message
+    assert "pair-a" in message
 
 
 def test_descriptors_flat_after_warm_up_pass(tmp_path: Path) -> None:
     run = Run()
-    run.fds["disk-a"] = lambda t: 40 + min(int(t), 100) + (3 if int(t) % 10 == 0 else 0)
+    run.fds["pair-a"] = lambda t: 40 + min(int(t), 100) + (3 if int(t) % 10 == 0 else 0)
     assert report(run, tmp_path).passed
 
 
 def test_a_restart_is_a_new_incarnation_not_a_leak(tmp_path: Path) -> None:
     run = Run()
-    run.pids["disk-a"] = lambda t: 2000 if t < 900 else 2001
-    run.fds["disk-a"] = lambda t: 40 if t < 900 else 90  # the new process holds more
+    run.pids["pair-a"] = lambda t: 2000 if t < 900 else 2001
+    run.fds["pair-a"] = lambda t: 40 if t < 900 else 90  # the new process holds more
     verdict = report(run, tmp_path)
     assert verdict.passed, verdict.failures
-    assert verdict.summary["processes"]["disk-a"]["incarnations"] == 2
+    assert verdict.summary["processes"]["pair-a"]["incarnations"] == 2
+
+
+def test_a_growing_process_other_than_a_server_is_not_judged(tmp_path: Path) -> None:
+    run = Run()
+    run.fds["redis"] = lambda t: 40 + int(t / 60)
+    assert report(run, tmp_path).passed
+
+
+def test_a_restart_loading_until_its_kill_fault_ends_is_not_a_leak(tmp_path: Path) -> None:
+    run = Run()
+    run.fault(1, 895.0, "engine_sigkill", "pair-a", end_t=1200.0, injected_kill=True)
+    run.crash(895.5, "pair-a", injected=True)
+    run.pids["pair-a"] = lambda t: 2000 if t < 900 else 2001
+    # The new process loads its model (and spawns its engine) until it is ready at 1200.
+    run.fds["pair-a"] = lambda t: 40 if t < 900 else 3 + int(min(t - 900, 300) / 2)
+    verdict = report(run, tmp_path)
+    assert verdict.passed, verdict.failures
+    second = verdict.summary["processes"]["pair-a"]["trends"][1]
+    assert second["from_t"] >= 1200 + 120
 
 
 def test_rss_growth_of_ten_percent_fails(tmp_path: Path) -> None:
     run = Run()
-    run.rss["replica-b"] = lambda t: int(500 * MIB * (1 + 0.1 * t / 1800))
+    run.rss["rep-b"] = lambda t: int(500 * MIB * (1 + 0.1 * t / 1800))
     message = only_failure(report(run, tmp_path), "RSS growth")
-    assert "replica-b" in message
+    assert "rep-b" in message
 
 
 def test_an_hour_run_whose_servers_all_restarted_cannot_show_its_rss_flat(
@@ -196,4 +229,13 @@ def test_the_command_exits_1_on_a_failed_run(tmp_path: Path) -> None:
     events = run.write(tmp_path / "events.jsonl")
     result = CliRunner().invoke(app, ["soak-report", str(events), str(tmp_path / "out")])
     assert result.exit_code == 1, result.output
+    assert (tmp_path / "out" / "report.md").exists()
+
+
+def test_an_empty_log_fails_and_still_gives_a_report(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    verdict = write_report(events, tmp_path / "out")
+    assert any(f.startswith("run started:") for f in verdict.failures), verdict.failures
+    assert any(f.startswith("run finished:") for f in verdict.failures), verdict.failures
     assert (tmp_path / "out" / "report.md").exists()

@@ -16,7 +16,8 @@ from benchmarks.soak import sample
 
 
 def make_store_like_folder(root: Path) -> None:
-    """Files of several sizes in nested folders, a sparse file, a symlink, and temp files."""
+    """Files of several sizes in nested folders, a sparse file, a symlink, a hard link, a FIFO
+    and temp files (what a ``records_damaged`` fault may leave)."""
     ns = root / "ns"
     for sub in ("blocks/0a", "blocks/ff", "tmp", "sessions"):
         (ns / sub).mkdir(parents=True)
@@ -29,6 +30,8 @@ def make_store_like_folder(root: Path) -> None:
     (ns / ".namespace.json.123.0badcafe.tmp").write_bytes(b"{}")
     (ns / "namespace.json").write_bytes(b"{}")
     (ns / "link").symlink_to(ns / "namespace.json")
+    os.link(ns / "blocks" / "ff" / "4.kvb", ns / "blocks" / "0a" / "hard.kvb")
+    os.mkfifo(ns / "blocks" / "ff" / "fifo.kvb")
     for n in range(300):  # a folder that grows past one allocation unit
         (ns / "sessions" / f"session-with-a-long-name-{n:04}.lock").touch()
 
@@ -41,7 +44,10 @@ def test_folder_usage_equals_du(tmp_path: Path) -> None:
     )
     usage = sample.folder_usage(tmp_path)
     assert usage.files_bytes + usage.dirs_bytes == int(du.stdout.split()[0])
-    assert usage.dirs_bytes >= 8 * 4096  # the folders are counted, not only the files
+    # The folders are counted, not only the files (on tmpfs they allocate nothing).
+    folders = [tmp_path] + [Path(d) / n for d, names, _ in os.walk(tmp_path) for n in names]
+    assert usage.dirs_bytes == sum(os.lstat(f).st_blocks * 512 for f in folders)
+    assert len(folders) == 7  # the root, ns, blocks, 0a, ff, tmp, sessions
 
 
 def test_folder_usage_counts_temp_files_and_a_missing_folder_is_empty(tmp_path: Path) -> None:
