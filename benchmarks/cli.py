@@ -291,6 +291,42 @@ def publish_reports(
         raise typer.Exit(1)
 
 
+@app.command("soak")
+def soak(
+    duration: Annotated[
+        float, typer.Option(help="Seconds of load and faults, after start-up.")
+    ] = 3600.0,
+    seed: Annotated[int, typer.Option(help="Seed of the fault schedule and the load.")] = 0,
+    out: Annotated[
+        Path, typer.Option(help="Folder for events.jsonl, the report and server logs.")
+    ] = Path("soak-out"),
+    smollm: Annotated[
+        bool | None,
+        typer.Option(
+            "--smollm/--no-smollm",
+            help="One server serves SmolLM2 (default: on for runs of 10 minutes or more).",
+        ),
+    ] = None,
+    short: Annotated[
+        bool,
+        typer.Option("--short", help="Two servers and a quicker fault pace (the CI soak)."),
+    ] = False,
+) -> None:
+    """Real kvtier servers under seeded faults and a checked chat load, then a verdict.
+
+    Root for the disk faults (tmpfs mounts); needs redis-server. Exits 1 when the verdict
+    fails (see OUT/report.md).
+
+    Example: python -m benchmarks soak --duration 3600 --seed 1 --out soak-out
+    """
+    from benchmarks.soak.runner import run
+
+    use_smollm = smollm if smollm is not None else (duration >= 600 and not short)
+    code = run(duration, seed, out, smollm=use_smollm, short=short)
+    if code:
+        raise typer.Exit(code)
+
+
 GPU_STORE_DIR = Path("/var/tmp/kvtier-gpu-evidence")
 
 

@@ -8,13 +8,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from kvtier.bench.harness.engine import EngineBase, GenerateResult
 from kvtier.bench.openai_client import ServerClient
-from kvtier.launch import serve_env
+from kvtier.launch import API_SERVER_MODULE, serve_env
 
 
 def free_port() -> int:
@@ -33,6 +34,12 @@ class ServerEngine(EngineBase):
 
     ``wait=False`` returns as soon as the process is spawned, so several servers can start at
     once; call ``wait_ready()`` before the first request (and ``close()`` either way).
+
+    ``extra_args`` go after the server's own (``kvtier serve`` options such as
+    ``--disk-capacity`` or vLLM's). ``kvtier=False`` starts vLLM's own API server with the same
+    vLLM settings and no offloading at all (the tier options are then ignored): a reference
+    whose scheduler and batch shapes match the kvtier server's. ``env_overrides`` are set in
+    the server's environment last.
     """
 
     def __init__(
@@ -49,6 +56,9 @@ class ServerEngine(EngineBase):
         shared: str | None = None,
         restore_decision: bool = True,
         wait: bool = True,
+        extra_args: Sequence[str] = (),
+        kvtier: bool = True,
+        env_overrides: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.ignore_eos = ignore_eos
@@ -63,23 +73,27 @@ class ServerEngine(EngineBase):
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_CPU_NUM_OF_RESERVED_CPU="0",
         )
-        argv = [
-            sys.executable,
-            "-m",
-            "kvtier.cli",
-            "serve",
-            str(model_dir),
-            "--host-pool",
-            host_pool,
-        ]
-        if disk_dir is not None:
-            argv += ["--disk-dir", str(disk_dir)]
-        if shared is not None:
-            argv += ["--shared", shared]
-        if allow_small_tiers:
-            argv.append("--allow-small-tiers")
-        if not restore_decision:
-            argv.append("--no-restore-decision")
+        env.update(env_overrides or {})
+        if kvtier:
+            argv = [
+                sys.executable,
+                "-m",
+                "kvtier.cli",
+                "serve",
+                str(model_dir),
+                "--host-pool",
+                host_pool,
+            ]
+            if disk_dir is not None:
+                argv += ["--disk-dir", str(disk_dir)]
+            if shared is not None:
+                argv += ["--shared", shared]
+            if allow_small_tiers:
+                argv.append("--allow-small-tiers")
+            if not restore_decision:
+                argv.append("--no-restore-decision")
+        else:
+            argv = [sys.executable, "-m", API_SERVER_MODULE, "--model", str(model_dir)]
         argv += [
             "--host",
             "127.0.0.1",
@@ -95,6 +109,7 @@ class ServerEngine(EngineBase):
             "--max-num-seqs",
             "4",
             "--enable-prompt-tokens-details",
+            *extra_args,
         ]
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,58 @@
+"""The soak's throttled disk, engine-process side: the stock disk tier (shared tier behind it
+included) whose folder reads go through ``tests.support.throttled_tier.ThrottledIO``.
+
+The runner throttles a server's record reads by writing a rate into the control file named by
+``KVTIER_TEST_THROTTLE_FILE`` (``ThrottledDisk.throttle``). Unlike the tests' throttled tier
+this one keeps the shared store behind the disk, so the server stays a full replica.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from kvtier.format import Namespace
+from kvtier.settings import DiskTierSettings
+from kvtier.store import BlockStore, DiskStore
+from kvtier.store.tiered import LocalThenShared
+from kvtier.vllm.disk_tier import KvtierDiskTier
+from kvtier.vllm.shared_tier import open_shared_store
+from tests.support.throttled_tier import CONTROL_ENV, ThrottledIO
+
+
+def _throttled_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
+    local = DiskStore(
+        settings.root_dir,
+        namespace,
+        settings.capacity_bytes,
+        free_space_floor_bytes=settings.free_space_floor_bytes,
+        fsync=settings.fsync,
+        io=ThrottledIO(Path(os.environ[CONTROL_ENV]), settings.fsync),
+    )
+    if settings.shared is None:
+        return local
+    try:
+        shared = open_shared_store(settings.shared, namespace, None)
+    except BaseException:
+        local.close()
+        raise
+    return LocalThenShared(local, shared)
+
+
+class SoakThrottledDiskTier(KvtierDiskTier):
+    """``KvtierDiskTier`` whose folder reads the soak can slow down or stall."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, store_factory=_throttled_store, **kwargs)
+
+
+def transfer_config(**options: Any) -> dict[str, Any]:
+    """``kvtier.kv_transfer_config(**options)`` with the disk tier swapped for this one."""
+    import kvtier
+
+    config = kvtier.kv_transfer_config(**options)
+    extra = config["kv_connector_extra_config"]
+    (tier,) = extra["secondary_tiers"]
+    tier.update(type=SoakThrottledDiskTier.__name__, module_path=__name__)
+    return config

@@ -1,0 +1,49 @@
+"""The CI soak: ``python -m benchmarks soak --short`` passes its own verdict with faults of
+several kinds injected and nothing left behind."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kvtier.bench.redis_servers import server_binary
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def test_short_soak_passes_with_faults_of_several_kinds(tmp_path: Path) -> None:
+    if server_binary() is None:
+        pytest.skip("no redis-server or valkey-server on PATH (scripts/redis-server.sh)")
+    out = tmp_path / "soak"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(CHECKOUT / "src"), str(CHECKOUT), env.get("PYTHONPATH", "")) if p
+    )
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    argv = ["soak", "--short", "--duration", "100", "--no-smollm", "--seed", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *argv, "--out", str(out)],
+        cwd=CHECKOUT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+        check=False,
+    )
+    report = (out / "report.md").read_text() if (out / "report.md").exists() else ""
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{report}"
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert events[0]["type"] == "run" and events[-1]["type"] == "end"
+    kinds = Counter(e["kind"] for e in events if e["type"] == "fault")
+    assert len(kinds) >= 5, kinds
+    outcomes = Counter(e["outcome"] for e in events if e["type"] == "request")
+    assert outcomes["ok"] >= 50 and outcomes["wrong"] == 0, outcomes
+    after = events[-1]["after_shutdown"]
+    assert after["servers_alive"] == 0 and not after["mounts_left"], after
