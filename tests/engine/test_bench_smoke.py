@@ -63,6 +63,9 @@ def test_same_engine_decision_bench_restores_the_opted_out_requests(tiny_model, 
     assert "on / off" in (tmp_path / "decision-same-engine.md").read_text()
 
 
+# Slow (six engines, ~110 s on 2 cores): a lab benchmark, kept out of the default run's
+# time budget; the sealed store path it measures is covered by the store and engine tests.
+@pytest.mark.slow
 def test_encryption_bench_restores_from_disk_in_both_settings_and_cleans_up(tiny_model, tmp_path):
     """Every reader restores every prompt (the bench raises on a partial restore), the
     settings alternate, and the written folders and the bench's key are gone afterwards."""

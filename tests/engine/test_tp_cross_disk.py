@@ -103,6 +103,9 @@ def test_one_kv_head_crosses_from_tp1_to_tp2(start_engine, tmp_path):
     check_restore(result, reference)
 
 
+# Slow (a TP=2 engine start, ~150 s on 2 cores): the suite keeps to its time budget; the
+# namespace of different slices is also checked without an engine (test_row_layout.py).
+@pytest.mark.slow
 def test_two_kv_heads_miss_from_tp1_to_tp2(start_engine, tmp_path):
     model = tiny_llama()  # 2 KV heads
     disk_dir = tmp_path / "disk"
