@@ -14,30 +14,16 @@ from typing import Any
 
 from kvtier.format import Namespace
 from kvtier.settings import DiskTierSettings
-from kvtier.store import BlockStore, DiskStore
-from kvtier.store.tiered import LocalThenShared
-from kvtier.vllm.disk_tier import KvtierDiskTier
-from kvtier.vllm.shared_tier import open_shared_store
+from kvtier.store import BlockStore
+from kvtier.vllm.disk_tier import KvtierDiskTier, open_disk_store
 from tests.support.throttled_tier import CONTROL_ENV, ThrottledIO
 
 
 def _throttled_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
-    local = DiskStore(
-        settings.root_dir,
-        namespace,
-        settings.capacity_bytes,
-        free_space_floor_bytes=settings.free_space_floor_bytes,
-        fsync=settings.fsync,
-        io=ThrottledIO(Path(os.environ[CONTROL_ENV]), settings.fsync),
+    """The stock tier's store (shared tier behind it included), folder reads throttled."""
+    return open_disk_store(
+        settings, namespace, io=ThrottledIO(Path(os.environ[CONTROL_ENV]), settings.fsync)
     )
-    if settings.shared is None:
-        return local
-    try:
-        shared = open_shared_store(settings.shared, namespace, None)
-    except BaseException:
-        local.close()
-        raise
-    return LocalThenShared(local, shared)
 
 
 class SoakThrottledDiskTier(KvtierDiskTier):

@@ -21,7 +21,7 @@ from typing import Any
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.keyfiles import tier_keyring
 from kvtier.settings import DiskTierSettings, tier_options
-from kvtier.store import BlockStore, DiskStore, check_root
+from kvtier.store import BlockStore, DiskStore, RecordIO, check_root
 from kvtier.store.disk.layout import DECISION_FILE
 from kvtier.store.tiered import LocalThenShared
 from kvtier.units import format_size
@@ -40,10 +40,13 @@ from kvtier.vllm.tier_opener import HOUSEKEEPING_INTERVAL_S
 REFRESH_INTERVAL_S = HOUSEKEEPING_INTERVAL_S
 
 
-def open_disk_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
+def open_disk_store(
+    settings: DiskTierSettings, namespace: Namespace, io: RecordIO | None = None
+) -> BlockStore:
     """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
     of the shared store when one is configured (``LocalThenShared``); both sealed with the
-    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.vllm.tenants``)."""
+    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.vllm.tenants``).
+    ``io``: the folder's file I/O (default: the real one; tests and the soak slow it down)."""
     ring = tier_keyring(settings)
     sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
     local = DiskStore(
@@ -53,6 +56,7 @@ def open_disk_store(settings: DiskTierSettings, namespace: Namespace) -> BlockSt
         free_space_floor_bytes=settings.free_space_floor_bytes,
         fsync=settings.fsync,
         sealer=sealer,
+        io=io,
     )
     if settings.shared is None:
         return local
