@@ -16,6 +16,11 @@ PUBLISHED = {
 }
 
 
+#: A doc's part from this line on is written by hand (e.g. the soak's results in
+#: docs/reliability.md, which the fault suite does not measure); publishing a report over the
+#: doc keeps that part.
+KEPT_PART = "<!-- kept: the fault suite's report replaces what is above this line only -->"
+
 #: The source checkout these tests live in (tests/support/../..).
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -43,8 +48,23 @@ def publish(reports: Path, checkout: Path) -> list[tuple[Path, Path | None]]:
     for name, doc in PUBLISHED.items():
         source = reports / name
         if source.is_file():
-            shutil.copyfile(source, checkout / doc)
-            done.append((checkout / doc, source))
+            target = checkout / doc
+            kept = _kept_part(target)
+            shutil.copyfile(source, target)
+            if kept:
+                with open(target, "a") as f:
+                    f.write("\n" + kept)
+            done.append((target, source))
         else:
             done.append((checkout / doc, None))
     return done
+
+
+def _kept_part(doc: Path) -> str:
+    """The doc's text from ``KEPT_PART`` on ("" if the doc or the line is missing)."""
+    try:
+        text = doc.read_text()
+    except OSError:
+        return ""
+    at = text.find(KEPT_PART)
+    return "" if at < 0 else text[at:]

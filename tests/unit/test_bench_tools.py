@@ -94,6 +94,20 @@ def test_reports_go_to_the_report_folder_and_only_publish_copies_them(
     assert set(done) == {checkout / doc for doc in PUBLISHED.values()}
 
 
+def test_publishing_over_a_doc_keeps_its_hand_written_part(monkeypatch, tmp_path: Path) -> None:
+    from tests.support.reports import KEPT_PART
+
+    monkeypatch.setenv("KVTIER_REPORT_DIR", str(tmp_path / "reports"))
+    folder = report_dir()
+    checkout = tmp_path / "checkout"
+    (checkout / "docs").mkdir(parents=True)
+    doc = checkout / "docs" / "reliability.md"
+    doc.write_text(f"old table\n\n{KEPT_PART}\n## The soak\nan hour\n")
+    (folder / "reliability.md").write_text("new table\n")
+    publish(folder, checkout)
+    assert doc.read_text() == f"new table\n\n{KEPT_PART}\n## The soak\nan hour\n"
+
+
 def test_every_engine_driver_implements_the_whole_interface() -> None:
     from kvtier.bench.harness import Engine, EngineBase
     from kvtier.bench.harness.inprocess import InProcessEngine
