@@ -24,6 +24,9 @@ prompt resumed from the engine's own prefix cache.
   restored unweighed) and its TTFT next to cold (a) and the disk restore (b).
 * d (with a shared tier only): a fresh process with an empty disk folder restores every prompt
   from the shared tier (decision opted out), output checked against the oracle.
+* e (with ``KVTIER_E2E_PHASES`` naming it): records damaged on disk (one payload byte flipped
+  in ``KVTIER_E2E_DAMAGE`` files, default 8), then a fresh process restores every prompt with
+  the decision opted out: damaged records must be quarantined misses, outputs the oracle's.
 
 Exit status 1 when an output differs from the oracle, a restore read nothing, or c found no
 evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2E_WORK``
@@ -396,7 +399,43 @@ def phase_d() -> bool:
     return ok
 
 
-PHASES = {"a": phase_a, "b": phase_b, "c": phase_c, "d": phase_d}
+def phase_e() -> bool:
+    """Damaged records under a fresh process: ``KVTIER_E2E_DAMAGE`` record files of the disk
+    folder get one payload byte flipped; every prompt is then restored with the decision
+    opted out. Each damaged record read must be a quarantined miss, recomputed, and every
+    output must still equal the oracle."""
+    before = json.loads((WORK / "a.json").read_text())
+    records = sorted(p for p in (WORK / "disk").rglob("*.kvb") if "quarantine" not in p.parts)
+    count = int(os.environ.get("KVTIER_E2E_DAMAGE", "8"))
+    rng = random.Random(3)
+    for path in rng.sample(records, min(count, len(records))):
+        with open(path, "r+b") as f:  # past the 4 KiB header: a payload byte
+            f.seek(4096 + (path.stat().st_size - 4096) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x40]))
+    print(
+        f"e: flipped one payload byte in {min(count, len(records))} of {len(records)} records",
+        flush=True,
+    )
+    llm = engine()
+    run(llm, [5] * 512)
+    ok = True
+    for n, (_, ids) in prompts().items():
+        ttft, cached, tokens = run(llm, ids, OFF)
+        equal = tokens == before[n]["oracle"]
+        ok &= equal
+        print(
+            f"e {n}: restore over damaged records {ttft:.3f}s [{cached} cached] equal={equal} "
+            f"vs cold {before[n]['cold']:.3f}s",
+            flush=True,
+        )
+    quarantined = [p for p in (WORK / "disk").rglob("*") if "quarantine" in p.parts and p.is_file()]
+    print(f"e: {len(quarantined)} records quarantined", flush=True)
+    return ok and len(quarantined) > 0
+
+
+PHASES = {"a": phase_a, "b": phase_b, "c": phase_c, "d": phase_d, "e": phase_e}
 
 
 def start_redis(binary: str) -> tuple[subprocess.Popen[bytes], str]:
