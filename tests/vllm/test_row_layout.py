@@ -23,12 +23,12 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
-from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.format import Namespace
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.row_layout import RowLayout, head_slices
+from tests.vllm.test_disk_tier import run
 
 #: One worker's bytes of a row (one block of one KV tensor per worker in these configs).
 WORKER_BYTES = 4096
@@ -203,19 +203,6 @@ def make_tier(config: OffloadingConfig, disk: Path, rows: int = 4):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return tier, pool
-
-
-def run(tier, job_id, keys, rows, is_promotion):
-    job = TransferJob(job_id, keys, np.array(rows, dtype=np.int32), is_promotion, CTX)
-    (tier.submit_load if is_promotion else tier.submit_store)(job)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        results = list(tier.get_finished_jobs())
-        if results:
-            (result,) = results
-            return result
-        time.sleep(0.01)
-    raise AssertionError("job did not finish")
 
 
 KEY = b"\x01" * 32 + (0).to_bytes(4, "big")
