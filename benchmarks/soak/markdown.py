@@ -105,7 +105,8 @@ def render(verdict: Verdict) -> str:
         f"- Leaks, per incarnation (a new pid): samples after warm-up (restarts: "
         f"min(warm-up, {resources.RESTART_SETTLE_S:g} s) after their first sample); "
         f"incarnations with {resources.LEAK_WINDOW_S:g} s of them are judged (else the "
-        f"longest with {resources.MIN_SAMPLES} samples, marked short): least-squares slope x "
+        f"longest with {2 * resources.MIN_SAMPLES} samples, marked short, on the later half "
+        "of them: the first half of a short one is still warm-up): least-squares slope x "
         f"window <= {resources.FD_GROWTH_MAX:g} fds and {resources.THREAD_GROWTH_MAX:g} "
         "threads.",
         f"- RSS: incarnations spanning {resources.RSS_SPAN_FRACTION:.0%} of the settled run; "
@@ -296,8 +297,13 @@ def _processes_tables(procs: dict) -> list[str]:
 def _leftovers(left: dict) -> list[str]:
     after = left["after_shutdown"] or {}
     last = left["last_sample"]
-    judged = ("shm_regions", "temp_files", "servers_alive")
-    others = [
+    judged = ("shm_regions", "temp_files", "servers_alive", "survivors", "survivor_grace_s")
+    survivors = [
+        f"- alive {after.get('survivor_grace_s', '?')} s after the servers' exit, then killed: "
+        f"pid {p['pid']}: `{p['cmdline']}`"
+        for p in after.get("survivors") or []
+    ]
+    others = survivors + [
         f"- {k} (the harness's, not judged): {v}" for k, v in after.items() if k not in judged
     ]
     return [

@@ -15,7 +15,11 @@ from fresh counts, so trends never span a restart):
   says it had) must stay within ``FD_GROWTH_MAX`` / ``THREAD_GROWTH_MAX``. A label none of
   whose incarnations lived that long (a short run, or a server killed often) is judged on
   its longest incarnation with ``MIN_SAMPLES`` settled samples, and the figure says so
-  (``short``). A label with no such incarnation is not judged (``judged: false``).
+  (``short``). A short incarnation is judged on the later half of its settled samples: in
+  a run of a minute or two, the engine's lazily started thread pools are still filling
+  during the first half (a step of a few threads that then stays flat), and a trend over a
+  step is not a leak; a leak keeps growing, so the later half still shows it. A label with
+  no such incarnation is not judged (``judged: false``).
 * Only kvtier's servers (the run's ``servers``) are judged; other sampled processes (Redis,
   the plain vLLM reference) are shown, not judged: their leaks are not kvtier's.
 * RSS: the incarnations whose settled window covers ``RSS_SPAN_FRACTION`` of the run's
@@ -68,17 +72,24 @@ def process_figures(log: Log) -> dict:
                 ready_t = _ready_t(points[0]["t"], kills)
                 settle_t = ready_t + min(warmup_s, RESTART_SETTLE_S)
             settled.append([p for p in points if p["t"] >= settle_t])
-        trends = [
-            tr
-            for n, pts in enumerate(settled)
-            if (tr := _trend(pts, incarnations[n][0]["pid"])) is not None
-        ]
+        trends, settled_with_trend = [], []
+        for n, pts in enumerate(settled):
+            if (tr := _trend(pts, incarnations[n][0]["pid"])) is not None:
+                trends.append(tr)
+                settled_with_trend.append(pts)
         judged = [tr for tr in trends if tr["window_s"] >= LEAK_WINDOW_S]
         short = False
         if not judged:
-            candidates = [tr for tr in trends if tr["samples"] >= MIN_SAMPLES]
-            judged = [max(candidates, key=lambda tr: tr["window_s"])] if candidates else []
-            short = bool(judged)
+            candidates = [
+                (n, tr) for n, tr in enumerate(trends) if tr["samples"] >= 2 * MIN_SAMPLES
+            ]
+            if candidates:
+                n, longest = max(candidates, key=lambda c: c[1]["window_s"])
+                later = _trend(_later_half(settled_with_trend[n]), longest["pid"])
+                assert later is not None  # 2 * MIN_SAMPLES points: its half has MIN_SAMPLES
+                later["later_half_of"] = longest["window_s"]
+                trends[n] = later
+                judged, short = [later], True
         is_server = not servers or label in servers
         if not is_server:
             judged, short = [], False
@@ -166,6 +177,10 @@ def _ready_t(first_t: float, kills: list[dict]) -> float:
     last = max(before, key=lambda f: float(f["t"]))
     end_t = last.get("end_t")
     return max(first_t, float(end_t)) if end_t is not None else first_t
+
+
+def _later_half(points: list[dict]) -> list[dict]:
+    return points[len(points) // 2 :]
 
 
 def _span(points: list[dict]) -> float:

@@ -407,6 +407,32 @@ def _progress(
             )
 
 
+#: How long a server's other processes (vLLM's engine core) may take to exit after the API
+#: server itself has: the engine core is told to stop by its parent's exit and frees its
+#: memory first, a second or two on a busy machine. One alive after that is left behind.
+SURVIVOR_GRACE_S = 15.0
+
+
+def _survivors(leaders: list[int], grace_s: float) -> list[dict[str, object]]:
+    """The processes of the sessions led by ``leaders`` still alive ``grace_s`` after the
+    servers' exit (none sooner: waits only while some remain), each with its command line."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = sorted({pid for leader in leaders for pid in session_alive(leader)})
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    return [{"pid": pid, "cmdline": _cmdline(pid)} for pid in alive]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
 def _shut_down(
     load: Load | None,
     faults: Faults | None,
@@ -443,8 +469,15 @@ def _shut_down(
         with contextlib.suppress(Exception):
             redis.kill()  # type: ignore[attr-defined]
     leaders = [pid for s in servers for pid in s.pids] + [r.proc.pid for r in references.values()]
-    alive = sorted({pid for leader in leaders for pid in session_alive(leader)})
-    after: dict[str, object] = {"servers_alive": len(alive)}
+    alive = _survivors(leaders, grace_s=SURVIVOR_GRACE_S)
+    after: dict[str, object] = {
+        "servers_alive": len(alive),
+        "survivors": alive,
+        "survivor_grace_s": SURVIVOR_GRACE_S,
+    }
+    for survivor in alive:  # counted as a failure; killed so the run leaves nothing behind
+        with contextlib.suppress(ProcessLookupError, KeyError):
+            os.kill(int(survivor["pid"]), signal.SIGKILL)
     try:
         measured = sample.take({}, {f.label: (f.path, f.cap_bytes) for f in folders.values()})
         # /dev/shm is the machine's: other engines' regions are not this run's leak, so

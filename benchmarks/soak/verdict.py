@@ -80,12 +80,15 @@ def _leak_rows(summary: dict, row) -> None:
         if not fig["leak_judged"]:
             unjudged.append(label)
             notes.append(
-                f"{label} not judged (no incarnation with {resources.MIN_SAMPLES} "
+                f"{label} not judged (no incarnation with {2 * resources.MIN_SAMPLES} "
                 "samples after warm-up)"
             )
         elif fig["leak_short"]:
             tr = next(tr for tr in fig["trends"] if tr["judged"])
-            notes.append(f"{label} judged on its longest incarnation ({tr['window_s']:.0f} s)")
+            notes.append(
+                f"{label} judged on the later {tr['window_s']:.0f} s of its longest "
+                f"incarnation ({tr['later_half_of']:.0f} s)"
+            )
         for tr in (tr for tr in fig["trends"] if tr["judged"]):
             where = f"{label} pid {tr['pid']} over {tr['window_s']:.0f} s"
             if tr["fd_growth"] > resources.FD_GROWTH_MAX:
@@ -143,7 +146,12 @@ def _shutdown_rows(summary: dict, row) -> None:
         ("servers_alive", "servers alive after shutdown"),
     ):
         n = int(after.get(key) or 0)
-        row(name, [f"{n} after shutdown"] if n else [], f"{n} after shutdown")
+        problem = f"{n} after shutdown"
+        if key == "servers_alive" and after.get("survivors"):
+            problem += ": " + "; ".join(
+                f"pid {p['pid']} ({str(p['cmdline'])[:80]})" for p in after["survivors"]
+            )
+        row(name, [problem] if n else [], f"{n} after shutdown")
 
 
 def _cap_row(summary: dict, row) -> None:

@@ -33,9 +33,10 @@ class Run:
     warmup_s: float = 120.0
     every_s: float = 5.0
     events: list[dict] = field(default_factory=list)
-    #: Per process label (the servers' and ``redis``): pid, fds and rss_bytes as functions
-    #: of t (for leaks and restarts).
+    #: Per process label (the servers' and ``redis``): pid, fds, threads and rss_bytes as
+    #: functions of t (for leaks and restarts).
     fds: dict = field(default_factory=dict)
+    threads: dict = field(default_factory=dict)
     rss: dict = field(default_factory=dict)
     pids: dict = field(default_factory=dict)
     #: du of the pair's folder (the replicas' stay at 8 MiB).
@@ -151,7 +152,7 @@ class Run:
                         label: {
                             "pid": self.pids.get(label, lambda _t, i=i: 1000 + i)(t),
                             "fds": self.fds.get(label, lambda _t: 40)(t),
-                            "threads": 30,
+                            "threads": self.threads.get(label, lambda _t: 30)(t),
                             "rss_bytes": self.rss.get(label, lambda _t: 500 * MIB)(t),
                         }
                         for i, label in enumerate([*LABELS, "redis"])

@@ -146,6 +146,25 @@ def test_descriptors_flat_after_warm_up_pass(tmp_path: Path) -> None:
     assert report(run, tmp_path).passed
 
 
+def test_a_short_run_whose_thread_pools_fill_after_warm_up_passes(tmp_path: Path) -> None:
+    # As measured in CI: a 100 s run, 8 s of warm-up, a server whose pools start five more
+    # threads during its first 30 s and then stay flat. Over the whole window that step reads
+    # as +4.4; its later half is flat.
+    run = Run(duration_s=100.0, warmup_s=8.0)
+    run.threads["pair-a"] = lambda t: 80 + min(5, int(max(t - 8, 0) / 6))
+    verdict = report(run, tmp_path)
+    assert verdict.passed, verdict.failures
+    trend = next(tr for tr in verdict.summary["processes"]["pair-a"]["trends"] if tr["judged"])
+    assert trend["later_half_of"] > trend["window_s"]
+
+
+def test_a_short_run_whose_threads_keep_growing_fails(tmp_path: Path) -> None:
+    run = Run(duration_s=100.0, warmup_s=8.0)
+    run.threads["pair-a"] = lambda t: 80 + int(t / 5)  # one every 5 s: ~9 in the later half
+    message = only_failure(report(run, tmp_path), "thread leak")
+    assert "pair-a" in message
+
+
 def test_a_restart_is_a_new_incarnation_not_a_leak(tmp_path: Path) -> None:
     run = Run()
     run.pids["pair-a"] = lambda t: 2000 if t < 900 else 2001
@@ -195,6 +214,14 @@ def test_a_leftover_shm_region_fails(tmp_path: Path) -> None:
     run = Run()
     run.after_shutdown["shm_regions"] = 1
     only_failure(report(run, tmp_path), "leftover /dev/shm regions")
+
+
+def test_a_server_process_alive_after_shutdown_fails_naming_it(tmp_path: Path) -> None:
+    run = Run()
+    run.after_shutdown["servers_alive"] = 1
+    run.after_shutdown["survivors"] = [{"pid": 4242, "cmdline": "python -m vllm engine-core"}]
+    message = only_failure(report(run, tmp_path), "servers alive after shutdown")
+    assert "4242" in message and "engine-core" in message
 
 
 def test_a_leftover_temp_file_fails(tmp_path: Path) -> None:
