@@ -15,9 +15,11 @@ echo "== pytest"
 # Two workers where there are two cores: most of the suite's time is engines starting, which is
 # mostly single-threaded Python, so two run side by side in about the time of one. Each test
 # file stays on one worker (--dist loadfile): its module-scoped engines start once and its
-# tests run in order.
+# tests run in order. Files go to the workers in collection order (--no-loadscope-reorder:
+# xdist would otherwise start the files with the most tests first, and the one-test files
+# that take minutes last); tests/conftest.py puts the longest first.
 # The 25 slowest tests are listed at the end so a run shows where the time goes; a later
 # --durations or -n among the arguments overrides these.
 workers=()
-if [ "$(nproc)" -ge 2 ]; then workers=(-n 2 --dist loadfile); fi
+if [ "$(nproc)" -ge 2 ]; then workers=(-n 2 --dist loadfile --no-loadscope-reorder); fi
 "$venv/bin/python" -m pytest -p no:cacheprovider --durations=25 "${workers[@]}" "$@"

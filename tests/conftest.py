@@ -9,12 +9,27 @@ import pytest
 from kvtier.bench.harness import EngineConfig, ProcessEngine
 
 
+#: The files that take minutes each, longest first (measured on CI's two cores). They run
+#: first: scripts/test.sh hands files to its two workers in collection order, and one of
+#: these started last would run alone while the other worker sits idle.
+LONGEST_FIRST = (
+    "tests/engine/test_model_matrix.py",
+    "tests/soak/test_short_soak.py",
+    "tests/engine/test_tp_cross_disk.py",
+    "tests/engine/test_demo.py",
+    "tests/engine/test_bench_smoke.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``slow`` tests run only when asked for: a ``-m`` expression that names slow or faults.
 
     So plain ``pytest`` (CI) and ``-m "not engine"`` skip them, ``-m faults`` runs the whole
-    fault suite, and ``-m "faults and not slow"`` its fast part.
+    fault suite, and ``-m "faults and not slow"`` its fast part. The files of
+    ``LONGEST_FIRST`` go first, the rest keep their order.
     """
+    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
     if re.search(r"\b(slow|faults)\b", config.getoption("markexpr") or ""):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
