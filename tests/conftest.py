@@ -8,7 +8,6 @@ import pytest
 
 from kvtier.bench.harness import EngineConfig, ProcessEngine
 
-
 #: The files that take minutes each, longest first (measured on CI's two cores). They run
 #: first: scripts/test.sh hands files to its two workers in collection order, and one of
 #: these started last would run alone while the other worker sits idle.
