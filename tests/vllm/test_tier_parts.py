@@ -214,6 +214,7 @@ def test_a_late_load_is_abandoned_at_its_deadline_and_never_claims_its_row():
         clock.now += 2.5
         (done,) = table.finished()
         assert done.abandoned == [key(1)] and done.outcomes == [False]
+        assert done.job.allowed_s == 2.0, "the overrun's log line names the time it was given"
         release.set()
     finally:
         release.set()

@@ -393,10 +393,12 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             self.decider.policy.abandon_load(done.job.ticket)
         backoff_s = self._health.overran(done.abandoned)
         logger.warning(
-            "kvtier %s: a load of %d block(s) overran its deadline; %d abandoned and "
-            "recomputed, tier skipped for %.0f s",
+            "kvtier %s: a load of %d block(s) overran its deadline (%.2f s allowed, "
+            "abandoned after %.2f s); %d abandoned and recomputed, tier skipped for %.0f s",
             self.label,
             len(done.job.keys),
+            done.job.allowed_s,
+            done.elapsed_s,
             len(done.abandoned),
             backoff_s,
         )

@@ -59,6 +59,8 @@ class Job:
     loads: list[AbandonableLoad] | None = None
     deadline: float = float("inf")
     ticket: Any = None
+    #: Loads only: seconds the job was allowed when it was queued (its deadline, in words).
+    allowed_s: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -166,8 +168,17 @@ class JobTable:
             self._submit(self._read_pool, task, k, r, load)
             for k, r, load in zip(keys, rows, loads, strict=True)
         ]
+        deadline_at = deadline()
         self._jobs[job_id] = Job(
-            job_id, True, keys, futures, time.perf_counter(), loads, deadline(), ticket
+            job_id,
+            True,
+            keys,
+            futures,
+            time.perf_counter(),
+            loads,
+            deadline_at,
+            ticket,
+            allowed_s=deadline_at - self._clock(),
         )
 
     def submit_read(self, task: Callable[[], object]) -> bool:
