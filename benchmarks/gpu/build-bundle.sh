@@ -5,7 +5,9 @@
 # and kvtier itself (pure Python from this checkout; its optional native copier is not needed
 # there: vLLM's own GPU worker runs the host pool) with its pure-Python dependencies and xxhash.
 # Output in OUT_DIR: vllm-0.25.1-fa3only.tar.xz.part00.., deps-cp312-site.tar.xz,
-# kvtier-site.tar.xz, SHA256SUMS (each piece at most 60 MiB). On the host:
+# kvtier-site.tar.xz, SHA256SUMS (each piece at most 60 MiB); with KVTIER_BUNDLE_MOE=1 also
+# vllm-moe-kernels.tar.xz (vLLM's fused-MoE kernels, 40 MB: for a MoE shape such as
+# qwen3-30b-a3b; extract it into site/ like the other two). On the host:
 #   cat vllm-0.25.1-fa3only.tar.xz.part0* | python3 -c "import tarfile,sys; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('site')"
 #   for t in deps-cp312-site.tar.xz kvtier-site.tar.xz; do python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall('site')" $t; done
 #   PYTHONPATH=$PWD/site python3 site/benchmarks_gpu/kvtier_cuda_e2e.py
@@ -34,8 +36,14 @@ python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/kvdeps" \
   redis==8.1.0 hiredis==3.5.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
 mkdir -p "$work/tree" "$work/site" "$work/kvsite"
 unzip -q "$work"/wheels/vllm-0.25.1-*.whl -d "$work/tree"
+moe=()
+if [[ ${KVTIER_BUNDLE_MOE:-0} == 1 ]]; then
+  ( cd "$work/tree" && tar -cf - vllm/_moe_C_stable_libtorch.abi3.so | xz -6 -T1 > "$OUT_DIR/vllm-moe-kernels.tar.xz" )
+  moe=(vllm-moe-kernels.tar.xz)
+fi
 # Dropped: optional or never reached for a dense model on Hopper (FA3 is used there, not FA2;
-# the MoE, MLA and FP4 kernels, the Rust front end, vendored DeepGEMM and Blackwell attention).
+# the MoE kernels unless asked for above, MLA and FP4 kernels, the Rust front end, vendored
+# DeepGEMM and Blackwell attention).
 rm -rf "$work"/tree/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$work"/tree/vllm/_moe_C_stable_libtorch.abi3.so \
   "$work"/tree/vllm/vllm-rs "$work"/tree/vllm/third_party/deep_gemm "$work"/tree/vllm/third_party/fmha_sm100 \
   "$work"/tree/vllm/_flashmla_C.abi3.so "$work"/tree/vllm/_flashmla_extension_C.abi3.so "$work"/tree/vllm/_qutlass_C.abi3.so
@@ -59,5 +67,5 @@ fi
 ( cd "$work/kvsite" && tar -cf - . | xz -6 -T1 > "$OUT_DIR/kvtier-site.tar.xz" )
 ( cd "$OUT_DIR" && rm -f vllm-0.25.1-fa3only.tar.xz.part* \
   && split -b 60M -d "$work/vllm-0.25.1-fa3only.tar.xz" vllm-0.25.1-fa3only.tar.xz.part \
-  && sha256sum deps-cp312-site.tar.xz kvtier-site.tar.xz vllm-0.25.1-fa3only.tar.xz.part* > SHA256SUMS \
+  && sha256sum deps-cp312-site.tar.xz kvtier-site.tar.xz "${moe[@]}" vllm-0.25.1-fa3only.tar.xz.part* > SHA256SUMS \
   && ls -la )
