@@ -136,6 +136,7 @@ _LLAMA_3_70B_40L = {
 }
 #: Qwen3-30B-A3B: 48 layers, 4 KV heads x 128 (96 KiB of KV a token), 128 experts, 8 routed.
 _QWEN3_30B_A3B = {
+    **_QWEN2_5_32B,
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",
     "hidden_size": 2048,
@@ -151,13 +152,6 @@ _QWEN3_30B_A3B = {
     "num_key_value_heads": 4,
     "head_dim": 128,
     "vocab_size": 151936,
-    "max_position_embeddings": 65536,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": False,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "torch_dtype": "bfloat16",
 }
 #: Model shapes by ``KVTIER_E2E_SHAPE`` (dummy weights: only the config is needed).
 SHAPES = {
