@@ -172,6 +172,35 @@ def bench_bandwidth(
     print_result(out, "bandwidth")
 
 
+@app.command("disk-read")
+def bench_disk_read(
+    out: OutOption = Path("bench-out"),
+    folder: Annotated[
+        Path | None, typer.Option("--dir", help="Folder on the disk to measure (default: TMPDIR).")
+    ] = None,
+    record_bytes: Annotated[int, typer.Option(help="Payload bytes per record.")] = 2 << 20,
+    blocks: Annotated[int, typer.Option(help="Records read per pass.")] = 1024,
+    threads: Annotated[str, typer.Option(help="Thread counts, comma separated.")] = "4,8,16,32",
+    passes: Annotated[int, typer.Option(help="Passes per thread count.")] = 3,
+    busy_python_thread: Annotated[
+        bool, typer.Option(help="Run Python without pause on a thread beside the readers.")
+    ] = False,
+) -> None:
+    """kvtier's disk reads next to plain multi-threaded O_DIRECT reads of the same files.
+
+    Example: python -m benchmarks disk-read --dir /var/tmp --blocks 1024
+    """
+    from benchmarks import disk_read
+    from kvtier.bench.console import print_result, progress
+
+    counts = tuple(int(t) for t in threads.split(","))
+    with progress("disk-read") as report:
+        disk_read.run(
+            out, folder, record_bytes, blocks, counts, passes, report, busy_python_thread
+        )
+    print_result(out, "disk-read")
+
+
 @app.command("store")
 def bench_store(
     folder: Annotated[

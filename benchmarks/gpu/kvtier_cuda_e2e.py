@@ -52,7 +52,8 @@ evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2
 drops the page cache before b and c (root), ``KVTIER_E2E_CALIBRATE=1``
 also prefills cold prompts of every length in c before the stored ones (not needed: the
 evidence is the earlier processes'), ``KVTIER_E2E_REPS`` (distinct prompts per length, default
-1; medians are printed), ``KVTIER_E2E_PHASES`` (default ``abc``), ``KVTIER_E2E_ENCRYPT=1``
+1; medians are printed), ``KVTIER_E2E_DISK_THREADS`` (kvtier's ``disk_threads``; unset: its
+default), ``KVTIER_E2E_PHASES`` (default ``abc``), ``KVTIER_E2E_ENCRYPT=1``
 (sealed records: AES-256-GCM under a key file made in the scratch folder),
 ``KVTIER_E2E_REDIS_SERVER`` (a ``redis-server`` binary: a throw-away loopback server becomes the
 shared tier of every phase, and phase d runs; its folder is put on ``LD_LIBRARY_PATH`` for it).
@@ -76,6 +77,8 @@ WORK = Path(os.environ.get("KVTIER_E2E_WORK", "/var/tmp/kvtier-e2e"))
 LENGTHS = [int(x) for x in os.environ.get("KVTIER_E2E_LENGTHS", "2048,8192,32768").split(",")]
 REPS = int(os.environ.get("KVTIER_E2E_REPS", "1"))
 ENCRYPT = os.environ.get("KVTIER_E2E_ENCRYPT") == "1"
+#: kvtier's ``disk_threads`` (0: its default).
+DISK_THREADS = int(os.environ.get("KVTIER_E2E_DISK_THREADS", "0"))
 #: Set by main() for the phases when KVTIER_E2E_REDIS_SERVER names a binary.
 SHARED_URL = os.environ.get("KVTIER_E2E_SHARED_URL")
 #: vLLM 0.25.1 on that host (docs: the CUDA research notes). PYTHONHASHSEED: kvtier refuses a
@@ -217,6 +220,7 @@ def engine(disk: str = "disk", offload: str = "kvtier"):  # type: ignore[no-unty
             platform="cuda",
             shared=SHARED_URL,
             encryption_key_files=[key_file()] if ENCRYPT else None,
+            **({"disk_threads": DISK_THREADS} if DISK_THREADS else {}),
         )
     elif offload == "vllm-fs":
         config = vllm_fs_config()
@@ -870,7 +874,8 @@ def main() -> int:
         phases += "" if "d" in phases else "d"
     print(
         f"runner: shape {SHAPE_NAME}, lengths {LENGTHS} x {REPS}, phases {phases}, "
-        f"records {'sealed' if ENCRYPT else 'plain'}, shared tier "
+        f"records {'sealed' if ENCRYPT else 'plain'}, disk threads {DISK_THREADS or 'default'}, "
+        "shared tier "
         f"{env.get('KVTIER_E2E_SHARED_URL', 'none')}",
         flush=True,
     )

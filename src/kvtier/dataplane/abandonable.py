@@ -21,6 +21,8 @@ import mmap
 import threading
 from collections.abc import Callable
 
+from kvtier.buffers import copy_into
+
 
 class LoadState(enum.Enum):
     PENDING = "pending"
@@ -93,7 +95,7 @@ def load_abandonably(
     if not load.claim():
         return False
     try:
-        row[:] = bounce
+        copy_into(row, bounce)
     finally:
         load.finish()
     return True

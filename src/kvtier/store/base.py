@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Self
 
+from kvtier.buffers import copy_into
 from kvtier.format.checksum import Buffer
 
 
@@ -191,7 +192,7 @@ class BlockStore(abc.ABC):
             return False
         if not claim():
             return False
-        out[:] = bounce
+        copy_into(out, bounce)
         return True
 
     def parts(self) -> list[tuple[str, BlockStore]]:

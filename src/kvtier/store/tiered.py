@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from kvtier.buffers import copy_into
 from kvtier.format.checksum import Buffer
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 
@@ -85,7 +86,7 @@ class LocalThenShared(BlockStore):
         if self.local.contains(key) and self.local.get_into(key, bounce):
             if not claim():
                 return False
-            out[:] = bounce
+            copy_into(out, bounce)
             return True
         fetched = self.shared.get_into_when(key, out, claim, bounce)
         if fetched:

@@ -63,6 +63,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from kvtier.buffers import copy_into
 from kvtier.errors import CorruptRecordError
 from kvtier.format.checksum import Buffer
 from kvtier.format.namespace import Namespace
@@ -441,7 +442,7 @@ class SharedStore(BlockStore):
                 self._drop_corrupt(key, server_key, exc)
                 return self._miss()
         elif payload is not dest:
-            dest[:] = payload
+            copy_into(dest, memoryview(payload).cast("B"))
         self._remember(key, block_key)
         with self._lock:
             self._stats.hits += 1

@@ -1,0 +1,202 @@
+"""kvtier's disk read path against a plain multi-threaded ``O_DIRECT`` read of the same files.
+
+No engine and no vLLM: the disk store alone, so it runs wherever kvtier's core imports (the CPU
+machine, or the GPU host with the offline bundle's kvtier piece). It writes ``blocks`` records of
+``record_bytes`` each (the H200's Llama-3-8B shape: 16 tokens x 128 KiB = 2 MiB) and then, with
+the page cache dropped before every pass, reads them all into rows of one page-aligned host
+buffer (page-locked with ``cudaHostRegister`` when torch sees a GPU, as vLLM's CPU pool is)
+three ways, each on several thread counts:
+
+* ``plain``: each record file opened ``O_DIRECT`` and its payload read with one ``preadv``
+  straight into its row, no checks: the reference, what the machine gives these files;
+* ``store``: ``DiskStore.get_into`` straight into the row (opens, checks, reads, checksum);
+* ``tier``: ``DiskStore.get_into_when`` through a per-thread bounce buffer and a claimed copy
+  into the row, exactly as the disk tier loads a block (see ``kvtier.dataplane.abandonable``).
+
+With ``busy_python_thread`` a thread runs Python without pause beside the readers, as an
+engine's scheduler loop does. The kinds alternate their order from pass to pass. It prints
+GB/s medians per kind and thread count, and each kvtier kind's best against plain's best
+(issue 19: kvtier disk -> pinned host at least 0.8 of a plain multi-threaded ``O_DIRECT``
+read). Every row is compared with what was
+written, so a fast wrong read cannot pass.
+
+Run: ``python -m benchmarks disk-read --dir /var/tmp --out bench-out``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, median
+from kvtier.dataplane.abandonable import BounceBuffers
+from kvtier.format import Namespace
+from kvtier.format.record import HEADER_BYTES
+from kvtier.store import DiskStore
+
+KINDS = ("plain", "store", "tier")
+
+
+def _pin(buffer: mmap.mmap) -> str:
+    """Page-lock ``buffer`` for the GPU when torch sees one; says what was done."""
+    try:
+        import torch
+    except ImportError:
+        return "pageable (no torch)"
+    if not torch.cuda.is_available():
+        return "pageable (no GPU)"
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    result = torch.cuda.cudart().cudaHostRegister(address, len(buffer), 0)
+    return "page-locked (cudaHostRegister)" if int(result) == 0 else f"pageable ({result})"
+
+
+def _plain_read(path: Path, row: memoryview) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+    try:
+        done = 0
+        while done < row.nbytes:
+            n = os.preadv(fd, [row[done:]], HEADER_BYTES + done)
+            if n <= 0:
+                raise RuntimeError(f"short read of {path}")
+            done += n
+    finally:
+        os.close(fd)
+
+
+def _spin(stop: threading.Event) -> None:
+    count = 0
+    while not stop.is_set():
+        count += 1
+
+
+def run(
+    out: Path,
+    folder: Path | None = None,
+    record_bytes: int = 2 << 20,
+    blocks: int = 1024,
+    threads: tuple[int, ...] = (4, 8, 16, 32),
+    passes: int = 3,
+    progress: Callable[[str], None] = print,
+    busy_python_thread: bool = False,
+) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kvtier-disk-read-", dir=folder))
+    host_map = mmap.mmap(-1, blocks * record_bytes)
+    pinned = _pin(host_map)
+    flat = memoryview(host_map)
+    rows = [flat[i * record_bytes : (i + 1) * record_bytes] for i in range(blocks)]
+    written = np.random.default_rng(0).integers(0, 255, blocks * record_bytes, dtype=np.uint8)
+    namespace = Namespace(
+        model="bench",
+        weights_fingerprint="",
+        kv_dtype="bfloat16",
+        block_size_tokens=16,
+        num_groups=1,
+        num_layers=32,
+        num_kv_heads=8,
+        head_size=128,
+        block_bytes=record_bytes,
+        hash_algorithm="bench",
+    )
+    total = blocks * record_bytes
+    store = DiskStore(work / "tier", namespace, capacity_bytes=2 * total + 2**30)
+    keys = [i.to_bytes(4, "big") * 8 for i in range(blocks)]
+    source = memoryview(written)
+    for i, key in enumerate(keys):
+        if not store.put(key, source[i * record_bytes : (i + 1) * record_bytes]):
+            raise RuntimeError("could not store a benchmark record")
+    paths = [store.record_path(key) for key in keys]
+    bounce = BounceBuffers(record_bytes)
+
+    def one(kind: str, i: int) -> None:
+        if kind == "plain":
+            _plain_read(paths[i], rows[i])  # type: ignore[arg-type]
+            return
+        if kind == "store":
+            ok = store.get_into(keys[i], rows[i])
+        else:
+            ok = store.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
+        if not ok:
+            raise RuntimeError(f"record {i} failed to load ({kind})")
+
+    results: dict[str, dict[int, list[float]]] = {k: {t: [] for t in threads} for k in KINDS}
+    dropped = True
+    host = np.frombuffer(host_map, dtype=np.uint8)
+    # One pool per thread count for the whole run, as the tier's threads live as long as it
+    # does; an untimed pass first gives each thread its bounce buffer (a first touch of fresh
+    # pages the tier pays once per thread, not per load).
+    pools = {count: ThreadPoolExecutor(count) for count in threads}
+    for readers in pools.values():
+        list(readers.map(lambda i: one("tier", i), range(blocks)))
+    # An engine's scheduler loop stands in for: a thread running Python without pause, so every
+    # reader that gives up the GIL for a system call waits for it to come back.
+    busy = threading.Event()
+    if busy_python_thread:
+        threading.Thread(target=_spin, args=(busy,), daemon=True).start()
+    for n_pass in range(passes):
+        order = KINDS if n_pass % 2 == 0 else KINDS[::-1]
+        for count, readers in pools.items():
+            for kind in order:
+                host[:] = 0
+                dropped &= drop_page_cache()
+                start = time.perf_counter()
+                list(readers.map(lambda i, kind=kind: one(kind, i), range(blocks)))
+                seconds = time.perf_counter() - start
+                if not np.array_equal(host, written):
+                    raise RuntimeError(f"{kind} on {count} threads read the wrong bytes")
+                results[kind][count].append(total / seconds / 1e9)
+            progress(
+                f"pass {n_pass + 1}, {count} threads: "
+                + ", ".join(f"{k} {results[k][count][-1]:.2f} GB/s" for k in KINDS)
+            )
+    busy.set()
+    for readers in pools.values():
+        readers.shutdown()
+    store.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+    med = {k: {t: median(v) for t, v in by_threads.items()} for k, by_threads in results.items()}
+    best_plain = max(med["plain"].values())
+    table = markdown_table(
+        ["threads", *(f"{k} GB/s" for k in KINDS), "store / plain", "tier / plain"],
+        [
+            [
+                str(t),
+                *(f"{med[k][t]:.2f}" for k in KINDS),
+                f"{med['store'][t] / med['plain'][t]:.2f}",
+                f"{med['tier'][t] / med['plain'][t]:.2f}",
+            ]
+            for t in threads
+        ],
+    )
+    summary = {
+        k: {
+            "best_gbps": max(med[k].values()),
+            "ratio_to_best_plain": max(med[k].values()) / best_plain,
+        }
+        for k in ("store", "tier")
+    }
+    table += (
+        f"\n\nbest plain {best_plain:.2f} GB/s; best store {summary['store']['best_gbps']:.2f} "
+        f"({summary['store']['ratio_to_best_plain']:.2f} of plain); best tier "
+        f"{summary['tier']['best_gbps']:.2f} ({summary['tier']['ratio_to_best_plain']:.2f} of "
+        f"plain). {blocks} records x {record_bytes:,} B = {total / 1e9:.2f} GB per pass, medians "
+        f"of {passes} passes, page cache dropped before each: {dropped}; host buffer {pinned}; "
+        f"busy Python thread beside the readers: {busy_python_thread}. "
+        f"{environment_line()}"
+    )
+    (out / "disk-read.md").write_text(table + "\n")
+    raw = {"gbps": results, "dropped": dropped, "pinned": pinned, "summary": summary}
+    (out / "disk-read.json").write_text(json.dumps(raw))
+    return raw
