@@ -16,16 +16,14 @@ three ways, each on several thread counts:
 With ``busy_python_thread`` a thread runs Python without pause beside the readers, as an
 engine's scheduler loop does. The kinds alternate their order from pass to pass. It prints
 GB/s medians per kind and thread count, and each kvtier kind's best against plain's best
-(issue 19: kvtier disk -> pinned host at least 0.8 of a plain multi-threaded ``O_DIRECT``
-read). Every row is compared with what was
-written, so a fast wrong read cannot pass.
+(the target: kvtier disk -> pinned host at least 0.8 of a plain multi-threaded
+``O_DIRECT`` read). Every row is compared with what was written, so a fast wrong read cannot pass.
 
 Run: ``python -m benchmarks disk-read --dir /var/tmp --out bench-out``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import os
@@ -39,9 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.store_bench import namespace
 from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, median
+from kvtier.buffers import address_of
 from kvtier.dataplane.abandonable import BounceBuffers
-from kvtier.format import Namespace
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store import DiskStore
 
@@ -56,8 +55,7 @@ def _pin(buffer: mmap.mmap) -> str:
         return "pageable (no torch)"
     if not torch.cuda.is_available():
         return "pageable (no GPU)"
-    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    result = torch.cuda.cudart().cudaHostRegister(address, len(buffer), 0)
+    result = torch.cuda.cudart().cudaHostRegister(address_of(buffer), len(buffer), 0)
     return "page-locked (cudaHostRegister)" if int(result) == 0 else f"pageable ({result})"
 
 
@@ -97,20 +95,8 @@ def run(
     flat = memoryview(host_map)
     rows = [flat[i * record_bytes : (i + 1) * record_bytes] for i in range(blocks)]
     written = np.random.default_rng(0).integers(0, 255, blocks * record_bytes, dtype=np.uint8)
-    namespace = Namespace(
-        model="bench",
-        weights_fingerprint="",
-        kv_dtype="bfloat16",
-        block_size_tokens=16,
-        num_groups=1,
-        num_layers=32,
-        num_kv_heads=8,
-        head_size=128,
-        block_bytes=record_bytes,
-        hash_algorithm="bench",
-    )
     total = blocks * record_bytes
-    store = DiskStore(work / "tier", namespace, capacity_bytes=2 * total + 2**30)
+    store = DiskStore(work / "tier", namespace(record_bytes), capacity_bytes=2 * total + 2**30)
     keys = [i.to_bytes(4, "big") * 8 for i in range(blocks)]
     source = memoryview(written)
     for i, key in enumerate(keys):

@@ -875,8 +875,7 @@ def main() -> int:
     print(
         f"runner: shape {SHAPE_NAME}, lengths {LENGTHS} x {REPS}, phases {phases}, "
         f"records {'sealed' if ENCRYPT else 'plain'}, disk threads {DISK_THREADS or 'default'}, "
-        "shared tier "
-        f"{env.get('KVTIER_E2E_SHARED_URL', 'none')}",
+        f"shared tier {env.get('KVTIER_E2E_SHARED_URL', 'none')}",
         flush=True,
     )
     status = 0

@@ -16,6 +16,12 @@ import ctypes
 GIL_FREE_MIN_BYTES = 64 * 1024
 
 
+def address_of(buffer: object) -> int:
+    """The address of a writable buffer's first byte (a memoryview, bytearray or mmap; of the
+    slice, for a sliced view)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
 def copy_into(dst: memoryview, src: memoryview) -> None:
     """``dst[:] = src`` for two buffers of equal size; large writable ones copied GIL-free."""
     if dst.nbytes != src.nbytes:
@@ -28,6 +34,4 @@ def copy_into(dst: memoryview, src: memoryview) -> None:
     ):
         dst[:] = src
         return
-    to = ctypes.c_char.from_buffer(dst)
-    source = ctypes.c_char.from_buffer(src)
-    ctypes.memmove(ctypes.addressof(to), ctypes.addressof(source), dst.nbytes)
+    ctypes.memmove(address_of(dst), address_of(src), dst.nbytes)

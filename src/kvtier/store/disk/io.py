@@ -39,6 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvtier.buffers import address_of
 from kvtier.errors import ConfigError, CorruptRecordError
 from kvtier.format.checksum import Buffer
 from kvtier.format.record import HEADER_BYTES
@@ -220,7 +221,7 @@ def _aligned(buf: memoryview) -> bool:
     """True if ``buf`` starts on a page and spans whole pages (what O_DIRECT needs here)."""
     if buf.readonly or not buf.c_contiguous or not buf.nbytes or buf.nbytes % _PAGE:
         return False
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf)) % _PAGE == 0
+    return address_of(buf) % _PAGE == 0
 
 
 def _full_io(
