@@ -1,9 +1,13 @@
-"""Build recipe of kvtier's one C extension; the project's metadata is in pyproject.toml.
+"""Build recipe of kvtier's C extensions; the project's metadata is in pyproject.toml.
 
-``kvtier.native._streamcopy`` (the streaming-store page copier) is compiled whenever kvtier is
-built: ``pip install .``, a wheel, an sdist install, or ``python setup.py build_ext --inplace``
-for a clone (scripts/setup.sh). It is optional: without a C compiler, or off x86-64, the build
-warns and goes on, and kvtier copies with ``memmove`` per page at run time.
+Both are compiled whenever kvtier is built: ``pip install .``, a wheel, an sdist install, or
+``python setup.py build_ext --inplace`` for a clone (scripts/setup.sh). Both are optional:
+without a C compiler the build warns and goes on, and kvtier uses its Python paths at run time.
+
+* ``kvtier.native._streamcopy``: the host pool's streaming-store page copier (x86-64 only;
+  without it, ``memmove`` per page).
+* ``kvtier.native._recordread``: the disk tier's record read (open, checks, read, checksum) in
+  one GIL-free call per block (Linux; without it, the same steps in Python).
 """
 
 import filecmp
@@ -46,8 +50,18 @@ streamcopy = Extension(
     optional=True,
 )
 
+recordread = Extension(
+    "kvtier.native._recordread",
+    sources=[f"{NATIVE}/recordread.c", f"{NATIVE}/xxh3.c", f"{NATIVE}/recordread_module.c"],
+    depends=[f"{NATIVE}/recordread.h", f"{NATIVE}/xxh3.h"],
+    define_macros=[("Py_LIMITED_API", "0x030B0000")],
+    py_limited_api=True,
+    extra_compile_args=["-fno-strict-aliasing"],
+    optional=True,
+)
+
 setup(
-    ext_modules=[streamcopy],
+    ext_modules=[streamcopy, recordread],
     cmdclass={"build_ext": ReplacingBuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )

@@ -11,7 +11,11 @@ three ways, each on several thread counts:
   straight into its row, no checks: the reference, what the machine gives these files;
 * ``store``: ``DiskStore.get_into`` straight into the row (opens, checks, reads, checksum);
 * ``tier``: ``DiskStore.get_into_when`` through a per-thread bounce buffer and a claimed copy
-  into the row, exactly as the disk tier loads a block (see ``kvtier.dataplane.abandonable``).
+  into the row, exactly as the disk tier loads a block (see ``kvtier.dataplane.abandonable``);
+* ``store-py`` and ``tier-py``: the same two with the native record reader turned off
+  (``RecordIO(native_reads=False)``: open, checks, read and checksum as separate Python calls),
+  when the reader is built; the side-by-side shows what reading a block in one GIL-free call
+  gives.
 
 With ``busy_python_thread`` a thread runs Python without pause beside the readers, as an
 engine's scheduler loop does. The kinds alternate their order from pass to pass. It prints
@@ -42,9 +46,10 @@ from kvtier.bench.report import drop_page_cache, environment_line, markdown_tabl
 from kvtier.buffers import address_of
 from kvtier.dataplane.abandonable import BounceBuffers
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store import DiskStore
+from kvtier.store import DiskStore, RecordIO
 
 KINDS = ("plain", "store", "tier")
+PYTHON_KINDS = ("store-py", "tier-py")
 
 
 def _pin(buffer: mmap.mmap) -> str:
@@ -96,7 +101,9 @@ def run(
     rows = [flat[i * record_bytes : (i + 1) * record_bytes] for i in range(blocks)]
     written = np.random.default_rng(0).integers(0, 255, blocks * record_bytes, dtype=np.uint8)
     total = blocks * record_bytes
-    store = DiskStore(work / "tier", namespace(record_bytes), capacity_bytes=2 * total + 2**30)
+    capacity = 2 * total + 2**30
+    native_io = RecordIO()
+    store = DiskStore(work / "tier", namespace(record_bytes), capacity, io=native_io)
     keys = [i.to_bytes(4, "big") * 8 for i in range(blocks)]
     source = memoryview(written)
     for i, key in enumerate(keys):
@@ -104,19 +111,28 @@ def run(
             raise RuntimeError("could not store a benchmark record")
     paths = [store.record_path(key) for key in keys]
     bounce = BounceBuffers(record_bytes)
+    stores = {"": store}
+    kinds = KINDS
+    if native_io.native_reads:
+        python_io = RecordIO(native_reads=False)
+        stores["-py"] = DiskStore(work / "tier", namespace(record_bytes), capacity, io=python_io)
+        kinds = KINDS + PYTHON_KINDS
+    reader = "native one-call reader" if native_io.native_reads else "Python calls (not built)"
 
     def one(kind: str, i: int) -> None:
         if kind == "plain":
             _plain_read(paths[i], rows[i])  # type: ignore[arg-type]
             return
-        if kind == "store":
-            ok = store.get_into(keys[i], rows[i])
+        base, _, suffix = kind.partition("-")
+        using = stores["-" + suffix if suffix else ""]
+        if base == "store":
+            ok = using.get_into(keys[i], rows[i])
         else:
-            ok = store.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
+            ok = using.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
         if not ok:
             raise RuntimeError(f"record {i} failed to load ({kind})")
 
-    results: dict[str, dict[int, list[float]]] = {k: {t: [] for t in threads} for k in KINDS}
+    results: dict[str, dict[int, list[float]]] = {k: {t: [] for t in threads} for k in kinds}
     dropped = True
     host = np.frombuffer(host_map, dtype=np.uint8)
     # One pool per thread count for the whole run, as the tier's threads live as long as it
@@ -131,7 +147,7 @@ def run(
     if busy_python_thread:
         threading.Thread(target=_spin, args=(busy,), daemon=True).start()
     for n_pass in range(passes):
-        order = KINDS if n_pass % 2 == 0 else KINDS[::-1]
+        order = kinds if n_pass % 2 == 0 else kinds[::-1]
         for count, readers in pools.items():
             for kind in order:
                 host[:] = 0
@@ -144,24 +160,25 @@ def run(
                 results[kind][count].append(total / seconds / 1e9)
             progress(
                 f"pass {n_pass + 1}, {count} threads: "
-                + ", ".join(f"{k} {results[k][count][-1]:.2f} GB/s" for k in KINDS)
+                + ", ".join(f"{k} {results[k][count][-1]:.2f} GB/s" for k in kinds)
             )
     busy.set()
     for readers in pools.values():
         readers.shutdown()
-    store.close()
+    for each in stores.values():
+        each.close()
     shutil.rmtree(work, ignore_errors=True)
 
     med = {k: {t: median(v) for t, v in by_threads.items()} for k, by_threads in results.items()}
     best_plain = max(med["plain"].values())
+    measured = [k for k in kinds if k != "plain"]
     table = markdown_table(
-        ["threads", *(f"{k} GB/s" for k in KINDS), "store / plain", "tier / plain"],
+        ["threads", *(f"{k} GB/s" for k in kinds), *(f"{k} / plain" for k in measured)],
         [
             [
                 str(t),
-                *(f"{med[k][t]:.2f}" for k in KINDS),
-                f"{med['store'][t] / med['plain'][t]:.2f}",
-                f"{med['tier'][t] / med['plain'][t]:.2f}",
+                *(f"{med[k][t]:.2f}" for k in kinds),
+                *(f"{med[k][t] / med['plain'][t]:.2f}" for k in measured),
             ]
             for t in threads
         ],
@@ -171,13 +188,16 @@ def run(
             "best_gbps": max(med[k].values()),
             "ratio_to_best_plain": max(med[k].values()) / best_plain,
         }
-        for k in ("store", "tier")
+        for k in measured
     }
     table += (
-        f"\n\nbest plain {best_plain:.2f} GB/s; best store {summary['store']['best_gbps']:.2f} "
-        f"({summary['store']['ratio_to_best_plain']:.2f} of plain); best tier "
-        f"{summary['tier']['best_gbps']:.2f} ({summary['tier']['ratio_to_best_plain']:.2f} of "
-        f"plain). {blocks} records x {record_bytes:,} B = {total / 1e9:.2f} GB per pass, medians "
+        f"\n\nbest plain {best_plain:.2f} GB/s; "
+        + "; ".join(
+            f"best {k} {v['best_gbps']:.2f} ({v['ratio_to_best_plain']:.2f} of plain)"
+            for k, v in summary.items()
+        )
+        + f". store and tier read with the {reader}. "
+        f"{blocks} records x {record_bytes:,} B = {total / 1e9:.2f} GB per pass, medians "
         f"of {passes} passes, page cache dropped before each: {dropped}; host buffer {pinned}; "
         f"busy Python thread beside the readers: {busy_python_thread}. "
         f"{environment_line()}"

@@ -50,9 +50,12 @@ rm -rf "$work"/tree/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$work"/tree/vllm/_
 find "$work/tree" -name __pycache__ -prune -exec rm -rf {} +
 for w in "$work"/deps/*.whl; do unzip -q -o "$w" -d "$work/site"; done
 for w in "$work"/kvdeps/*.whl; do unzip -q -o "$w" -d "$work/kvsite"; done
-# kvtier from this checkout, without compiled objects (the host's Python may differ) and with
-# the GPU runner beside it.
-( cd "$REPO/src" && tar -cf - --exclude=__pycache__ --exclude='*.so' kvtier ) | tar -xf - -C "$work/kvsite"
+# kvtier from this checkout with the GPU runner beside it. Its native helpers travel only as
+# stable-ABI builds (*.abi3.so: any CPython >= 3.11, so also the GPU host's 3.12); without them
+# kvtier there would read the disk through its slower Python path and say so in the log.
+"$REPO/scripts/setup.sh" >/dev/null
+( cd "$REPO/src" && tar -cf - --exclude=__pycache__ --exclude='*.cpython-*.so' kvtier ) | tar -xf - -C "$work/kvsite"
+ls "$work"/kvsite/kvtier/native/*.abi3.so >&2 || echo "warning: no native helpers in the bundle" >&2
 mkdir -p "$work/kvsite/benchmarks_gpu"
 cp "$REPO/benchmarks/gpu/kvtier_cuda_e2e.py" "$work/kvsite/benchmarks_gpu/"
 # This machine's redis-server with the libraries it links beyond glibc, for the runner's shared

@@ -44,7 +44,7 @@ CAPACITY = disk_capacity(HEALTHY + 4 + QUARANTINE_KEPT + 2 + 16, FUZZ_PAYLOAD)
 QUARANTINE_BYTES = QUARANTINE_KEPT * (FUZZ_RECORD + 4096)
 
 
-def hostile_run(guard, rounds: int, seed: int) -> Counter[str]:  # type: ignore[no-untyped-def]
+def hostile_run(guard, rounds: int, seed: int, native_reads: bool) -> Counter[str]:  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
     reasons: Counter[str] = Counter()
     store = DiskStore(
@@ -53,6 +53,7 @@ def hostile_run(guard, rounds: int, seed: int) -> Counter[str]:  # type: ignore[
         CAPACITY,
         free_space_floor_bytes=0,
         quarantine_max_bytes=QUARANTINE_BYTES,
+        io=RecordIO(native_reads=native_reads),
     )
     foreign = DiskStore(
         guard.cache,
@@ -108,8 +109,14 @@ def hostile_run(guard, rounds: int, seed: int) -> Counter[str]:  # type: ignore[
         pytest.param(len(DAMAGES) * 200, id="200-each", marks=pytest.mark.slow),
     ],
 )
-def test_every_kind_of_damaged_record_is_a_quarantined_miss(outside, reliability, rounds: int):
-    reasons = hostile_run(outside, rounds, seed=rounds)
+@pytest.mark.parametrize("native_reads", [True, False], ids=["native-reader", "python-reads"])
+def test_every_kind_of_damaged_record_is_a_quarantined_miss(
+    outside, reliability, rounds: int, native_reads: bool
+):
+    """The native reader (where built) and the Python read path, on the same damages."""
+    reasons = hostile_run(outside, rounds, seed=rounds, native_reads=native_reads)
+    if not native_reads:
+        return  # the table row is the default path's
     left_out = damages_unavailable()  # e.g. another user's file, where chown is refused
     for name, why in sorted(left_out.items()):
         reliability.record(f"record file {name}", "store", 0, f"not applied here: {why}")

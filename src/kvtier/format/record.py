@@ -230,18 +230,23 @@ def decode_header(
     return RecordHeader(namespace, key, payload_len, payload_ck, alg, version, seal)
 
 
-def verify_payload(header: RecordHeader, payload: _checksum.Buffer) -> None:
+def verify_payload(
+    header: RecordHeader, payload: _checksum.Buffer, xxh3_64: int | None = None
+) -> None:
     """Raise ``CorruptRecordError("checksum")`` unless ``payload`` is the plain KV ``header``
     describes; ``CorruptRecordError("sealed")`` for an encrypted record, which only its key
-    opens (a reader without one must not serve ciphertext as KV)."""
+    opens (a reader without one must not serve ciphertext as KV). ``xxh3_64``: the payload's
+    XXH3-64, when the reader already computed it (used only if the header names XXH3-64)."""
     if header.seal is not None:
         raise CorruptRecordError(
             "sealed", "the record is encrypted and this reader has no key for it"
         )
-    verify_stored_bytes(header, payload)
+    verify_stored_bytes(header, payload, xxh3_64)
 
 
-def verify_stored_bytes(header: RecordHeader, payload: _checksum.Buffer) -> None:
+def verify_stored_bytes(
+    header: RecordHeader, payload: _checksum.Buffer, xxh3_64: int | None = None
+) -> None:
     """Raise ``CorruptRecordError`` unless ``payload`` has the length and checksum the header
     says: for a sealed record, the ciphertext's integrity (no proof of who wrote it)."""
     view = memoryview(payload)
@@ -249,7 +254,10 @@ def verify_stored_bytes(header: RecordHeader, payload: _checksum.Buffer) -> None
         raise CorruptRecordError(
             "length", f"payload {view.nbytes} bytes, want {header.payload_len}"
         )
-    actual = _checksum.compute_checksum(view, header.checksum_alg)
+    if xxh3_64 is not None and header.checksum_alg == _checksum.XXH3_64.algorithm_id:
+        actual = xxh3_64
+    else:
+        actual = _checksum.compute_checksum(view, header.checksum_alg)
     if actual != header.payload_checksum:
         raise CorruptRecordError(
             "checksum", f"payload checksum {actual:#x}, header says {header.payload_checksum:#x}"

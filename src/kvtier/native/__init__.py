@@ -1,10 +1,11 @@
 """Small native helpers, compiled when kvtier is built (never at run time); Python fallbacks.
 
-``_streamcopy`` is a C extension built by setup.py: by ``pip install`` (wheel or sdist) or, for a
+``_streamcopy`` (the host pool's page copier) and ``_recordread`` (the disk tier's one-call
+record read) are C extensions built by setup.py: by ``pip install`` (wheel or sdist) or, for a
 clone, by scripts/setup.sh (``setup.py build_ext --inplace``, ignored by git). Nothing here runs
-a compiler. The extension is optional: when it is missing (no C compiler when kvtier was built,
-not x86-64) or fails to load, callers get ``None``, keep their ``memmove`` path, and the log
-says so once per process.
+a compiler. Both are optional: when one is missing (no C compiler when kvtier was built, not
+x86-64 for the copier) or fails to load, callers get ``None``, keep their Python path, and the
+log says so once per process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ log = logging.getLogger(__name__)
 #: Signature of ``copy_pages(n, dst, src, sizes) -> bytes copied``: addresses of uint64 arrays.
 PageCopier = Callable[[int, int, int, int], int]
 
+#: Signature of ``read_record(path, header, payload, direct, checksum)``: see recordread.h.
+RecordReader = Callable[
+    [bytes, memoryview, memoryview, bool, bool], tuple[int, int, int, int, bool, int | None]
+]
+
 _MODULE = "kvtier.native._streamcopy"
+_READER_MODULE = "kvtier.native._recordread"
 
 
 @functools.cache
@@ -46,3 +53,21 @@ def copier_name() -> str:
     if page_copier() is None:
         return "memmove per page: native copier not built"
     return "streaming stores"
+
+
+@functools.cache
+def record_reader() -> RecordReader | None:
+    """The one-call record reader (releases the GIL once per block), or None where it was not
+    built. Cached per process, like ``page_copier``."""
+    try:
+        module = importlib.import_module(_READER_MODULE)
+    except ImportError as exc:
+        log.warning(
+            "kvtier: native record reader unavailable (%s); disk reads use Python's calls, which "
+            "wait for the GIL several times per block. It is compiled when kvtier is installed "
+            "with a C compiler on Linux.",
+            exc,
+        )
+        return None
+    reader: RecordReader = module.read_record
+    return reader

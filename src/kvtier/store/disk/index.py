@@ -660,10 +660,18 @@ class Index:
         return entries
 
     def _apply_touches(self, conn: sqlite3.Connection, touches: Mapping[bytes, int]) -> None:
-        conn.executemany(
-            "UPDATE records SET access_ns = MAX(access_ns, ?) "
-            "WHERE ns = ? AND key = ? AND state = 1",
-            [(t, self.ns, k) for k, t in touches.items()],
+        # One statement for the batch: SQLite gives the GIL up at every step, and a thread
+        # waits for it at each return while an engine thread runs Python (access_times.py).
+        if not touches:
+            return
+        rows = ",".join(["(?, ?)"] * len(touches))
+        conn.execute(
+            f"WITH touched(key, access_ns) AS (VALUES {rows}) "
+            "UPDATE records SET access_ns = MAX(records.access_ns, "
+            "(SELECT touched.access_ns FROM touched WHERE touched.key = records.key)) "
+            "WHERE records.ns = ? AND records.state = 1 "
+            "AND records.key IN (SELECT touched.key FROM touched)",
+            [*(v for k, t in touches.items() for v in (k, t)), self.ns],
         )
 
     @staticmethod

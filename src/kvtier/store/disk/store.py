@@ -79,6 +79,7 @@ from kvtier.settings import DISK_MIN_CAPACITY_BYTES
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
+from kvtier.store.disk.access_times import AccessTimes
 from kvtier.store.disk.folders import FolderCharge
 from kvtier.store.disk.index import TXN_ROWS_MAX, Row, Trashed, charge
 from kvtier.store.disk.io import RecordIO
@@ -91,7 +92,8 @@ log = logging.getLogger(__name__)
 #: Default free-space floor: this share of the file system, at most FLOOR_MAX_BYTES.
 FLOOR_FRACTION = 0.05
 FLOOR_MAX_BYTES = 10 << 30
-#: Access times are written to the index in batches of this many hits (or with the next put).
+#: Access times are written to the index in batches of this many hits, by a thread of their
+#: own (kvtier.store.disk.access_times), or with the next put.
 TOUCH_BATCH = 256
 #: Reservations tried per put while evicted files of this or other writers are removed,
 #: sleeping RESERVE_BACKOFF_S * 2**attempt (at most RESERVE_BACKOFF_MAX_S) when only other
@@ -191,7 +193,7 @@ class DiskStore(BlockStore):
         self._mem: dict[bytes, _Entry] = {}
         self._seq = 0
         self._pins: Counter[bytes] = Counter()
-        self._touches: dict[bytes, int] = {}
+        self._access = AccessTimes(self._write_touches, TOUCH_BATCH, "kvtier-disk-atime")
         self._stats = StoreStats()
         self._closed = False
         self._quarantine_max_entries = quarantine_max_entries
@@ -265,7 +267,7 @@ class DiskStore(BlockStore):
                     self._index_charge,
                     self._floor_deficit(record_bytes),
                     self._pinned(),
-                    self._take_touches(TXN_ROWS_MAX),
+                    self._access.take(TXN_ROWS_MAX),
                 )
             except (sqlite3.Error, OSError) as exc:
                 return self._put_failed(key, f"index: {exc}")
@@ -316,14 +318,12 @@ class DiskStore(BlockStore):
             self._pins[key] += 1
         relative = layout.record_name(key, entry.record_id)
         try:
-            header = decode_header(
-                self._io.read_into(self.namespace_dir / relative, out),
-                self._digest,
-                key,
-                entry.payload_len,
+            header_bytes, payload_checksum = self._io.read_checked(
+                self.namespace_dir / relative, out, checksum=self._sealer is None
             )
+            header = decode_header(header_bytes, self._digest, key, entry.payload_len)
             if self._sealer is None:
-                verify_payload(header, out)
+                verify_payload(header, out, payload_checksum)
             else:
                 self._sealer.open(header, out, out)  # in place; the tag covers every byte
         except FileNotFoundError:
@@ -354,11 +354,7 @@ class DiskStore(BlockStore):
         with self._lock:
             self._stats.hits += 1
             self._stats.bytes_read += entry.payload_len
-            self._touches[key] = time.time_ns()
-            flush = len(self._touches) >= TOUCH_BATCH
-        if flush:
-            with self._index.bounded(LOAD_INDEX_WAIT_S):
-                self._flush_touches()
+        self._access.note(key)
         return True
 
     def contains(self, key: bytes) -> bool:
@@ -462,7 +458,7 @@ class DiskStore(BlockStore):
         (it could not check what the record decrypts to)."""
         if self._closed:
             raise ValueError("verify() on a closed store; open it again")
-        self._flush_touches()
+        self._access.flush()
         problems = check.StoreCheck(
             self.root,
             self.namespace,
@@ -485,7 +481,7 @@ class DiskStore(BlockStore):
                 return
             self._closed = True
             self._mem = {}
-        self._flush_touches()
+        self._access.close()
         self._index.close()
         self._session.close()
 
@@ -596,19 +592,12 @@ class DiskStore(BlockStore):
         with self._lock:
             return set(self._pins)
 
-    def _take_touches(self, limit: int | None = None) -> dict[bytes, int]:
-        with self._lock:
-            if limit is None or len(self._touches) <= limit:
-                touches, self._touches = self._touches, {}
-            else:
-                keys = list(self._touches)[:limit]
-                touches = {k: self._touches.pop(k) for k in keys}
-        return touches
-
-    def _flush_touches(self) -> None:
-        touches = self._take_touches()
+    def _write_touches(self, touches: dict[bytes, int]) -> None:
+        """AccessTimes' writer: bounded like the load path's other index calls, as a close
+        must not wait out the index's busy timeout for access times."""
         try:
-            self._index.touch(touches)
+            with self._index.bounded(LOAD_INDEX_WAIT_S):
+                self._index.touch(touches)
         except sqlite3.Error as exc:
             log.debug("disk tier: access times not recorded: %s", exc)
 

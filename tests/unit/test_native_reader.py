@@ -1,0 +1,211 @@
+"""The native record reader (kvtier.native._recordread) against the Python read path.
+
+Both paths of ``RecordIO.read_checked`` must accept the same files and refuse the same ones
+with the same reasons; the native XXH3-64 must equal the xxhash package's. The reader's point
+(one GIL hand-over per block) is measured by ``python -m benchmarks disk-read``, not here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from kvtier import native
+from kvtier.errors import CorruptRecordError
+from kvtier.format.checksum import CRC32
+from kvtier.format.record import HEADER_BYTES, encode_header, make_header
+from kvtier.store import RecordIO
+from tests.support.store import aligned_buffer
+
+BUILDABLE = platform.system() == "Linux" and bool(
+    os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+)
+PAYLOAD = 3 * 4096
+NATIVE = native.record_reader() is not None
+needs_native = pytest.mark.skipif(not NATIVE, reason="kvtier.native._recordread is not built")
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="no C compiler or not Linux: nothing to build here")
+def test_the_reader_is_built_in_a_clone_with_a_compiler() -> None:
+    assert native.record_reader.__wrapped__() is not None, (
+        "kvtier.native._recordread is not built: run `bash scripts/setup.sh` "
+        "(python setup.py build_ext --inplace) in this clone"
+    )
+
+
+@needs_native
+def test_native_xxh3_equals_the_xxhash_package_at_every_length() -> None:
+    from kvtier.native import _recordread  # type: ignore[attr-defined]
+
+    rng = random.Random(7)
+    data = rng.randbytes(3 << 20)
+    lengths = [*range(241, 2200), 4096, 65536, 2 << 20, len(data)]
+    lengths += [rng.randrange(241, len(data)) for _ in range(200)]
+    for n in lengths:
+        view = memoryview(data)[:n]
+        assert _recordread.xxh3_64(view) == xxhash.xxh3_64_intdigest(view), f"{n} bytes"
+    with pytest.raises(ValueError, match="at least 241"):
+        _recordread.xxh3_64(b"x" * 240)
+
+
+def write_record(path: Path, payload: bytes, checksum_alg: int | None = None) -> None:
+    digest = b"n" * 16
+    if checksum_alg is None:
+        header = make_header(digest, b"k", payload)
+    else:
+        header = make_header(digest, b"k", payload, checksum_alg)
+    path.write_bytes(encode_header(header) + payload)
+    path.chmod(0o600)
+
+
+def payload_of(seed: int) -> bytes:
+    return random.Random(seed).randbytes(PAYLOAD)
+
+
+Damage = Callable[[Path], None]
+
+
+def _symlink(path: Path) -> None:
+    target = path.with_suffix(".target")
+    path.rename(target)
+    path.symlink_to(target)
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path, 0o600)
+
+
+def _folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _group_writable(path: Path) -> None:
+    path.chmod(0o620)
+
+
+def _truncated(path: Path) -> None:
+    os.truncate(path, HEADER_BYTES + PAYLOAD - 4096)
+
+
+def _longer(path: Path) -> None:
+    with path.open("ab") as f:
+        f.write(b"x")
+
+
+def _missing(path: Path) -> None:
+    path.unlink()
+
+
+def _other_user(path: Path) -> None:
+    os.chown(path, 12345, 12345)
+
+
+#: Each damage and what ``read_checked`` must raise: a CorruptRecordError reason or an errno.
+DAMAGES: dict[str, tuple[Damage, str | int]] = {
+    "symlink": (_symlink, "symlink"),
+    "fifo": (_fifo, "not_regular"),
+    "folder": (_folder, "not_regular"),
+    "group-writable": (_group_writable, "not_private"),
+    "other-user": (_other_user, "not_private"),
+    "truncated": (_truncated, "length"),
+    "longer": (_longer, "length"),
+    "missing": (_missing, errno.ENOENT),
+}
+
+
+def paths(native_reads: bool) -> RecordIO:
+    io = RecordIO(native_reads=native_reads)
+    assert io.native_reads is (native_reads and NATIVE)
+    return io
+
+
+BOTH = [pytest.param(False, id="python"), pytest.param(True, id="native", marks=needs_native)]
+
+
+@pytest.mark.parametrize("native_reads", BOTH)
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_a_good_record_reads_whole_with_its_checksum(
+    tmp_path: Path, native_reads: bool, aligned: bool
+) -> None:
+    path = tmp_path / "r.kvb"
+    payload = payload_of(1)
+    write_record(path, payload)
+    io = paths(native_reads)
+    out = aligned_buffer(PAYLOAD) if aligned else memoryview(bytearray(PAYLOAD + 1))[1:]
+    header, checksum = io.read_checked(path, out, checksum=True)
+    assert bytes(out) == payload
+    assert bytes(header) == path.read_bytes()[:HEADER_BYTES]
+    assert checksum == (xxhash.xxh3_64_intdigest(payload) if native_reads else None)
+    _, unasked = io.read_checked(path, out, checksum=False)
+    assert unasked is None
+
+
+@pytest.mark.parametrize("native_reads", BOTH)
+def test_a_crc32_record_leaves_the_checksum_to_the_caller(tmp_path: Path, native_reads: bool):
+    path = tmp_path / "r.kvb"
+    write_record(path, payload_of(2), CRC32.algorithm_id)
+    _, checksum = paths(native_reads).read_checked(path, aligned_buffer(PAYLOAD), checksum=True)
+    assert checksum is None
+
+
+@pytest.mark.parametrize("native_reads", BOTH)
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_both_paths_refuse_each_damaged_file_alike(
+    tmp_path: Path, native_reads: bool, damage: str
+) -> None:
+    apply, expected = DAMAGES[damage]
+    if damage == "other-user" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    path = tmp_path / "r.kvb"
+    write_record(path, payload_of(3))
+    apply(path)
+    out = aligned_buffer(PAYLOAD)
+    with pytest.raises((CorruptRecordError, OSError)) as caught:
+        paths(native_reads).read_checked(path, out, checksum=True)
+    error = caught.value
+    if isinstance(expected, str):
+        assert isinstance(error, CorruptRecordError) and error.reason == expected, error
+    else:
+        assert isinstance(error, OSError) and error.errno == expected, error
+        assert str(path) in str(error)
+    if damage not in ("truncated", "longer"):
+        assert not any(bytes(out)), "nothing is read from a file that cannot be a record"
+
+
+@needs_native
+def test_a_planted_fifo_leaves_direct_reads_on(tmp_path: Path) -> None:
+    """A FIFO refuses O_DIRECT with EINVAL as a file system without O_DIRECT does; only the
+    latter may turn direct reads off."""
+    io = paths(True)
+    good, fifo = tmp_path / "good.kvb", tmp_path / "fifo.kvb"
+    write_record(good, payload_of(4))
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(CorruptRecordError, match="mode"):
+        io.read_checked(fifo, aligned_buffer(PAYLOAD), checksum=True)
+    assert io.direct_reads
+
+
+def test_an_io_whose_reads_are_overridden_never_takes_the_native_path() -> None:
+    """A test's injected read fault must be what runs."""
+
+    class Faulty(RecordIO):
+        def open_for_read(self, path: Path, direct: bool) -> int:
+            raise OSError(errno.EIO, "injected")
+
+    class Slow(RecordIO):
+        def read_into(self, path: Path, out: memoryview) -> memoryview:
+            return super().read_into(path, out)
+
+    assert not Faulty().native_reads
+    assert not Slow().native_reads
+    assert RecordIO(native_reads=False).native_reads is False
