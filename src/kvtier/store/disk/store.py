@@ -193,7 +193,7 @@ class DiskStore(BlockStore):
         self._mem: dict[bytes, _Entry] = {}
         self._seq = 0
         self._pins: Counter[bytes] = Counter()
-        self._access = AccessTimes(self._write_touches, TOUCH_BATCH, "kvtier-disk-atime")
+        self._access = AccessTimes(self._write_touches, TOUCH_BATCH, "kvtier-atime")
         self._stats = StoreStats()
         self._closed = False
         self._quarantine_max_entries = quarantine_max_entries
