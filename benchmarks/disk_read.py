@@ -48,9 +48,6 @@ from kvtier.dataplane.abandonable import BounceBuffers
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO
 
-KINDS = ("plain", "store", "tier")
-PYTHON_KINDS = ("store-py", "tier-py")
-
 
 def _pin(buffer: mmap.mmap) -> str:
     """Page-lock ``buffer`` for the GPU when torch sees one; says what was done."""
@@ -111,24 +108,26 @@ def run(
             raise RuntimeError("could not store a benchmark record")
     paths = [store.record_path(key) for key in keys]
     bounce = BounceBuffers(record_bytes)
-    stores = {"": store}
-    kinds = KINDS
+    stores = [store]
+    # Each kvtier kind: the store it reads from, and whether it loads as the tier does.
+    loads = {"store": (store, False), "tier": (store, True)}
     if native_io.native_reads:
         python_io = RecordIO(native_reads=False)
-        stores["-py"] = DiskStore(work / "tier", namespace(record_bytes), capacity, io=python_io)
-        kinds = KINDS + PYTHON_KINDS
+        python_reads = DiskStore(work / "tier", namespace(record_bytes), capacity, io=python_io)
+        stores.append(python_reads)
+        loads.update({"store-py": (python_reads, False), "tier-py": (python_reads, True)})
+    kinds = ("plain", *loads)
     reader = "native one-call reader" if native_io.native_reads else "Python calls (not built)"
 
     def one(kind: str, i: int) -> None:
         if kind == "plain":
             _plain_read(paths[i], rows[i])  # type: ignore[arg-type]
             return
-        base, _, suffix = kind.partition("-")
-        using = stores["-" + suffix if suffix else ""]
-        if base == "store":
-            ok = using.get_into(keys[i], rows[i])
-        else:
+        using, as_tier = loads[kind]
+        if as_tier:
             ok = using.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
+        else:
+            ok = using.get_into(keys[i], rows[i])
         if not ok:
             raise RuntimeError(f"record {i} failed to load ({kind})")
 
@@ -165,7 +164,7 @@ def run(
     busy.set()
     for readers in pools.values():
         readers.shutdown()
-    for each in stores.values():
+    for each in stores:
         each.close()
     shutil.rmtree(work, ignore_errors=True)
 

@@ -20,7 +20,7 @@ import xxhash
 
 from kvtier import native
 from kvtier.errors import CorruptRecordError
-from kvtier.format.checksum import CRC32
+from kvtier.format.checksum import CRC32, DEFAULT_ALGORITHM
 from kvtier.format.record import HEADER_BYTES, encode_header, make_header
 from kvtier.store import RecordIO
 from tests.support.store import aligned_buffer
@@ -56,12 +56,10 @@ def test_native_xxh3_equals_the_xxhash_package_at_every_length() -> None:
         _recordread.xxh3_64(b"x" * 240)
 
 
-def write_record(path: Path, payload: bytes, checksum_alg: int | None = None) -> None:
-    digest = b"n" * 16
-    if checksum_alg is None:
-        header = make_header(digest, b"k", payload)
-    else:
-        header = make_header(digest, b"k", payload, checksum_alg)
+def write_record(
+    path: Path, payload: bytes, checksum_alg: int = DEFAULT_ALGORITHM.algorithm_id
+) -> None:
+    header = make_header(b"n" * 16, b"k", payload, checksum_alg)
     path.write_bytes(encode_header(header) + payload)
     path.chmod(0o600)
 
@@ -123,7 +121,7 @@ DAMAGES: dict[str, tuple[Damage, str | int]] = {
 }
 
 
-def paths(native_reads: bool) -> RecordIO:
+def record_io(native_reads: bool) -> RecordIO:
     io = RecordIO(native_reads=native_reads)
     assert io.native_reads is (native_reads and NATIVE)
     return io
@@ -140,7 +138,7 @@ def test_a_good_record_reads_whole_with_its_checksum(
     path = tmp_path / "r.kvb"
     payload = payload_of(1)
     write_record(path, payload)
-    io = paths(native_reads)
+    io = record_io(native_reads)
     out = aligned_buffer(PAYLOAD) if aligned else memoryview(bytearray(PAYLOAD + 1))[1:]
     header, checksum = io.read_checked(path, out, checksum=True)
     assert bytes(out) == payload
@@ -154,7 +152,7 @@ def test_a_good_record_reads_whole_with_its_checksum(
 def test_a_crc32_record_leaves_the_checksum_to_the_caller(tmp_path: Path, native_reads: bool):
     path = tmp_path / "r.kvb"
     write_record(path, payload_of(2), CRC32.algorithm_id)
-    _, checksum = paths(native_reads).read_checked(path, aligned_buffer(PAYLOAD), checksum=True)
+    _, checksum = record_io(native_reads).read_checked(path, aligned_buffer(PAYLOAD), checksum=True)
     assert checksum is None
 
 
@@ -171,7 +169,7 @@ def test_both_paths_refuse_each_damaged_file_alike(
     apply(path)
     out = aligned_buffer(PAYLOAD)
     with pytest.raises((CorruptRecordError, OSError)) as caught:
-        paths(native_reads).read_checked(path, out, checksum=True)
+        record_io(native_reads).read_checked(path, out, checksum=True)
     error = caught.value
     if isinstance(expected, str):
         assert isinstance(error, CorruptRecordError) and error.reason == expected, error
@@ -186,7 +184,7 @@ def test_both_paths_refuse_each_damaged_file_alike(
 def test_a_planted_fifo_leaves_direct_reads_on(tmp_path: Path) -> None:
     """A FIFO refuses O_DIRECT with EINVAL as a file system without O_DIRECT does; only the
     latter may turn direct reads off."""
-    io = paths(True)
+    io = record_io(True)
     good, fifo = tmp_path / "good.kvb", tmp_path / "fifo.kvb"
     write_record(good, payload_of(4))
     os.mkfifo(fifo, 0o600)

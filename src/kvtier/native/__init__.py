@@ -14,6 +14,7 @@ import functools
 import importlib
 import logging
 from collections.abc import Callable
+from types import ModuleType
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +30,27 @@ _MODULE = "kvtier.native._streamcopy"
 _READER_MODULE = "kvtier.native._recordread"
 
 
+def _load(module_name: str, unavailable: str) -> ModuleType | None:
+    """Import one native module, or log why not (``unavailable`` says what is used instead)."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        log.warning("kvtier: %s (%s)", unavailable, exc)
+        return None
+
+
 @functools.cache
 def page_copier() -> PageCopier | None:
     """The streaming-store page copier (releases the GIL), or None where it was not built.
 
     Cached per process: the import is tried once and the warning logged once.
     """
-    try:
-        module = importlib.import_module(_MODULE)
-    except ImportError as exc:
-        log.warning(
-            "kvtier: native page copier unavailable (%s); host pool copies use memmove (slower). "
-            "It is compiled when kvtier is installed with a C compiler on x86-64.",
-            exc,
-        )
+    module = _load(
+        _MODULE,
+        "native page copier unavailable; host pool copies use memmove (slower). It is "
+        "compiled when kvtier is installed with a C compiler on x86-64.",
+    )
+    if module is None:
         return None
     copier: PageCopier = module.copy_pages
     return copier
@@ -59,15 +67,13 @@ def copier_name() -> str:
 def record_reader() -> RecordReader | None:
     """The one-call record reader (releases the GIL once per block), or None where it was not
     built. Cached per process, like ``page_copier``."""
-    try:
-        module = importlib.import_module(_READER_MODULE)
-    except ImportError as exc:
-        log.warning(
-            "kvtier: native record reader unavailable (%s); disk reads use Python's calls, which "
-            "wait for the GIL several times per block. It is compiled when kvtier is installed "
-            "with a C compiler on Linux.",
-            exc,
-        )
+    module = _load(
+        _READER_MODULE,
+        "native record reader unavailable; disk reads use Python's calls, which wait for the "
+        "GIL several times per block. It is compiled when kvtier is installed with a C "
+        "compiler on Linux.",
+    )
+    if module is None:
         return None
     reader: RecordReader = module.read_record
     return reader

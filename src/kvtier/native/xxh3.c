@@ -101,7 +101,7 @@ static inline void scramble(__m128i *acc, const uint8_t *secret) {
     }
 }
 
-static inline void load_acc(const __m128i *acc, uint64_t *out) {
+static inline void store_acc(const __m128i *acc, uint64_t *out) {
     for (int i = 0; i < 4; i++)
         _mm_storeu_si128((__m128i *)(out + 2 * i), acc[i]);
 }
@@ -131,7 +131,7 @@ static inline void scramble(uint64_t *acc, const uint8_t *secret) {
     }
 }
 
-static inline void load_acc(const uint64_t *acc, uint64_t *out) { memcpy(out, acc, 64); }
+static inline void store_acc(const uint64_t *acc, uint64_t *out) { memcpy(out, acc, 64); }
 
 static inline void init_acc(uint64_t *acc, const uint64_t *init) { memcpy(acc, init, 64); }
 #endif
@@ -157,7 +157,7 @@ uint64_t kvtier_xxh3_64_long(const uint8_t *data, size_t len) {
                       SECRET + SECRET_SIZE - STRIPE_LEN - SECRET_LASTACC_START);
 
     uint64_t lanes[8];
-    load_acc(acc, lanes);
+    store_acc(acc, lanes);
     uint64_t result = (uint64_t)len * PRIME64_1;
     for (int i = 0; i < 4; i++)
         result += mul128_fold64(lanes[2 * i] ^ read64(SECRET + SECRET_MERGEACCS_START + 16 * i),
