@@ -56,7 +56,9 @@ evidence is the earlier processes'), ``KVTIER_E2E_REPS`` (distinct prompts per l
 default), ``KVTIER_E2E_PHASES`` (default ``abc``), ``KVTIER_E2E_ENCRYPT=1``
 (sealed records: AES-256-GCM under a key file made in the scratch folder),
 ``KVTIER_E2E_REDIS_SERVER`` (a ``redis-server`` binary: a throw-away loopback server becomes the
-shared tier of every phase, and phase d runs; its folder is put on ``LD_LIBRARY_PATH`` for it).
+shared tier of every phase, and phase d runs; its folder is put on ``LD_LIBRARY_PATH`` for it),
+``KVTIER_E2E_HOST_POOL`` (kvtier's host pool, default 16GiB), ``KVTIER_E2E_GPU_MEMORY`` (vLLM's
+``gpu_memory_utilization``).
 """
 
 from __future__ import annotations
@@ -165,8 +167,14 @@ SHAPES = {
 }
 SHAPE_NAME = os.environ.get("KVTIER_E2E_SHAPE", "llama-3-8b")
 SHAPE = SHAPES[SHAPE_NAME]
-#: Share of the GPU's memory vLLM may take: the 70B shape's weights alone are 73 GB.
-GPU_MEMORY_UTILIZATION = 0.85 if SHAPE_NAME == "llama-3-70b-40l" else 0.6
+#: Share of the GPU's memory vLLM may take: the 70B shape's weights alone are 73 GB
+#: (``KVTIER_E2E_GPU_MEMORY``: e.g. 0.8 for eight concurrent 8k prompts of the 32B shape).
+GPU_MEMORY_UTILIZATION = float(
+    os.environ.get("KVTIER_E2E_GPU_MEMORY", "0.85" if SHAPE_NAME == "llama-3-70b-40l" else "0.6")
+)
+#: kvtier's host pool (``KVTIER_E2E_HOST_POOL``): eight concurrent 32k prompts of the 8B shape
+#: restore 32 GiB through it.
+HOST_POOL = os.environ.get("KVTIER_E2E_HOST_POOL", "16GiB")
 #: A stalled disk's read rate (bytes/s): a 32 MiB record would take hours.
 STALL_BPS = 4096
 #: The stall is lifted after this long whatever happens, so a hung phase cannot outlive its call.
@@ -214,7 +222,7 @@ def engine(disk: str = "disk", offload: str = "kvtier"):  # type: ignore[no-unty
     config = None
     if offload == "kvtier":
         config = kvtier.kv_transfer_config(
-            host_pool="16GiB",
+            host_pool=HOST_POOL,
             disk_dir=WORK / disk,
             disk_capacity="64GiB",
             platform="cuda",
@@ -739,17 +747,35 @@ def phase_k() -> bool:
     return held > 0
 
 
+def print_evidence(phase: str, folder: str) -> None:
+    """The decision's evidence in ``folder`` as measured: each prefill step's tokens and
+    seconds, each disk load's bytes and seconds (what the next process will weigh with)."""
+    for path in sorted((WORK / folder).glob("*/decision.json")):
+        doc = json.loads(path.read_text())
+        steps = [
+            f"{sum(n for _, n in st['segments'])}tok/{st['seconds']:.3f}s"
+            for st in doc.get("prefill_steps", [])
+        ]
+        print(f"{phase}: evidence prefill steps {' '.join(steps)}", flush=True)
+        for tier, loads in doc.get("tier_loads", {}).items():
+            shown = [f"{nbytes / 2**30:.2f}GiB/{seconds:.3f}s" for nbytes, seconds in loads]
+            print(f"{phase}: evidence {tier} loads {' '.join(shown)}", flush=True)
+
+
 def concurrent_restore(phase: str, params: dict | None) -> bool:
     before = json.loads((WORK / "k.json").read_text())
+    print_evidence(phase, "disk-k")
     llm = engine(disk="disk-k")
     run(llm, [5] * 512)
     wall, cached, tokens = batch(llm, params)
     equal = tokens == before["oracle"]
     restored = sum(1 for c in cached if c > 0)
+    # Which ones, in submission order: the decision restores the first of a batch.
+    split = "".join("R" if c > 0 else "c" for c in cached)
     print(
         f"{phase}: {CONCURRENT_N} x {CONCURRENT_LENGTH} concurrent, fresh process, decision "
-        f"{'off' if params else 'on'}: {wall:.3f}s, {restored} of {CONCURRENT_N} restored, "
-        f"equal={equal}; concurrent cold prefills {before['cold']:.3f}s "
+        f"{'off' if params else 'on'}: {wall:.3f}s, {restored} of {CONCURRENT_N} restored "
+        f"[{split}], equal={equal}; concurrent cold prefills {before['cold']:.3f}s "
         f"({wall / before['cold']:.2f}x)",
         flush=True,
     )
@@ -875,7 +901,8 @@ def main() -> int:
     print(
         f"runner: shape {SHAPE_NAME}, lengths {LENGTHS} x {REPS}, phases {phases}, "
         f"records {'sealed' if ENCRYPT else 'plain'}, disk threads {DISK_THREADS or 'default'}, "
-        f"shared tier {env.get('KVTIER_E2E_SHARED_URL', 'none')}",
+        f"shared tier {env.get('KVTIER_E2E_SHARED_URL', 'none')}, host pool {HOST_POOL}, "
+        f"gpu memory {GPU_MEMORY_UTILIZATION}, concurrent {CONCURRENT_N} x {CONCURRENT_LENGTH}",
         flush=True,
     )
     status = 0

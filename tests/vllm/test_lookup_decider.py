@@ -243,3 +243,61 @@ def test_the_prefill_gauge_states_the_whole_prefill_cost_and_zero_until_measured
         d.policy.prefill.recompute_seconds(0, 2048) / 2048
     )
     assert d.prefill_per_token_s() > 1e-3
+
+
+#: A disk about twice as slow as the measured prefill: 16 blocks (92 MB) in ~0.4 s against a
+#: ~0.2 s prefill of their 2,048 tokens.
+HALF_SPEED = RestorePrior(bandwidth_bytes_per_s=2.3e8, latency_s=0.001)
+
+
+@pytest.mark.parametrize("native_context", [True, False], ids=["positions", "no-positions"])
+def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(native_context):
+    """Alone, each would be recomputed (the disk loses). Collected in one step and decided
+    together in the scheduler's order, the first ones are restored (their loads start at
+    once) while the engine prefills the others. Also on vLLM 0.25.1, which records no key
+    positions (the plan is counted from the request's start)."""
+    clock = Clock()
+    policy = make_policy(True, clock)
+    policy.add_tier("disk", HALF_SPEED, via="host")
+    d = TierDecider(
+        policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=native_context
+    )
+    measure_prefill(d, clock, 1e-4)
+    contexts = [request(16, first=100 * (r + 1)) for r in range(8)]
+    for r, ctx in enumerate(contexts):
+        d.on_lookup(ctx)
+        first = 100 * (r + 1)
+        assert [d.hit(key(first + i), ctx) for i in range(16)] == [LookupResult.RETRY] * 16
+    d.end_step()
+    verdicts = [d.hit(key(100 * (r + 1)), ctx) for r, ctx in enumerate(contexts)]
+    restored = verdicts.count(LookupResult.HIT)
+    assert 0 < restored < 8
+    assert verdicts == [LookupResult.HIT] * restored + [LookupResult.MISS] * (8 - restored)
+    assert (d.counts.restore, d.counts.recompute) == (restored, 8 - restored)
+    assert policy.engine_wait_s() > 0
+
+    # The same request alone, once the queues have drained, is recomputed again.
+    clock.now += 60.0
+    alone = request(16, first=5000)
+    assert [d.hit(key(5000 + i), alone) for i in range(16)] == [LookupResult.RETRY] * 16
+    d.end_step()
+    assert d.hit(key(5000), alone) == LookupResult.MISS
+
+
+def test_prefills_that_share_the_engine_are_timed_with_the_work_done_beside_them():
+    """Eight requests looked up together and prefilled one after another: each one's window
+    (last lookup to its store job) spans the prefills before it. Counting the other requests'
+    stored tokens in that window keeps the fit at the engine's real speed; timed alone, the
+    later requests read up to eight times slower, and the decision restored from a disk
+    slower than prefill (the 32B shape on the H200)."""
+    per_token_s = 1e-4
+    clock = Clock()
+    d = decider(clock)
+    contexts = [request(16, first=100 * (r + 1)) for r in range(8)]
+    for ctx in contexts:
+        d.on_lookup(ctx)
+    for r, ctx in enumerate(contexts):
+        clock.now += 16 * TOKENS * per_token_s  # the engine prefills this one alone
+        d.on_store([key(100 * (r + 1) + i) for i in range(16)], ctx)
+    predicted = d.policy.prefill.recompute_seconds(0, 16 * TOKENS)
+    assert predicted == pytest.approx(16 * TOKENS * per_token_s, rel=0.25)

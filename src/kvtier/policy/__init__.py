@@ -30,6 +30,7 @@ from kvtier.policy.prefill import (
 from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, MeasuredLoad, RestorePrior, TierSnapshot
 from kvtier.policy.restore_policy import (
     AdoptedEvidence,
+    BatchHit,
     Clock,
     Decision,
     LoadTicket,
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_PREFILL_PRIOR",
     "DEFAULT_RESTORE_PRIOR",
     "AdoptedEvidence",
+    "BatchHit",
     "Clock",
     "DeadlineRule",
     "Decision",

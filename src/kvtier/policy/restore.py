@@ -2,10 +2,12 @@
 
 The model of one load of ``B`` bytes from a tier is ``t = latency_s + B / bandwidth``,
 fitted online (``DecayingLeastSquares``: a moving average with a half-life in loads) from the
-submit-to-completion times the adapter reports, so queueing behind other loads of the same
-tier is part of what is learned. Before the first load the estimate is the tier's prior,
-which should err slow (``RestorePrior``): a tier is then refused until a measurement (a real
-load or a background probe) shows it is worth it, never served on hope.
+times the adapter reports, each from when the tier began on the load (its submission, or the
+end of the loads queued ahead of it: ``RestorePolicy.end_load``) to its completion; waiting
+behind other loads is the backlog's to predict (``kvtier.policy.backlog``). Before the first
+load the estimate is the tier's prior, which should err slow (``RestorePrior``): a tier is then
+refused until a measurement (a real load or a background probe) shows it is worth it, never
+served on hope.
 
 **No faster than measured.** Loads of one size cannot tell latency from bandwidth, and the
 prior's large-load pseudo-observation then sets the slope: a disk measured at 7.8 MB/s on
