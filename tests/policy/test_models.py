@@ -4,13 +4,16 @@ Also the claim the decision rests on (restoring all of a hit or none of it is op
 property over random cost coefficients, and that the package stays pure Python.
 """
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kvtier
 from kvtier.errors import ConfigError
 from kvtier.policy import (
     DEFAULT_PREFILL_PRIOR,
@@ -258,5 +261,10 @@ def test_the_policy_imports_neither_vllm_nor_torch_nor_the_benches():
         "bad = [m for m in ('torch', 'vllm', 'numpy', 'kvtier.bench', 'benchmarks') "
         "if m in sys.modules]; print(bad)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # The child finds kvtier where this process did (pytest's pythonpath does not reach it).
+    src = str(Path(kvtier.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     assert out.stdout.strip() == "[]"
