@@ -68,6 +68,7 @@ positions and are skipped there, so every decided hit costs the one step of case
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
@@ -123,6 +124,12 @@ class _Plan:
     prefill_from: tuple[int, float | None] | None = None
     stored_end: int | None = None
     last_lookup: float | None = None
+    #: Names the request in the decider's record of store jobs without keeping the plan (and
+    #: its keys) alive there.
+    serial: int = field(default_factory=lambda: next(_PLAN_SERIALS))
+
+
+_PLAN_SERIALS = itertools.count()
 
 
 @dataclass
@@ -161,9 +168,9 @@ class TierDecider:
         self._observes_prefill = observes_prefill
         self._pending: list[_Plan] = []
         self._lock = threading.Lock()
-        #: Recent store jobs (when, whose plan, tokens before them, tokens they added), at most
+        #: Recent store jobs (when, the plan's serial, tokens before them, tokens added), at most
         #: ``STORED_KEPT`` within ``STORED_WINDOW_S``: the work done beside a request's prefill.
-        self._stored: deque[tuple[float, _Plan, int, int]] = deque(maxlen=STORED_KEPT)
+        self._stored: deque[tuple[float, int, int, int]] = deque(maxlen=STORED_KEPT)
         self._warned_bad_param = False
 
     def _plan(self, ctx: ReqContext) -> _Plan:
@@ -375,12 +382,13 @@ class TierDecider:
             self._note_stored(now, plan, before, plan.stored_end - before)
         if began is None or len(keys) < MIN_EVIDENCE_KEYS or new <= 0:
             return
-        others = [(c, n) for t, other, c, n in self._stored if t > began and other is not plan]
+        own = plan.serial
+        others = [(c, n) for t, who, c, n in self._stored if t > began and who != own]
         self.policy.observe_prefill([(cached, new), *others], now - began)
 
     def _note_stored(self, now: float, plan: _Plan, cached: int, tokens: int) -> None:
         """Keep what this store job added, for the windows of other requests' evidence."""
-        self._stored.append((now, plan, cached, tokens))
+        self._stored.append((now, plan.serial, cached, tokens))
         while self._stored and self._stored[0][0] < now - STORED_WINDOW_S:
             self._stored.popleft()
 
