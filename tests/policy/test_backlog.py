@@ -151,6 +151,23 @@ def test_a_batch_behind_a_busy_engine_starts_its_loads_only_when_the_engine_reac
     assert idle == queued
 
 
+@pytest.mark.parametrize("queued", [1, 4, 20])
+def test_an_engine_queue_ahead_of_a_batch_does_not_eat_its_safety_margin(queued):
+    """The engine's queued work delays every plan of a batch alike, so the margin a split
+    must clear is on the batch's own time: the split behind a queue is the idle one (on the
+    H200 a first request decided alone, then seven behind its prefill, were all recomputed
+    though restoring two would have finished them 20 % sooner)."""
+    clock = FakeClock()
+    policy = policy_with({"disk": SLOW_DISK}, clock)
+    batch = [BatchHit(0, 8192, 8192 * TOKEN_BYTES)] * 8
+    idle = [d.restore for d in policy.decide_batch("disk", batch)]
+    assert 0 < sum(idle) < 8
+    for _ in range(queued):
+        policy.commit(policy.decide("disk", 0, 8192, 8192 * TOKEN_BYTES))
+    assert policy.engine_wait_s() > 0
+    assert [d.restore for d in policy.decide_batch("disk", batch)] == idle
+
+
 def test_committed_verdicts_queue_on_their_resources_and_drain_with_time():
     clock = FakeClock()
     policy = policy_with({"disk": SLOW_DISK}, clock)

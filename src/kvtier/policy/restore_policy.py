@@ -60,7 +60,8 @@ both are:
     done(m) = max(max(W_e, W_t) + s * sum R_i for the restored,  W_e + sum T_i for the rest)
 
 ``decide_batch`` takes the ``m`` that finishes the batch first (the fewest restores among
-equals) if it beats ``m = 0`` by the safety factor too, and a request whose restore pays alone
+equals) if its own time (``done(m) - W_e``: the queue ahead delays every plan alike) beats
+``m = 0``'s by the safety factor too, and a request whose restore pays alone
 is restored wherever it is. Restoring later
 requests instead of the first ones would start their loads only when the engine reached them,
 too late to overlap. A batch of one is the single-request rule above.
@@ -469,10 +470,11 @@ class RestorePolicy:
 
             # Restores beyond those that pay alone must also finish the batch sooner by the
             # safety factor: overlap is a second prediction on top of the load times (on the
-            # H200 a predicted 5 % gain came out 30 % slower: docs/benchmarks.md).
-            alone_s = done_s(0)
+            # H200 a predicted 5 % gain came out 30 % slower: docs/benchmarks.md). The margin
+            # is on the batch's own time: the engine's queue delays every plan alike.
+            alone_s = done_s(0) - engine_wait
             best_m = min(range(len(hits) + 1), key=lambda m: (done_s(m), m))
-            if s * done_s(best_m) >= alone_s:
+            if s * (done_s(best_m) - engine_wait) >= alone_s:
                 best_m = 0
             verdicts = [i < best_m or pays[i] for i in range(len(hits))]
             est.refused += sum(1 for v in verdicts if not v)

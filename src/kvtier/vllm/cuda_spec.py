@@ -38,7 +38,11 @@ from kvtier.units import format_size
 from kvtier.vllm import compat
 from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.guards import check_hash_stability, persistent_tiers
-from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE, make_policy
+from kvtier.vllm.lookup_decider import (
+    CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
+    PREFILL_EVIDENCE,
+    make_policy,
+)
 from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)
@@ -68,7 +72,7 @@ class KvtierCudaSpec(TieringOffloadingSpec):
                 compat.STABLE_HASH_ALGOS,
             )
         #: Restore or recompute (scheduler side): kvtier's tiers register with it.
-        self.restore_policy = make_policy(True, time.monotonic)
+        self.restore_policy = make_policy(True, time.monotonic, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
         #: The tier that feeds the engine's prefill measurements to the policy.
         self.prefill_observer: str | None = None
         #: The tier that keeps the policy's evidence in its folder (kvtier.vllm.decision_memory).

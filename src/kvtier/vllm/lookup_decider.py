@@ -307,6 +307,8 @@ class TierDecider:
             n_keys = len(plan.keys)
             cached = max(min(plan.keys.values()) - self.tokens_per_key, 0)
             hits.append(BatchHit(cached, n_keys * self.tokens_per_key, n_keys * self.row_bytes))
+        if plans:
+            logger.debug("kvtier: %s: %d request(s) decided in one step", self.tier, len(plans))
         # One batch: what the engine prefills and what the tier loads overlap (the policy's
         # "Requests in flight"); the plans are in the order the scheduler looked them up.
         for plan, decision in zip(plans, self.policy.decide_batch(self.tier, hits), strict=True):
@@ -322,6 +324,19 @@ class TierDecider:
         setattr(self.counts, why, getattr(self.counts, why) + 1)
         if decision is not None:
             self.policy.commit(decision)
+            # Why a verdict went as it did is otherwise invisible on a serving engine
+            # (KVTIER_LOG_LEVEL=DEBUG): the predictions it weighed, and the queue it saw.
+            logger.debug(
+                "kvtier: %s: %s (%s): restore %.3f s, recompute %.3f s, plan %.3f s, "
+                "engine queue %.3f s",
+                self.tier,
+                why,
+                decision.reason,
+                decision.restore_s,
+                decision.recompute_s,
+                decision.plan_s,
+                decision.engine_wait_s,
+            )
 
     def prefill_per_token_s(self) -> float:
         """Predicted seconds per token of a cold ``GAUGE_PREFILL_TOKENS`` prefill; 0 until
@@ -404,6 +419,12 @@ class _PlanSlot:
 #: time it from the scheduler (the copy runs in the worker processes); measured at 6-9 GB/s
 #: on the CPU backend (docs/benchmarks.md), so this prior is on the slow side.
 HOST_COPY_PRIOR_BYTES_PER_S = 4e9
+#: The same copy on CUDA, where vLLM's own CPU pool copies from pinned memory over PCIe (or
+#: NVLink-C2C): PCIe Gen3 x16's ~12 GB/s is the slowest host link a data-center GPU has, so
+#: this too errs slow. Measured through vLLM's CPU pool on the H200: 28-41 GB/s (the pool's
+#: restore minus an engine hit, 4-8 GiB; docs/benchmarks.md). With the CPU backend's prior a
+#: 2 GiB disk restore was predicted 0.45 s too slow there, a third of its time.
+CUDA_HOST_COPY_PRIOR_BYTES_PER_S = 12e9
 
 
 #: No load is abandoned sooner than this: on a busy host a load waits for I/O threads and
@@ -411,11 +432,17 @@ HOST_COPY_PRIOR_BYTES_PER_S = 4e9
 DEADLINE_FLOOR_S = 1.0
 
 
-def make_policy(enabled: bool, clock: Callable[[], float]) -> RestorePolicy:
-    """An engine's policy with the host pool registered (tiers add themselves ``via`` it)."""
+def make_policy(
+    enabled: bool,
+    clock: Callable[[], float],
+    host_copy_bytes_per_s: float = HOST_COPY_PRIOR_BYTES_PER_S,
+) -> RestorePolicy:
+    """An engine's policy with the host pool registered (tiers add themselves ``via`` it);
+    ``host_copy_bytes_per_s``: the prior of the host pool's copy to the engine, which nothing
+    measures (``CUDA_HOST_COPY_PRIOR_BYTES_PER_S`` on CUDA)."""
     from kvtier.policy import DeadlineRule, PolicySettings, RestorePrior
 
     settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))
     policy = RestorePolicy(settings, clock=clock)
-    policy.add_tier("host", RestorePrior(HOST_COPY_PRIOR_BYTES_PER_S, 0.0005))
+    policy.add_tier("host", RestorePrior(host_copy_bytes_per_s, 0.0005))
     return policy
