@@ -752,6 +752,8 @@ def print_evidence(phase: str, folder: str) -> None:
     seconds, each disk load's bytes and seconds (what the next process will weigh with)."""
     for path in sorted((WORK / folder).glob("*/decision.json")):
         doc = json.loads(path.read_text())
+        # Whole, so a decision can be replayed off the machine (RestorePolicy.adopt).
+        print(f"{phase}: evidence file {json.dumps(doc, separators=(',', ':'))}", flush=True)
         steps = [
             f"{sum(n for _, n in st['segments'])}tok/{st['seconds']:.3f}s"
             for st in doc.get("prefill_steps", [])
