@@ -317,15 +317,28 @@ def verdict_of(before: dict[str, float], after: dict[str, float]) -> str:
     return "+".join(grown) if grown else "none counted"
 
 
+def evidence_files(folder: str) -> list[tuple[Path, dict | Exception]]:
+    """Each decision evidence file under the disk folder ``folder``, parsed, or the error
+    that kept it from being read (the runner reports it and goes on)."""
+    found = []
+    for path in sorted((WORK / folder).glob("*/decision.json")):
+        try:
+            found.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError) as exc:
+            found.append((path, exc))
+    return found
+
+
 def evidence_summary() -> str | None:
     """What the disk folder's decision evidence holds, in words; None if there is none."""
-    found = sorted((WORK / "disk").glob("*/decision.json"))
+    found = evidence_files("disk")
     if not found:
         return None
     parts = []
-    for path in found:
+    for path, doc in found:
         try:
-            doc = json.loads(path.read_text())
+            if isinstance(doc, Exception):
+                raise doc
             loads = {t: len(v) for t, v in doc.get("tier_loads", {}).items()}
             saved = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc["saved_at"]))
             parts.append(
@@ -750,18 +763,23 @@ def phase_k() -> bool:
 def print_evidence(phase: str, folder: str) -> None:
     """The decision's evidence in ``folder`` as measured: each prefill step's tokens and
     seconds, each disk load's bytes and seconds (what the next process will weigh with)."""
-    for path in sorted((WORK / folder).glob("*/decision.json")):
-        doc = json.loads(path.read_text())
+    for path, doc in evidence_files(folder):
+        if isinstance(doc, Exception):
+            print(f"{phase}: evidence {path.name} unreadable here ({doc})", flush=True)
+            continue
         # Whole, so a decision can be replayed off the machine (RestorePolicy.adopt).
         print(f"{phase}: evidence file {json.dumps(doc, separators=(',', ':'))}", flush=True)
-        steps = [
-            f"{sum(n for _, n in st['segments'])}tok/{st['seconds']:.3f}s"
-            for st in doc.get("prefill_steps", [])
-        ]
-        print(f"{phase}: evidence prefill steps {' '.join(steps)}", flush=True)
-        for tier, loads in doc.get("tier_loads", {}).items():
-            shown = [f"{nbytes / 2**30:.2f}GiB/{seconds:.3f}s" for nbytes, seconds in loads]
-            print(f"{phase}: evidence {tier} loads {' '.join(shown)}", flush=True)
+        try:
+            steps = [
+                f"{sum(n for _, n in st['segments'])}tok/{st['seconds']:.3f}s"
+                for st in doc.get("prefill_steps", [])
+            ]
+            print(f"{phase}: evidence prefill steps {' '.join(steps)}", flush=True)
+            for tier, loads in doc.get("tier_loads", {}).items():
+                shown = [f"{nbytes / 2**30:.2f}GiB/{seconds:.3f}s" for nbytes, seconds in loads]
+                print(f"{phase}: evidence {tier} loads {' '.join(shown)}", flush=True)
+        except (KeyError, TypeError, ValueError) as exc:
+            print(f"{phase}: evidence {path.name} not as expected ({exc!r})", flush=True)
 
 
 def concurrent_restore(phase: str, params: dict | None) -> bool:
