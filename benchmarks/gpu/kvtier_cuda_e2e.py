@@ -260,13 +260,13 @@ def prompts() -> dict[str, tuple[int, list[int]]]:
     return found
 
 
-def medians(by_name: dict[str, float]) -> str:
+def medians(by_name: dict[str, float], unit: str = "s") -> str:
     """Median per length of figures keyed by prompt name, as one line."""
     per_length: dict[int, list[float]] = {}
     for name, value in by_name.items():
         per_length.setdefault(int(name.split("#")[0]), []).append(value)
     return "  ".join(
-        f"{n}: {statistics.median(v):.3f}s (n={len(v)})" for n, v in sorted(per_length.items())
+        f"{n}: {statistics.median(v):.3f}{unit} (n={len(v)})" for n, v in sorted(per_length.items())
     )
 
 
@@ -466,6 +466,8 @@ def phase_c() -> bool:
         for n in LENGTHS:
             ttft = run(llm, [rng.randrange(1000, 120000) for _ in range(n)])[0]
             print(f"c calibration {n}: cold {ttft:.3f}s", flush=True)
+    decided: dict[str, float] = {}
+    ratios: dict[str, float] = {}
     for n, (_, ids) in prompts().items():
         counted = decisions()
         ttft, cached, tokens = run(llm, ids)
@@ -476,6 +478,7 @@ def phase_c() -> bool:
         cold = before[n]["cold"]
         restore = disk.get(n)
         best = min(cold, restore) if restore is not None else cold
+        decided[n], ratios[n] = ttft, ttft / best
         print(
             f"c {n}: decision {verdict}: {did} {ttft:.3f}s [{cached} cached] equal={equal}; "
             f"cold {cold:.3f}s, disk restore "
@@ -483,6 +486,9 @@ def phase_c() -> bool:
             + f", {ttft / best:.2f}x the better of the two",
             flush=True,
         )
+    print("c medians: decision on " + medians(decided), flush=True)
+    # Each prompt against its own cold prefill and disk restore, then the median per length.
+    print("c medians: decision on / the better of the two " + medians(ratios, "x"), flush=True)
     return ok
 
 
