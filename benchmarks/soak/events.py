@@ -44,6 +44,12 @@ class Log:
         return float(self.run.get("warmup_s", 0.0))
 
 
+def reference_label(model: str) -> str:
+    """The ``sample`` label of the plain vLLM server (no kvtier) that serves ``model`` for the
+    oracle: the runner samples it under this name, the report pairs each server with it."""
+    return f"reference-{model}"
+
+
 _LISTS = {"request": "requests", "fault": "faults", "crash": "crashes", "sample": "samples"}
 
 

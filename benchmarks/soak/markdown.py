@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from benchmarks.soak import requests, resources
+from benchmarks.soak import requests, resources, sample
 from benchmarks.soak.verdict import Verdict
 
 MIB = 1 << 20
@@ -272,26 +272,112 @@ def _processes_tables(procs: dict) -> list[str]:
             trends,
         ),
     ]
-    rss = [
+    out += ["", *_rss_tables(procs), ""]
+    return out
+
+
+def _rss_tables(procs: dict) -> list[str]:
+    """The judged RSS figures, each beside plain vLLM's growth over the same window, then
+    split by process role where the log has the split (``rss_context``)."""
+    rows = []
+    for label, f in procs.items():
+        for g in f["rss"]:
+            ref = g.get("reference") or {}
+            rows.append(
+                [
+                    label,
+                    g["pid"],
+                    f"{g['window_s']:.0f}",
+                    f"{g['first_bytes'] / MIB:.0f}",
+                    f"{g['last_bytes'] / MIB:.0f}",
+                    f"{g['growth_bytes'] / MIB:+.0f}",
+                    f"{g['growth']:+.1%}",
+                    *_reference_cells(ref),
+                ]
+            )
+    out = [
+        "RSS growth (medians of the first and last minute after warm-up), beside the plain "
+        "vLLM server of the same model over the same window (information only: the check "
+        "reads the growth column alone):",
+        "",
+        *_table(
+            [
+                "label",
+                "pid",
+                "window s",
+                "first MiB",
+                "last MiB",
+                "growth MiB",
+                "growth",
+                "plain vLLM",
+                "its growth MiB",
+                "its growth",
+                "excess MiB",
+            ],
+            rows,
+        ),
+    ]
+    roles = [
         [
             label,
             g["pid"],
-            f"{g['window_s']:.0f}",
-            f"{g['first_bytes'] / MIB:.0f}",
-            f"{g['last_bytes'] / MIB:.0f}",
-            f"{g['growth']:+.1%}",
+            role,
+            r["count"],
+            f"{r['first_bytes'] / MIB:.0f}",
+            f"{r['last_bytes'] / MIB:.0f}",
+            f"{r['growth_bytes'] / MIB:+.0f}",
+            f"{r['growth']:+.1%}",
+            *_role_reference_cells(g.get("reference") or {}, role),
         ]
         for label, f in procs.items()
         for g in f["rss"]
+        for role, r in g.get("by_role", {}).items()
     ]
-    out += [
+    if not roles:
+        return [*out, "", "The log has no RSS split by process role (samples without by_role)."]
+    return [
+        *out,
         "",
-        "RSS growth (medians of the first and last minute after warm-up):",
+        f"The same, by process role ({sample.TOP_ROLE}: the server process itself, vLLM's API "
+        "front-end; the others its descendants by command name, summed over processes of one "
+        "name):",
         "",
-        *_table(["label", "pid", "window s", "first MiB", "last MiB", "growth"], rss),
-        "",
+        *_table(
+            [
+                "label",
+                "pid",
+                "role",
+                "processes",
+                "first MiB",
+                "last MiB",
+                "growth MiB",
+                "growth",
+                "plain vLLM growth MiB",
+                "excess MiB",
+            ],
+            roles,
+        ),
     ]
-    return out
+
+
+def _reference_cells(ref: dict) -> list[str]:
+    if not ref:
+        return ["", "", "", ""]
+    if "note" in ref:
+        return [f"{ref['label']}: {ref['note']}", "", "", ""]
+    return [
+        ref["label"],
+        f"{ref['growth_bytes'] / MIB:+.0f}",
+        f"{ref['growth']:+.1%}",
+        f"{ref['excess_bytes'] / MIB:+.0f}",
+    ]
+
+
+def _role_reference_cells(ref: dict, role: str) -> list[str]:
+    r = (ref.get("by_role") or {}).get(role)
+    if r is None:
+        return ["", ""]
+    return [f"{r['growth_bytes'] / MIB:+.0f}", f"{r['excess_bytes'] / MIB:+.0f}"]
 
 
 def _leftovers(left: dict) -> list[str]:

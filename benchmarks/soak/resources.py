@@ -25,7 +25,8 @@ from fresh counts, so trends never span a restart):
 * RSS: the incarnations whose settled window covers ``RSS_SPAN_FRACTION`` of the run's
   settled time; growth from the median of the first settled ``RSS_EDGE_S`` to the median of
   the last ``RSS_EDGE_S`` (a third of the window each, if shorter) must stay under
-  ``RSS_GROWTH_MAX``.
+  ``RSS_GROWTH_MAX``. Beside each figure, for information only, ``rss_context`` puts its
+  split by process role and the plain vLLM reference's growth over the same window.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from benchmarks.soak import rss_context
 from benchmarks.soak.events import Log
 
 LEAK_WINDOW_S = 600.0
@@ -47,7 +49,7 @@ RSS_GROWTH_MAX = 0.05
 
 def series(log: Log) -> dict[str, list[list[dict]]]:
     """Per label, its incarnations in order of appearance, each its samples
-    ``{t, pid, fds, threads, rss_bytes}`` in time order."""
+    ``{t, pid, fds, threads, rss_bytes}`` (and ``by_role`` where logged) in time order."""
     found: dict[str, dict[int, list[dict]]] = {}
     for sample in log.samples:
         for label, proc in (sample.get("processes") or {}).items():
@@ -62,7 +64,8 @@ def process_figures(log: Log) -> dict:
     settled_run_s = max(log.duration_s - warmup_s, 0.0)
     servers = {str(s.get("label")) for s in log.run.get("servers", [])}
     out = {}
-    for label, incarnations in series(log).items():
+    by_label = series(log)
+    for label, incarnations in by_label.items():
         kills = [f for f in log.faults if f.get("injected_kill") and f.get("target") == label]
         settled = []
         for n, points in enumerate(incarnations):
@@ -115,6 +118,7 @@ def process_figures(log: Log) -> dict:
                 for k in ("fds", "threads", "rss_bytes")
             },
         }
+    rss_context.annotate(out, by_label, log.run.get("servers", []))
     return out
 
 
@@ -212,7 +216,11 @@ def _rss_growth(points: list[dict], pid: int) -> dict:
     return {
         "pid": pid,
         "window_s": window,
+        "from_t": t0,
+        "to_t": t1,
+        "edge_s": edge,
         "first_bytes": first,
         "last_bytes": last,
+        "growth_bytes": last - first,
         "growth": (last - first) / first if first else 0.0,
     }

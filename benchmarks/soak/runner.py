@@ -32,6 +32,7 @@ from benchmarks.soak.cluster import (
     start_reference,
 )
 from benchmarks.soak.eventlog import EventLog
+from benchmarks.soak.events import reference_label
 from benchmarks.soak.faults import (
     KINDS,
     FaultBook,
@@ -309,7 +310,7 @@ def run(duration_s: float, seed: int, out: Path, smollm: bool, short: bool) -> i
                     processes["redis"] = pid
                 for name, ref in references.items():
                     if ref.proc.poll() is None:
-                        processes[f"reference-{name}"] = ref.proc.pid
+                        processes[reference_label(name)] = ref.proc.pid
                 try:
                     fields = sample.take(
                         processes, {f.label: (f.path, f.cap_bytes) for f in folders.values()}

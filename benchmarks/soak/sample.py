@@ -1,5 +1,6 @@
-"""One ``sample`` event of the soak: what the servers hold (descriptors, threads, RSS), what
-the disk folders take against their caps, and what could leak (/dev/shm regions, temp files).
+"""One ``sample`` event of the soak: what the servers hold (descriptors, threads, RSS: summed
+over each server's process tree and split by process role), what the disk folders take
+against their caps, and what could leak (/dev/shm regions, temp files).
 
 Cheap by design (it runs every ~5 s for an hour): /proc reads and one ``lstat`` per entry
 of each folder, no subprocess. A pid or file that vanishes mid-sample is skipped, never an
@@ -31,15 +32,20 @@ from kvtier.store.disk import layout
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "vllm_offload_"
 PROC = Path("/proc")
+#: The ``by_role`` key of the labelled process itself (its descendants are keyed by name).
+TOP_ROLE = "top"
 
 
-def take(processes: Mapping[str, int], folders: Mapping[str, tuple[Path, int]]) -> dict:
+def take(
+    processes: Mapping[str, int], folders: Mapping[str, tuple[Path, int]], proc: Path = PROC
+) -> dict:
     """The ``sample`` event's fields (without ``type``/``t``) for the labelled pids (each
-    summed over the process and its descendants) and folders (path, cap_bytes)."""
-    children = _children_by_parent()
+    summed over the process and its descendants, and split by role) and folders (path,
+    cap_bytes). ``proc`` is the /proc to read (a test's fake)."""
+    children = _children_by_parent(proc)
     procs = {}
     for label, pid in processes.items():
-        usage = process_tree_usage(pid, children)
+        usage = process_tree_usage(pid, children, proc)
         if usage is not None:
             procs[label] = {"pid": pid, **usage}
     found = {}
@@ -62,45 +68,66 @@ def take(processes: Mapping[str, int], folders: Mapping[str, tuple[Path, int]]) 
     }
 
 
-def process_tree_usage(pid: int, children: Mapping[int, list[int]] | None = None) -> dict | None:
-    """fds, threads and rss_bytes of ``pid`` and its descendants, summed; None if ``pid`` is
-    gone. A descendant that exits mid-read is left out."""
+def process_tree_usage(
+    pid: int, children: Mapping[int, list[int]] | None = None, proc: Path = PROC
+) -> dict | None:
+    """fds, threads and rss_bytes of ``pid`` and its descendants, summed, and the same per
+    role in ``by_role``; None if ``pid`` is gone. A descendant that exits mid-read is left out.
+
+    The role of ``pid`` itself is ``TOP_ROLE`` (for a vLLM server, its API front-end); a
+    descendant's is its command name (``/proc/PID/comm``: vLLM's engine core retitles itself
+    ``VLLM::EngineCore``, which the kernel keeps as ``VLLM::EngineCor``; its model runner
+    ``VLLM::Worker``), so that a role keeps
+    its key across restarts and a figure can follow it. Descendants of one name are summed,
+    ``count`` saying how many there were. The name comes from the ``status`` file read for
+    the other figures anyway: the split costs no extra read."""
     if children is None:
-        children = _children_by_parent()
-    top = _one_process(pid)
+        children = _children_by_parent(proc)
+    top = _one_process(pid, proc)
     if top is None:
         return None
-    total = dict(top)
+    name, usage = top
+    total = dict(usage)
+    by_role = {TOP_ROLE: {"count": 1, **usage}}
     for child in _descendants(pid, children):
-        usage = _one_process(child)
-        if usage is not None:
-            for name, value in usage.items():
-                total[name] += value
-    return total
+        found = _one_process(child, proc)
+        if found is None:
+            continue
+        name, usage = found
+        role = by_role.setdefault(name, {"count": 0, "fds": 0, "threads": 0, "rss_bytes": 0})
+        role["count"] += 1
+        for key, value in usage.items():
+            total[key] += value
+            role[key] += value
+    return {**total, "by_role": by_role}
 
 
-def _one_process(pid: int) -> dict | None:
+def _one_process(pid: int, proc: Path = PROC) -> tuple[str, dict] | None:
+    """The command name and fds, threads, rss_bytes of ``pid``; None if it is gone."""
     try:
-        status = (PROC / str(pid) / "status").read_text()
-        fds = len(os.listdir(PROC / str(pid) / "fd"))
+        status = (proc / str(pid) / "status").read_text()
+        fds = len(os.listdir(proc / str(pid) / "fd"))
     except OSError:  # gone (or, in another user's namespace, unreadable): skipped
         return None
+    name = ""
     threads = rss_kib = 0
     for line in status.splitlines():
-        if line.startswith("Threads:"):
+        if line.startswith("Name:"):
+            name = line[len("Name:") :].strip()
+        elif line.startswith("Threads:"):
             threads = int(line.split()[1])
         elif line.startswith("VmRSS:"):
             rss_kib = int(line.split()[1])
         elif line.startswith("State:") and line.split()[1] in ("Z", "X"):
             return None  # a zombie holds nothing; counting its 0s would look like a drop
-    return {"fds": fds, "threads": threads, "rss_bytes": rss_kib * 1024}
+    return name, {"fds": fds, "threads": threads, "rss_bytes": rss_kib * 1024}
 
 
-def _children_by_parent() -> dict[int, list[int]]:
+def _children_by_parent(proc: Path = PROC) -> dict[int, list[int]]:
     """Every visible process's children, from /proc/*/stat (one pass for all labels: the
     per-task ``children`` files miss children of threads other than the main one)."""
     found: dict[int, list[int]] = {}
-    for entry in os.scandir(PROC):
+    for entry in os.scandir(proc):
         if not entry.name.isdigit():
             continue
         try:

@@ -39,6 +39,11 @@ class Run:
     threads: dict = field(default_factory=dict)
     rss: dict = field(default_factory=dict)
     pids: dict = field(default_factory=dict)
+    #: Per process label, its RSS by role as a function of t ({role: rss_bytes}); a label
+    #: without one is sampled without ``by_role``, as older logs were.
+    rss_by_role: dict = field(default_factory=dict)
+    #: Labels sampled besides the servers and ``redis`` (a plain vLLM reference, say).
+    other_labels: list[str] = field(default_factory=list)
     #: du of the pair's folder (the replicas' stay at 8 MiB).
     du_bytes: int = 32 * MIB
     after_shutdown: dict = field(
@@ -119,6 +124,17 @@ class Run:
             }
         )
 
+    def _by_role(self, label: str, t: float) -> dict:
+        if label not in self.rss_by_role:
+            return {}
+        roles = self.rss_by_role[label](t)
+        return {
+            "by_role": {
+                role: {"count": 1, "fds": 20, "threads": 15, "rss_bytes": rss_bytes}
+                for role, rss_bytes in roles.items()
+            }
+        }
+
     def write(self, path: Path) -> Path:
         t = 0.0
         requests = 0
@@ -154,8 +170,9 @@ class Run:
                             "fds": self.fds.get(label, lambda _t: 40)(t),
                             "threads": self.threads.get(label, lambda _t: 30)(t),
                             "rss_bytes": self.rss.get(label, lambda _t: 500 * MIB)(t),
+                            **self._by_role(label, t),
                         }
-                        for i, label in enumerate([*LABELS, "redis"])
+                        for i, label in enumerate([*LABELS, "redis", *self.other_labels])
                     },
                     "folders": {
                         label: {

@@ -89,3 +89,58 @@ def test_threads_and_children_are_summed_in() -> None:
     assert alone is not None and with_both is not None and child_alone is not None
     assert with_both["threads"] >= alone["threads"] + 1 + child_alone["threads"]
     assert with_both["rss_bytes"] > alone["rss_bytes"]
+
+
+def fake_process(
+    proc: Path, pid: int, ppid: int, name: str, rss_kib: int, state: str = "S"
+) -> None:
+    """A /proc/PID with the lines the sampler reads: stat (parent), status, fd/ (3 fds)."""
+    (proc / str(pid) / "fd").mkdir(parents=True)
+    for fd in range(3):
+        (proc / str(pid) / "fd" / str(fd)).touch()
+    (proc / str(pid) / "stat").write_text(f"{pid} ({name}) {state} {ppid} 1 1 0 -1\n")
+    (proc / str(pid) / "status").write_text(
+        f"Name:\t{name}\nUmask:\t0022\nState:\t{state} (x)\nThreads:\t{pid % 10 + 1}\n"
+        f"VmRSS:\t{rss_kib} kB\n"
+    )
+
+
+def test_a_server_tree_is_split_by_role_and_the_roles_add_up(tmp_path: Path) -> None:
+    """vLLM's layout: the API front-end, its engine core, helpers of one name under both."""
+    fake_process(tmp_path, 100, 1, "python", 1000)
+    fake_process(tmp_path, 101, 100, "VLLM::EngineCor", 5000)
+    fake_process(tmp_path, 102, 101, "python", 30)  # a resource tracker under the engine
+    fake_process(tmp_path, 103, 100, "python", 20)
+    fake_process(tmp_path, 200, 1, "redis-server", 99)  # not in the tree
+    got = sample.take({"srv": 100}, {}, proc=tmp_path)["processes"]["srv"]
+    assert got["by_role"] == {
+        sample.TOP_ROLE: {"count": 1, "fds": 3, "threads": 1, "rss_bytes": 1000 * 1024},
+        "VLLM::EngineCor": {"count": 1, "fds": 3, "threads": 2, "rss_bytes": 5000 * 1024},
+        "python": {"count": 2, "fds": 6, "threads": 3 + 4, "rss_bytes": 50 * 1024},
+    }
+    for key in ("fds", "threads", "rss_bytes"):
+        assert got[key] == sum(role[key] for role in got["by_role"].values())
+
+
+def test_a_vanished_or_zombie_descendant_is_left_out_of_every_role(tmp_path: Path) -> None:
+    fake_process(tmp_path, 100, 1, "python", 1000)
+    fake_process(tmp_path, 101, 100, "VLLM::EngineCor", 5000, state="Z")
+    fake_process(tmp_path, 102, 100, "python", 20)
+    (tmp_path / "102" / "status").unlink()  # exited between the stat pass and its read
+    got = sample.process_tree_usage(100, proc=tmp_path)
+    assert got is not None
+    assert set(got["by_role"]) == {sample.TOP_ROLE}
+    assert got["rss_bytes"] == 1000 * 1024
+
+
+def test_a_real_child_is_split_out_under_its_command_name() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        got = sample.process_tree_usage(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert got is not None
+    assert got["by_role"]["sleep"]["count"] == 1
+    assert got["by_role"]["sleep"]["rss_bytes"] > 0
+    assert got["by_role"][sample.TOP_ROLE]["rss_bytes"] > 1 << 20

@@ -48,5 +48,12 @@ def test_short_soak_passes_with_faults_of_several_kinds(tmp_path: Path) -> None:
     # two cores a 100 s run has served 54 requests, alone 102. 20 answered still means the
     # load ran through the faults.
     assert outcomes["ok"] >= 20 and outcomes["wrong"] == 0, outcomes
+    # Each server's RSS is split by process: vLLM's front-end and its engine core, by name.
+    roles: dict[str, set[str]] = {}
+    for e in (e for e in events if e["type"] == "sample"):
+        for label, proc in e["processes"].items():
+            roles.setdefault(label, set()).update(proc.get("by_role", {}))
+    servers = [s["label"] for s in events[0]["servers"]]
+    assert all({"top", "VLLM::EngineCor"} <= roles[label] for label in servers), roles
     after = events[-1]["after_shutdown"]
     assert after["servers_alive"] == 0 and not after["mounts_left"], after
