@@ -31,7 +31,6 @@ from fresh counts, so trends never span a restart):
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from benchmarks.soak import rss_context
@@ -208,19 +207,15 @@ def _trend(points: list[dict], pid: int) -> dict | None:
 
 
 def _rss_growth(points: list[dict], pid: int) -> dict:
-    window = _span(points)
-    edge = min(RSS_EDGE_S, window / 3)
-    t0, t1 = points[0]["t"], points[-1]["t"]
-    first = statistics.median(p["rss_bytes"] for p in points if p["t"] <= t0 + edge)
-    last = statistics.median(p["rss_bytes"] for p in points if p["t"] >= t1 - edge)
+    span = _span(points)
+    window = rss_context.Window(points[0]["t"], points[-1]["t"], min(RSS_EDGE_S, span / 3))
+    growth = window.growth(points, lambda p: p["rss_bytes"])
+    assert growth is not None  # the window's edges are samples of its own
     return {
         "pid": pid,
-        "window_s": window,
-        "from_t": t0,
-        "to_t": t1,
-        "edge_s": edge,
-        "first_bytes": first,
-        "last_bytes": last,
-        "growth_bytes": last - first,
-        "growth": (last - first) / first if first else 0.0,
+        "window_s": span,
+        "from_t": window.from_t,
+        "to_t": window.to_t,
+        "edge_s": window.edge_s,
+        **growth,
     }
