@@ -483,7 +483,7 @@ def phase_c() -> bool:
             f"c {n}: decision {verdict}: {did} {ttft:.3f}s [{cached} cached] equal={equal}; "
             f"cold {cold:.3f}s, disk restore "
             + (f"{restore:.3f}s" if restore is not None else "not run")
-            + f", {ttft / best:.2f}x the better of the two",
+            + f", {ratios[n]:.2f}x the better of the two",
             flush=True,
         )
     print("c medians: decision on " + medians(decided), flush=True)
