@@ -121,6 +121,60 @@ def test_the_same_tier_is_refused_for_short_contexts_and_used_for_long_ones():
     assert truth_recompute_s(250_000, 2048) > FakeTier(2e9).seconds(2048 * TOKEN_BYTES)
 
 
+BLOCK = 16
+
+
+@given(
+    bandwidth=st.sampled_from([0.3e9, 0.5e9, 1e9, 2e9, 4e9, 8e9]),
+    latency=st.sampled_from([0.0, 0.001, 0.05]),
+    max_tokens=st.sampled_from([4096, 32768, 131_072]),
+    cached=st.integers(0, 131_072),
+    blocks=st.integers(1, 8192),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_refusal_of_every_hit_holds_for_any_hit_within_the_longest_prompt(
+    bandwidth, latency, max_tokens, cached, blocks
+):
+    """What refuse_every_hit promises: no hit of the tier in such a prompt is restored."""
+    policy = policy_with({"disk": FakeTier(bandwidth, latency)})
+    refusal = policy.refuse_every_hit("disk", max_tokens, BLOCK, BLOCK * TOKEN_BYTES)
+    tokens = min(blocks * BLOCK, max_tokens)
+    cached = min(cached, max_tokens - tokens)
+    if refusal is not None:
+        assert not refusal.restore
+        assert not policy.decide("disk", cached, tokens, tokens * TOKEN_BYTES).restore
+
+
+def test_every_hit_is_refused_only_when_even_the_last_token_is_cheaper_to_recompute():
+    slow = policy_with({"disk": FakeTier(bandwidth=0.5e9)})
+    refusal = slow.refuse_every_hit("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES)
+    assert refusal is not None and refusal.reason == "recompute is faster at any length"
+    assert refusal.charges == (("engine", refusal.recompute_s),), "one block on the engine"
+    assert slow.snapshot().tiers["disk"].refused == 1
+    # 2 GB/s loses early in a prompt and wins late in a 250k one (the test above): a prompt
+    # that long may hold a hit worth restoring, so nothing is refused in advance.
+    medium = policy_with({"disk": FakeTier(bandwidth=2e9)})
+    assert medium.refuse_every_hit("disk", 4096, BLOCK, BLOCK * TOKEN_BYTES) is not None
+    assert medium.refuse_every_hit("disk", 262_144, BLOCK, BLOCK * TOKEN_BYTES) is None
+    assert medium.decide("disk", 250_000, 2048, 2048 * TOKEN_BYTES).restore
+
+
+def test_every_hit_is_refused_in_advance_only_with_nothing_queued_on_the_engine():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(bandwidth=0.5e9)}, clock)
+    queued = policy.decide("disk", 0, 8192, 8192 * TOKEN_BYTES)
+    policy.commit(queued)  # a recompute now queued on the engine
+    assert policy.engine_wait_s() > 0
+    assert policy.refuse_every_hit("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES) is None
+    clock.advance(queued.recompute_s + 1)
+    assert policy.refuse_every_hit("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES) is not None
+
+
+def test_with_the_decision_off_nothing_is_refused_in_advance():
+    policy = policy_with({"disk": FakeTier(bandwidth=0.5e9)}, enabled=False)
+    assert policy.refuse_every_hit("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES) is None
+
+
 def test_the_decision_matches_the_truth_once_measured():
     tier = FakeTier(bandwidth=3e9, latency_s=0.002)
     policy = policy_with({"disk": tier}, safety_factor=1.0)

@@ -12,6 +12,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult
 
 from kvtier.errors import ConfigError
 from kvtier.format import Namespace
+from kvtier.policy import RestorePrior
 from kvtier.vllm import compat
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.guards import check_hash_stability
@@ -233,6 +234,83 @@ def test_without_key_positions_prefill_is_measured_by_counting_stored_blocks():
     assert d.hit(b"x0", ctx) in (LookupResult.HIT, LookupResult.MISS)
     assert d.counts.restore + d.counts.recompute == 1
     assert "no key positions" not in PREFILL_EVIDENCE, "0.32 has them"
+
+
+def decider_025(prior: RestorePrior, max_tokens: int | None) -> tuple[TierDecider, Clock]:
+    """A 0.25.1-style decider (no positions) whose engine prefill was measured at about
+    40 us a token, over a tier of ``prior``."""
+    clock = Clock()
+    policy = make_policy(True, clock)
+    policy.add_tier("disk", prior, via="host")
+    d = TierDecider(
+        policy,
+        "disk",
+        TOKENS,
+        ROW,
+        clock,
+        observes_prefill=True,
+        native_context=False,
+        max_tokens=max_tokens,
+    )
+    for r in range(6):  # prompts of 8 to 48 blocks, so the fit sees cost grow with tokens
+        ctx = Ctx025(f"r{r}")
+        d.on_lookup(ctx)
+        clock.now += (r + 1) * 8 * TOKENS * 4e-5
+        d.on_store([bytes([r, i]) for i in range((r + 1) * 8)], ctx)
+    clock.now += 10  # the engine idle again
+    return d, clock
+
+
+#: 1 KiB of KV per token: at 1 MB/s a token loads in 1 ms, 25x its recompute at any length
+#: below 100k; at 20 GB/s a restore beats recomputing every token.
+CRAWL = RestorePrior(bandwidth_bytes_per_s=1e6, latency_s=0.01)
+FAST = RestorePrior(bandwidth_bytes_per_s=20e9, latency_s=0.0001)
+
+
+def test_without_key_positions_a_tier_that_cannot_pay_at_any_length_misses_at_once():
+    """0.25.1: no step is spent collecting a hit whose verdict cannot be restore."""
+    d, _ = decider_025(CRAWL, max_tokens=4096)
+    ctx = Ctx025("hit")
+    assert d.hit(b"x0", ctx) is LookupResult.MISS, "decided at the first key, no RETRY"
+    assert d.hit(b"x0", ctx) is LookupResult.MISS
+    assert d.counts.recompute == 1 and d.counts.restore == 0
+    d.end_step()
+    assert d.counts.recompute == 1, "nothing was left to decide at the step's end"
+    # Without the engine's longest prompt the same request waits the step, as before.
+    d, _ = decider_025(CRAWL, max_tokens=None)
+    ctx = Ctx025("hit")
+    assert d.hit(b"x0", ctx) is LookupResult.RETRY
+    d.end_step()
+    assert d.hit(b"x0", ctx) is LookupResult.MISS
+
+
+def test_without_key_positions_a_tier_that_may_pay_is_still_collected_and_weighed():
+    d, _ = decider_025(FAST, max_tokens=4096)
+    ctx = Ctx025("hit")
+    assert d.hit(b"x0", ctx) is LookupResult.RETRY
+    d.hit(b"x1", ctx)
+    d.end_step()
+    assert d.hit(b"x0", ctx) is LookupResult.HIT
+
+
+def test_without_key_positions_requests_behind_queued_prefill_are_batched_not_refused():
+    """With prefill queued on the engine a restore beside it may pay: the step's batch
+    weighs that, so nothing is refused in advance."""
+    d, _ = decider_025(CRAWL, max_tokens=4096)
+    first = Ctx025("first")
+    assert d.hit(b"a0", first) is LookupResult.MISS  # its recompute now queued on the engine
+    assert d.policy.engine_wait_s() > 0
+    assert d.hit(b"b0", Ctx025("second")) is LookupResult.RETRY
+
+
+def test_the_longest_prompt_is_read_only_where_positions_are_missing(monkeypatch):
+    spec = SimpleNamespace(
+        vllm_config=SimpleNamespace(model_config=SimpleNamespace(max_model_len=40960))
+    )
+    assert compat.max_prompt_tokens(spec) is None, "0.32: positions show the keys ahead"
+    monkeypatch.setattr(compat, "HAS_KEY_POSITIONS", False)
+    assert compat.max_prompt_tokens(spec) == 40960
+    assert compat.max_prompt_tokens(SimpleNamespace()) is None, "not said: None"
 
 
 def test_the_device_is_the_cpu_model_on_0_32_and_nothing_when_unknown(tmp_path):

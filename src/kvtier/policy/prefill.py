@@ -171,6 +171,16 @@ class PrefillModel:
             seconds += c.step_s * (new // self.max_step_tokens)
         return seconds
 
+    def most_seconds_per_token(self, max_tokens: int) -> float:
+        """The most one token of a prompt of at most ``max_tokens`` tokens can add to a
+        recompute: the last one's (attention grows with position), with its share of the extra
+        steps chunked prefill takes. No hit in such a prompt costs more per token."""
+        c = self.coefficients()
+        seconds = c.per_token_s + c.per_pair_s * attended_pairs(max(max_tokens - 1, 0), 1)
+        if self.max_step_tokens is not None:
+            seconds += c.step_s / self.max_step_tokens
+        return seconds
+
     def observe_step(self, segments: Sequence[tuple[int, int]], seconds: float) -> bool:
         """Feed the measured wall time of one engine step; True if it was used.
 

@@ -498,6 +498,46 @@ class RestorePolicy:
             for h, v, p, r, c in zip(hits, verdicts, pays, restore, recompute, strict=True)
         ]
 
+    def refuse_every_hit(
+        self, tier: str, max_tokens: int, block_tokens: int, block_bytes: int
+    ) -> Decision | None:
+        """A recompute verdict that holds for any hit of ``tier`` in a prompt of at most
+        ``max_tokens`` tokens, wherever it starts and however long it is; None if some hit
+        could pay, or while prefill is queued on the engine (then a restore beside the queue
+        may pay: ``decide_batch``). For an adapter that must answer before it knows the hit's
+        size or position.
+
+        Why one comparison covers every hit: per token, a restore costs least when it is the
+        longest hit there can be (its fixed latency spread over the most tokens), and a
+        recompute costs most at the prompt's last token (``PrefillModel.most_seconds_per_
+        token``). If even that restore, by the safety factor, does not beat that recompute,
+        no hit can. Only one block is charged to the engine: the hit's size is unknown.
+        """
+        if not self.settings.enabled or max_tokens <= 0 or block_tokens <= 0:
+            return None
+        blocks = max(max_tokens // block_tokens, 1)
+        with self._lock:
+            est = self._tier(tier)
+            if self._backlog.wait_s(ENGINE, self._clock()) > 0:
+                return None
+            longest_s = self._predict(tier, blocks * block_bytes)
+            restore_per_token = longest_s / (blocks * block_tokens)
+            recompute_per_token = self.prefill.most_seconds_per_token(max_tokens)
+            if self.settings.safety_factor * restore_per_token < recompute_per_token:
+                return None
+            est.refused += 1
+            block_s = self._predict(tier, block_bytes)
+            block_recompute = self.prefill.recompute_seconds(0, block_tokens)
+        return Decision(
+            restore_tokens=0,
+            restore_tiers=(),
+            restore_s=block_s,
+            recompute_s=block_recompute,
+            plan_s=block_recompute,
+            reason="recompute is faster at any length",
+            charges=((ENGINE, block_recompute),),
+        )
+
     def commit(self, decision: Decision) -> None:
         """The adapter carries ``decision`` out: its work joins the backlog that later
         decisions weigh (requests in flight; a decision never committed is a look-ahead)."""

@@ -385,6 +385,19 @@ def engine_vllm_config(spec: Any) -> Any:
     return get_current_vllm_config_or_none()
 
 
+def max_prompt_tokens(spec: Any) -> int | None:
+    """The longest prompt the engine takes (``max_model_len``) where the decision needs it
+    to answer without key positions (0.25.1); None on 0.32, whose positions show each
+    request's keys ahead, and where vLLM's config does not say."""
+    if HAS_KEY_POSITIONS:
+        return None
+    try:
+        value = int(spec.vllm_config.model_config.max_model_len)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
 def host_pool_rows(spec: Any) -> int:
     """Rows of vLLM's own host pool (0.32: chunks; 0.25.1: offloaded blocks)."""
     return int(spec.num_chunks if API == "0.32" else spec.num_blocks)

@@ -16,6 +16,10 @@ answers RETRY. The policy decides per request and per tier, all or nothing (the 
    the same per token wherever the token sits and recomputing costs more the later it sits,
    so every later block wins by at least as much; ``kvtier.policy.restore_policy``). The same
    argument makes the look-ahead safe: if a shorter run pays, a longer one pays more.
+   Conversely, with nothing queued on the engine, if no hit could pay in any prompt the
+   engine takes (its ``max_model_len``: the longest hit restored against the prompt's last
+   token recomputed, ``RestorePolicy.refuse_every_hit``), the first key answers MISS: a
+   request alone does not wait a step for a verdict that cannot go the other way.
 3. Otherwise each hit key is answered RETRY and collected (with its end position), and at
    the end of that scheduler step (``on_schedule_end``) the whole hit is decided: tokens
    ``[M, M + N)`` with ``M`` = tokens before the first hit key, ``N`` = the hit keys' tokens,
@@ -62,7 +66,8 @@ stored blocks are counted from its start (they reach the tier in order) and a hi
 if it began the prompt (``M`` = 0). Both err the same small way for a request that had a
 prefix hit: its prefill evidence reads a little slow (towards restoring) and its recompute
 estimate a little cheap (towards recomputing), so the two partly cancel; steps 1 and 2 need
-positions and are skipped there, so every decided hit costs the one step of case 3.
+positions and are skipped there, so every decided hit costs the one step of case 3 unless
+the converse of step 2 refuses it at once (which needs only ``max_model_len``).
 ``PREFILL_EVIDENCE`` says which applies, in the engine's start-up line.
 """
 
@@ -154,11 +159,15 @@ class TierDecider:
         clock: Callable[[], float],
         observes_prefill: bool,
         native_context: bool = HAS_KEY_POSITIONS,
+        max_tokens: int | None = None,
     ) -> None:
         """``native_context``: vLLM's request context keeps kvtier's state and every key's
         position (0.32); else kvtier keeps the state on the context and counts positions
-        itself (0.25.1, see ``PREFILL_EVIDENCE``)."""
+        itself (0.25.1, see ``PREFILL_EVIDENCE``). ``max_tokens``: the longest prompt the
+        engine takes, where the tier cannot see a request's keys ahead (0.25.1); None where
+        it can or where it is not known."""
         self.policy = policy
+        self._max_tokens = max_tokens
         self._native = native_context
         self.tier = tier
         self.tokens_per_key = max(tokens_per_key, 1)
@@ -224,6 +233,9 @@ class TierDecider:
             elif position is not None and (block := self._one_block_pays(position)):
                 self._settle(plan, True, "restore", block)
                 return LookupResult.HIT
+            elif (refusal := self._no_hit_pays()) is not None:
+                self._settle(plan, False, "recompute", refusal)
+                return LookupResult.MISS
             with self._lock:
                 self._pending.append(plan)
         plan.keys[key] = position if position is not None else len(plan.keys)
@@ -296,6 +308,16 @@ class TierDecider:
             self.tier, cached, self.tokens_per_key, self.row_bytes, count=False, queued=False
         )
         return decision if decision.restore else None
+
+    def _no_hit_pays(self) -> Decision | None:
+        """The verdict to recompute at once when no hit of this tier could pay in any prompt
+        the engine takes and nothing is queued on the engine (module docstring, step 2); None
+        otherwise, or when the longest prompt is not known."""
+        if self._max_tokens is None:
+            return None
+        return self.policy.refuse_every_hit(
+            self.tier, self._max_tokens, self.tokens_per_key, self.row_bytes
+        )
 
     def end_step(self) -> None:
         """Decide every request whose hits were collected this step."""

@@ -73,6 +73,7 @@ from kvtier.vllm.compat import (
     device_description,
     job_result,
     job_rows,
+    max_prompt_tokens,
     offloading_view,
 )
 from kvtier.vllm.decision_memory import DecisionMemory
@@ -222,6 +223,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             self._row_bytes,
             self._clock,
             observes_prefill,
+            max_tokens=max_prompt_tokens(spec),
         )
 
     # -- store lifecycle (opener thread) -------------------------------------------------
