@@ -297,3 +297,12 @@ def test_none_hash_is_random_for_every_algorithm_without_pythonhashseed():
     assert 'prefix_caching_hash_algo: PrefixCachingHashAlgo = "sha256"' in source(
         "vllm/config/cache.py"
     )
+
+
+def test_the_longest_prompt_is_the_model_configs_max_model_len():
+    """compat.max_prompt_tokens reads ``spec.vllm_config.model_config.max_model_len`` (the
+    spec keeps ``vllm_config``: pinned above); the decision refuses a hit in advance with it."""
+    model = cls("vllm/config/model.py", "ModelConfig")
+    assert "max_model_len" in fields(model)
+    text = segment("vllm/config/model.py", model)
+    assert "self.max_model_len = self.get_and_verify_max_len(self.max_model_len)" in text

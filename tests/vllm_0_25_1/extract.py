@@ -35,6 +35,7 @@ FILES = (
     "vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py",
     "vllm/v1/core/kv_cache_utils.py",
     "vllm/config/cache.py",
+    "vllm/config/model.py",
     "vllm-0.25.1.dist-info/licenses/LICENSE",
 )
 
