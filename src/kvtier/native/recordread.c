@@ -209,6 +209,7 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
         return;
     }
     if (direct) {
+        /* After the checks: the kernel answers for this user's files only (kvtier_resident). */
         if (page_cache && kvtier_resident(fd, (uint64_t)st.st_size)) {
             /* A page evicted from here on only makes this read slower, never wrong. */
             result->from_page_cache = 1;
@@ -227,7 +228,7 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
     }
     ssize_t got = read_all(fd, header, header_len, payload, payload_len);
     if (got < 0 && errno == EINVAL && direct) {
-        /* The file system took O_DIRECT at open and refused the read: read it buffered. */
+        /* The file system took O_DIRECT and refused the read: read it buffered. */
         result->direct_refused = 1;
         int flags = fcntl(fd, F_GETFL);
         if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_DIRECT) < 0) {
