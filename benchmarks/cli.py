@@ -185,6 +185,13 @@ def bench_disk_read(
     busy_python_thread: Annotated[
         bool, typer.Option(help="Run Python without pause on a thread beside the readers.")
     ] = False,
+    page_cache: Annotated[
+        str,
+        typer.Option(
+            help="cold: page cache dropped before each pass (root); warm: records made "
+            "resident first, compared with a memcpy and a plain buffered read."
+        ),
+    ] = "cold",
 ) -> None:
     """kvtier's disk reads next to plain multi-threaded O_DIRECT reads of the same files.
 
@@ -193,10 +200,20 @@ def bench_disk_read(
     from benchmarks import disk_read
     from kvtier.bench.console import print_result, progress
 
+    if page_cache not in ("cold", "warm"):
+        raise typer.BadParameter(f"{page_cache!r}; choose cold or warm", param_hint="--page-cache")
     counts = tuple(int(t) for t in threads.split(","))
     with progress("disk-read") as report:
         disk_read.run(
-            out, folder, record_bytes, blocks, counts, passes, report, busy_python_thread
+            out,
+            folder,
+            record_bytes,
+            blocks,
+            counts,
+            passes,
+            report,
+            busy_python_thread,
+            page_cache,
         )
     print_result(out, "disk-read")
 

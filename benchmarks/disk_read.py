@@ -23,11 +23,26 @@ GB/s medians per kind and thread count, and each kvtier kind's best against plai
 (the target: kvtier disk -> pinned host at least 0.8 of a plain multi-threaded
 ``O_DIRECT`` read). Every row is compared with what was written, so a fast wrong read cannot pass.
 
-Run: ``python -m benchmarks disk-read --dir /var/tmp --out bench-out``.
+With ``page_cache="warm"`` the records are instead made resident in the page cache before
+every pass (read once buffered, then checked with ``kvtier.native.resident``, the native
+reader's own probe), and the reference is what memory gives:
+
+* ``memcpy``: the same bytes copied from a resident source buffer of the same size into the
+  same rows, one ``memcpy`` per record on the same threads: the ceiling;
+* ``buffered``: each file read with one plain buffered ``preadv`` into its row, no checks;
+* ``tier-odirect``: ``tier`` with the page-cache probe off (``RecordIO(page_cache_reads=
+  False)``), reading every record ``O_DIRECT`` as if the page cache held nothing;
+
+beside ``plain``, ``store`` and ``tier`` (the target: the tier's path at least 0.8 of the
+memcpy). The count of page-cache hits shows which way kvtier's reads went.
+
+Run: ``python -m benchmarks disk-read --dir /var/tmp --out bench-out`` (add
+``--page-cache warm`` for resident records).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -42,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.store_bench import namespace
+from kvtier import native
 from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, median
 from kvtier.buffers import address_of
 from kvtier.dataplane.abandonable import BounceBuffers
@@ -50,15 +66,19 @@ from kvtier.store import DiskStore, RecordIO
 
 
 def _pin(buffer: mmap.mmap) -> str:
-    """Page-lock ``buffer`` for the GPU when torch sees one; says what was done."""
+    """Page-lock ``buffer``: for the GPU when torch sees one, else with ``mlock`` (so a machine
+    without a GPU copies into resident, locked pages too); says what was done."""
     try:
         import torch
     except ImportError:
-        return "pageable (no torch)"
-    if not torch.cuda.is_available():
-        return "pageable (no GPU)"
-    result = torch.cuda.cudart().cudaHostRegister(address_of(buffer), len(buffer), 0)
-    return "page-locked (cudaHostRegister)" if int(result) == 0 else f"pageable ({result})"
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        result = torch.cuda.cudart().cudaHostRegister(address_of(buffer), len(buffer), 0)
+        return "page-locked (cudaHostRegister)" if int(result) == 0 else f"pageable ({result})"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mlock(ctypes.c_void_p(address_of(buffer)), ctypes.c_size_t(len(buffer))) == 0:
+        return "page-locked (mlock; no GPU)"
+    return f"pageable (no GPU; mlock: {os.strerror(ctypes.get_errno())})"
 
 
 def _plain_read(path: Path, row: memoryview) -> None:
@@ -72,6 +92,28 @@ def _plain_read(path: Path, row: memoryview) -> None:
             done += n
     finally:
         os.close(fd)
+
+
+def _buffered_read(path: Path, row: memoryview) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        done = 0
+        while done < row.nbytes:
+            n = os.preadv(fd, [row[done:]], HEADER_BYTES + done)
+            if n <= 0:
+                raise RuntimeError(f"short read of {path}")
+            done += n
+    finally:
+        os.close(fd)
+
+
+def _make_resident(paths: list[Path], scratch: memoryview) -> bool:
+    """Read every record file once buffered; True when the page cache then holds them all."""
+    for path in paths:
+        with path.open("rb", buffering=0) as f:
+            while f.readinto(scratch):
+                pass
+    return all(native.resident(path) for path in paths)
 
 
 def _spin(stop: threading.Event) -> None:
@@ -89,7 +131,13 @@ def run(
     passes: int = 3,
     progress: Callable[[str], None] = print,
     busy_python_thread: bool = False,
+    page_cache: str = "cold",
 ) -> dict:
+    if page_cache not in ("cold", "warm"):
+        raise ValueError(f"page_cache={page_cache!r}; choose cold or warm")
+    warm = page_cache == "warm"
+    if warm and native.residency_probe() is None:
+        raise RuntimeError("--page-cache warm needs the native record reader: build it first")
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kvtier-disk-read-", dir=folder))
     host_map = mmap.mmap(-1, blocks * record_bytes)
@@ -111,17 +159,37 @@ def run(
     stores = [store]
     # Each kvtier kind: the store it reads from, and whether it loads as the tier does.
     loads = {"store": (store, False), "tier": (store, True)}
-    if native_io.native_reads:
+    if warm:
+        odirect_io = RecordIO(page_cache_reads=False)
+        odirect = DiskStore(work / "tier", namespace(record_bytes), capacity, io=odirect_io)
+        stores.append(odirect)
+        loads["tier-odirect"] = (odirect, True)
+    elif native_io.native_reads:
         python_io = RecordIO(native_reads=False)
         python_reads = DiskStore(work / "tier", namespace(record_bytes), capacity, io=python_io)
         stores.append(python_reads)
         loads.update({"store-py": (python_reads, False), "tier-py": (python_reads, True)})
-    kinds = ("plain", *loads)
+    references = ("memcpy", "buffered", "plain") if warm else ("plain",)
+    reference = references[0]
+    kinds = (*references, *loads)
     reader = "native one-call reader" if native_io.native_reads else "Python calls (not built)"
+    # memcpy's source: the same bytes in resident memory of the same size as the records.
+    source_map = mmap.mmap(-1, total) if warm else None
+    if source_map is not None:
+        source_map[:] = written.tobytes()
+    source_at = address_of(source_map) if source_map is not None else 0
+    row_at = address_of(host_map)
 
     def one(kind: str, i: int) -> None:
         if kind == "plain":
             _plain_read(paths[i], rows[i])  # type: ignore[arg-type]
+            return
+        if kind == "buffered":
+            _buffered_read(paths[i], rows[i])  # type: ignore[arg-type]
+            return
+        if kind == "memcpy":
+            offset = i * record_bytes
+            ctypes.memmove(row_at + offset, source_at + offset, record_bytes)
             return
         using, as_tier = loads[kind]
         if as_tier:
@@ -145,15 +213,26 @@ def run(
     busy = threading.Event()
     if busy_python_thread:
         threading.Thread(target=_spin, args=(busy,), daemon=True).start()
+    scratch = memoryview(bytearray(1 << 20))
+    resident = True
+    # Timed reads per kvtier kind that came from the page cache.
+    from_cache = dict.fromkeys(loads, 0)
     for n_pass in range(passes):
         order = kinds if n_pass % 2 == 0 else kinds[::-1]
         for count, readers in pools.items():
             for kind in order:
                 host[:] = 0
-                dropped &= drop_page_cache()
+                if warm:
+                    resident &= _make_resident(paths, scratch)
+                else:
+                    dropped &= drop_page_cache()
+                using = loads[kind][0] if kind in loads else None
+                hits_before = using.stats().page_cache_hits if using is not None else 0
                 start = time.perf_counter()
                 list(readers.map(lambda i, kind=kind: one(kind, i), range(blocks)))
                 seconds = time.perf_counter() - start
+                if using is not None:
+                    from_cache[kind] += using.stats().page_cache_hits - hits_before
                 if not np.array_equal(host, written):
                     raise RuntimeError(f"{kind} on {count} threads read the wrong bytes")
                 results[kind][count].append(total / seconds / 1e9)
@@ -169,39 +248,52 @@ def run(
     shutil.rmtree(work, ignore_errors=True)
 
     med = {k: {t: median(v) for t, v in by_threads.items()} for k, by_threads in results.items()}
-    best_plain = max(med["plain"].values())
-    measured = [k for k in kinds if k != "plain"]
+    best_reference = max(med[reference].values())
+    measured = [k for k in kinds if k != reference]
     table = markdown_table(
-        ["threads", *(f"{k} GB/s" for k in kinds), *(f"{k} / plain" for k in measured)],
+        ["threads", *(f"{k} GB/s" for k in kinds), *(f"{k} / {reference}" for k in measured)],
         [
             [
                 str(t),
                 *(f"{med[k][t]:.2f}" for k in kinds),
-                *(f"{med[k][t] / med['plain'][t]:.2f}" for k in measured),
+                *(f"{med[k][t] / med[reference][t]:.2f}" for k in measured),
             ]
             for t in threads
         ],
     )
+    ratio_key = f"ratio_to_best_{reference}"
     summary = {
-        k: {
-            "best_gbps": max(med[k].values()),
-            "ratio_to_best_plain": max(med[k].values()) / best_plain,
-        }
+        k: {"best_gbps": max(med[k].values()), ratio_key: max(med[k].values()) / best_reference}
         for k in measured
     }
+    reads = len(threads) * passes * blocks
+    if warm:
+        state = f"records made resident before each (every record, each time): {resident}"
+    else:
+        state = f"page cache dropped before each: {dropped}"
     table += (
-        f"\n\nbest plain {best_plain:.2f} GB/s; "
+        f"\n\nbest {reference} {best_reference:.2f} GB/s; "
         + "; ".join(
-            f"best {k} {v['best_gbps']:.2f} ({v['ratio_to_best_plain']:.2f} of plain)"
+            f"best {k} {v['best_gbps']:.2f} ({v[ratio_key]:.2f} of {reference})"
             for k, v in summary.items()
         )
-        + f". store and tier read with the {reader}. "
+        + f". store and tier read with the {reader}; reads from the page cache "
+        + ", ".join(f"{k} {n} of {reads}" for k, n in from_cache.items())
+        + f" (probe: {native.residency_probe()}). "
         f"{blocks} records x {record_bytes:,} B = {total / 1e9:.2f} GB per pass, medians "
-        f"of {passes} passes, page cache dropped before each: {dropped}; host buffer {pinned}; "
+        f"of {passes} passes, {state}; host buffer {pinned}; "
         f"busy Python thread beside the readers: {busy_python_thread}. "
         f"{environment_line()}"
     )
     (out / "disk-read.md").write_text(table + "\n")
-    raw = {"gbps": results, "dropped": dropped, "pinned": pinned, "summary": summary}
+    raw = {
+        "gbps": results,
+        "page_cache": page_cache,
+        "dropped": dropped,
+        "resident": resident,
+        "page_cache_reads": from_cache,
+        "pinned": pinned,
+        "summary": summary,
+    }
     (out / "disk-read.json").write_text(json.dumps(raw))
     return raw

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtier import native
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO, list_namespaces, remove_namespace
@@ -220,6 +221,28 @@ def test_stats_count_puts_hits_and_bytes(open_disk: OpenDisk) -> None:
     stats = store.stats()
     assert (stats.puts, stats.hits, stats.misses) == (1, 1, 1)
     assert (stats.bytes_written, stats.bytes_read) == (RECORD, PAYLOAD_BYTES)
+
+
+@pytest.mark.skipif(native.record_reader() is None, reason="the native reader is not built")
+def test_stats_count_hits_copied_from_the_page_cache(open_disk: OpenDisk) -> None:
+    """Records written through the page cache (kept there: fsynced, not dropped) are read from
+    it; records written O_DIRECT are not in it (unless the file system keeps every file in
+    memory) and come from the device."""
+    buffered = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    store = open_disk(io=buffered)
+    row = aligned_buffer(PAYLOAD_BYTES)
+    row[:] = payload(1)
+    assert store.put(key_of(1), row)
+    if not native.resident(store.record_path(key_of(1))):
+        pytest.skip("the page cache did not keep the buffered write (memory pressure?)")
+    assert store.get_into(key_of(1), aligned_buffer(PAYLOAD_BYTES))
+    assert (store.stats().hits, store.stats().page_cache_hits) == (1, 1)
+    store.close()
+    direct = open_disk()
+    assert direct.put(key_of(2), row)
+    held = native.resident(direct.record_path(key_of(2)))
+    assert direct.get_into(key_of(2), aligned_buffer(PAYLOAD_BYTES))
+    assert (direct.stats().hits, direct.stats().page_cache_hits) == (1, int(bool(held)))
 
 
 def test_open_with_many_records_is_fast(open_disk: OpenDisk) -> None:

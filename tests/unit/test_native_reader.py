@@ -140,11 +140,11 @@ def test_a_good_record_reads_whole_with_its_checksum(
     write_record(path, payload)
     io = record_io(native_reads)
     out = aligned_buffer(PAYLOAD) if aligned else memoryview(bytearray(PAYLOAD + 1))[1:]
-    header, checksum = io.read_checked(path, out, checksum=True)
+    header, checksum, _ = io.read_checked(path, out, checksum=True)
     assert bytes(out) == payload
     assert bytes(header) == path.read_bytes()[:HEADER_BYTES]
     assert checksum == (xxhash.xxh3_64_intdigest(payload) if native_reads else None)
-    _, unasked = io.read_checked(path, out, checksum=False)
+    _, unasked, _ = io.read_checked(path, out, checksum=False)
     assert unasked is None
 
 
@@ -152,7 +152,9 @@ def test_a_good_record_reads_whole_with_its_checksum(
 def test_a_crc32_record_leaves_the_checksum_to_the_caller(tmp_path: Path, native_reads: bool):
     path = tmp_path / "r.kvb"
     write_record(path, payload_of(2), CRC32.algorithm_id)
-    _, checksum = record_io(native_reads).read_checked(path, aligned_buffer(PAYLOAD), checksum=True)
+    _, checksum, _ = record_io(native_reads).read_checked(
+        path, aligned_buffer(PAYLOAD), checksum=True
+    )
     assert checksum is None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from types import ModuleType
 
@@ -21,9 +22,12 @@ log = logging.getLogger(__name__)
 #: Signature of ``copy_pages(n, dst, src, sizes) -> bytes copied``: addresses of uint64 arrays.
 PageCopier = Callable[[int, int, int, int], int]
 
-#: Signature of ``read_record(path, header, payload, direct, checksum)``: see recordread.h.
+#: Signature of ``read_record(path, header, payload, direct, checksum, page_cache)`` ->
+#: ``(status, errno, detail, detail2, direct_refused, payload_checksum, from_page_cache)``: see
+#: recordread.h.
 RecordReader = Callable[
-    [bytes, memoryview, memoryview, bool, bool], tuple[int, int, int, int, bool, int | None]
+    [bytes, memoryview, memoryview, bool, bool, bool],
+    tuple[int, int, int, int, bool, int | None, bool],
 ]
 
 _MODULE = "kvtier.native._streamcopy"
@@ -64,16 +68,35 @@ def copier_name() -> str:
 
 
 @functools.cache
+def _reader_module() -> ModuleType | None:
+    return _load(
+        _READER_MODULE,
+        "native record reader unavailable; disk reads use Python's calls, which wait for the "
+        "GIL several times per block, and read records the page cache holds from the device "
+        "again. It is compiled when kvtier is installed with a C compiler on Linux.",
+    )
+
+
+@functools.cache
 def record_reader() -> RecordReader | None:
     """The one-call record reader (releases the GIL once per block), or None where it was not
     built. Cached per process, like ``page_copier``."""
-    module = _load(
-        _READER_MODULE,
-        "native record reader unavailable; disk reads use Python's calls, which wait for the "
-        "GIL several times per block. It is compiled when kvtier is installed with a C "
-        "compiler on Linux.",
-    )
+    module = _reader_module()
     if module is None:
         return None
     reader: RecordReader = module.read_record
     return reader
+
+
+def resident(path: str | os.PathLike[str]) -> bool | None:
+    """Whether the page cache holds every page of the file at ``path`` (a file of this user),
+    asked as the record reader asks it: nothing is read. None where the reader is not built."""
+    module = _reader_module()
+    return None if module is None else bool(module.resident(path))
+
+
+def residency_probe() -> str | None:
+    """How the record reader asks the kernel about the page cache in this process,
+    ``"cachestat"`` or ``"mincore"`` (kernels before 6.5); None where it is not built."""
+    module = _reader_module()
+    return None if module is None else str(module.residency_probe())

@@ -9,11 +9,23 @@
  *
  * It makes the same checks, in the same order, as RecordIO.read_into; the header itself is then
  * decoded in Python (kvtier.format.record.decode_header), which holds the GIL only briefly.
+ *
+ * A read asked to be direct first asks the kernel whether the page cache holds the whole file
+ * (kvtier_resident). Records are written O_DIRECT and so are normally not cached, but when they
+ * are (the file system refused O_DIRECT writes, an unaligned buffered write, an operator copied
+ * or read the folder, a tmpfs-like file system), an O_DIRECT read would fetch them from the
+ * device again, far slower than a copy from memory. The probe reads no data: cachestat(2), or
+ * mincore(2) on a mapping of the file where the kernel predates cachestat. Rejected: a
+ * preadv2(RWF_NOWAIT) buffered attempt, which on a miss still starts read-ahead, so a cold
+ * record would be read twice (once into the page cache, once O_DIRECT).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -25,12 +37,112 @@
 #define HEADER_CHECKSUM_ALG_OFFSET 12
 #define CHECKSUM_XXH3_64 1
 
-static int open_record(const char *path, int direct) {
+/* cachestat(2) (Linux >= 6.5) has number 451 on x86-64 and arm64 alike; its structs are
+ * declared here, named apart, as libc headers may not have them yet. */
+#if defined(__x86_64__) || defined(__aarch64__)
+#define KVTIER_NR_CACHESTAT 451
+#endif
+
+struct kvtier_cachestat_range {
+    uint64_t off;
+    uint64_t len;
+};
+
+struct kvtier_cachestat {
+    uint64_t nr_cache;
+    uint64_t nr_dirty;
+    uint64_t nr_writeback;
+    uint64_t nr_evicted;
+    uint64_t nr_recently_evicted;
+};
+
+/* Set once cachestat answered ENOSYS (an older kernel), so the failed call is paid once per
+ * process. Read and written without the GIL by every reader thread: relaxed atomics. */
+static int cachestat_missing;
+/* Tests only (kvtier_force_mincore): probe with mincore even where cachestat works. */
+static int mincore_forced;
+
+#ifdef KVTIER_NR_CACHESTAT
+/* 1 or 0 as kvtier_resident, or -1 when the kernel has no cachestat. */
+static int resident_cachestat(int fd, uint64_t size, uint64_t page) {
+    struct kvtier_cachestat_range range = {0, size};
+    struct kvtier_cachestat found;
+    if (syscall(KVTIER_NR_CACHESTAT, fd, &range, &found, 0) != 0)
+        return errno == ENOSYS ? -1 : 0; /* EPERM, EOPNOTSUPP...: cannot tell, so not held */
+    return found.nr_cache >= (size + page - 1) / page;
+}
+#endif
+
+static int resident_mincore(int fd, uint64_t size, uint64_t page) {
+    if (size > SIZE_MAX)
+        return 0;
+    /* Mapping a file faults nothing in, and mincore only looks at the page cache. */
+    uint8_t *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        return 0;
+    uint64_t pages = (size + page - 1) / page;
+    unsigned char vec[256];
+    int all = 1;
+    for (uint64_t first = 0; first < pages && all; first += sizeof vec) {
+        size_t count = pages - first < sizeof vec ? (size_t)(pages - first) : sizeof vec;
+        if (mincore(map + first * page, count * page, vec) != 0) {
+            all = 0;
+            break;
+        }
+        for (size_t i = 0; i < count; i++) {
+            if (!(vec[i] & 1)) {
+                all = 0;
+                break;
+            }
+        }
+    }
+    munmap(map, (size_t)size);
+    return all;
+}
+
+int kvtier_resident(int fd, uint64_t size) {
+    if (size == 0)
+        return 1;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+#ifdef KVTIER_NR_CACHESTAT
+    if (!__atomic_load_n(&mincore_forced, __ATOMIC_RELAXED) &&
+        !__atomic_load_n(&cachestat_missing, __ATOMIC_RELAXED)) {
+        int found = resident_cachestat(fd, size, page);
+        if (found >= 0)
+            return found;
+        __atomic_store_n(&cachestat_missing, 1, __ATOMIC_RELAXED);
+    }
+#endif
+    return resident_mincore(fd, size, page);
+}
+
+const char *kvtier_residency_probe(void) {
+#ifdef KVTIER_NR_CACHESTAT
+    if (__atomic_load_n(&mincore_forced, __ATOMIC_RELAXED))
+        return "mincore";
+    if (!__atomic_load_n(&cachestat_missing, __ATOMIC_RELAXED)) {
+        /* No file at hand: a kernel with cachestat answers EBADF for fd -1, one without ENOSYS. */
+        struct kvtier_cachestat_range range = {0, 0};
+        struct kvtier_cachestat found;
+        if (syscall(KVTIER_NR_CACHESTAT, -1, &range, &found, 0) == 0 || errno != ENOSYS)
+            return "cachestat";
+        __atomic_store_n(&cachestat_missing, 1, __ATOMIC_RELAXED);
+    }
+#endif
+    return "mincore";
+}
+
+void kvtier_force_mincore(int force) {
+    __atomic_store_n(&mincore_forced, force != 0, __ATOMIC_RELAXED);
+}
+
+/* Opened without O_DIRECT: whether to read direct is known only once the page cache has been
+ * asked, and then F_SETFL turns it on (one call, as an open with O_DIRECT would have cost). */
+static int open_record(const char *path) {
     /* O_NONBLOCK: a FIFO planted in place of a record must not hang the reader. */
-    int flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (direct ? O_DIRECT : 0);
     int fd;
     do {
-        fd = open(path, flags);
+        fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     } while (fd < 0 && errno == EINTR);
     return fd;
 }
@@ -71,7 +183,7 @@ static void fail(struct kvtier_read_result *result, int status, int error) {
 }
 
 static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
-                           size_t payload_len, int direct, int checksum,
+                           size_t payload_len, int direct, int checksum, int page_cache,
                            struct kvtier_read_result *result) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -96,9 +208,27 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
         fail(result, KVTIER_READ_LENGTH, 0);
         return;
     }
+    if (direct) {
+        /* After the checks: the kernel answers for this user's files only (kvtier_resident). */
+        if (page_cache && kvtier_resident(fd, (uint64_t)st.st_size)) {
+            /* A page evicted from here on only makes this read slower, never wrong. */
+            result->from_page_cache = 1;
+            direct = 0;
+        } else if (fcntl(fd, F_SETFL, O_NONBLOCK | O_DIRECT) != 0) {
+            /* F_SETFL sets the status flags whole: O_NONBLOCK is kept, as open_record set it. */
+            if (errno != EINVAL) {
+                fail(result, KVTIER_READ_ERRNO, errno);
+                return;
+            }
+            /* The file system has no O_DIRECT (a regular file, checked above): read buffered,
+             * and the caller stops asking. */
+            result->direct_refused = 1;
+            direct = 0;
+        }
+    }
     ssize_t got = read_all(fd, header, header_len, payload, payload_len);
     if (got < 0 && errno == EINVAL && direct) {
-        /* The file system took O_DIRECT at open and refused the read: read it buffered. */
+        /* The file system took O_DIRECT and refused the read: read it buffered. */
         result->direct_refused = 1;
         int flags = fcntl(fd, F_GETFL);
         if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_DIRECT) < 0) {
@@ -127,24 +257,15 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
 }
 
 void kvtier_read_record(const char *path, uint8_t *header, size_t header_len, uint8_t *payload,
-                        size_t payload_len, int direct, int checksum,
+                        size_t payload_len, int direct, int checksum, int page_cache,
                         struct kvtier_read_result *result) {
     *result = (struct kvtier_read_result){0};
-    int fd = open_record(path, direct);
-    if (fd < 0 && errno == EINVAL && direct) {
-        /* O_DIRECT refused: by the file system, or because this is no regular file (a FIFO
-         * planted in place of a record). Only the first turns it off for good. */
-        fd = open_record(path, 0);
-        if (fd >= 0) {
-            struct stat st;
-            result->direct_refused = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-        }
-        direct = 0;
-    }
+    int fd = open_record(path);
     if (fd < 0) {
         fail(result, errno == ELOOP ? KVTIER_READ_SYMLINK : KVTIER_READ_ERRNO, errno);
         return;
     }
-    read_open_file(fd, header, header_len, payload, payload_len, direct, checksum, result);
+    read_open_file(fd, header, header_len, payload, payload_len, direct, checksum, page_cache,
+                   result);
     close(fd);
 }

@@ -88,6 +88,9 @@ class StoreStats:
     bytes_written: int = 0
     #: Payload bytes delivered by hits.
     bytes_read: int = 0
+    #: Hits the disk store copied from the page cache, which held the whole record, instead of
+    #: reading the device (kvtier.store.disk.io); 0 for other stores.
+    page_cache_hits: int = 0
     #: Files moved into quarantine.
     quarantined: int = 0
 

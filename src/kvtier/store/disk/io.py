@@ -18,9 +18,17 @@ Choices (figures and the command that produced them in docs/store.md):
   than buffered ones (the data goes straight to the host pool; buffered reads spend CPU on
   read-ahead pages and a copy), and in the engine a fresh process restored 2k tokens in
   0.25 s with ``O_DIRECT`` (vLLM's fs tier) against 0.42 s with buffered reads. With idle CPUs
-  the two are within noise. A second read is not served from the page cache; the host pool
+  the two are within noise. Reading a record does not put it in the page cache; the host pool
   is the RAM tier. Where the file system refuses ``O_DIRECT`` (probed on first use, warned
   once, never failing a block), and for unaligned buffers, buffered reads.
+* A record the page cache already holds whole (written buffered where ``O_DIRECT`` writes were
+  refused or the payload was unaligned, copied or read by an operator, on a tmpfs-like file
+  system) is read buffered: a copy from memory, where ``O_DIRECT`` would fetch it from the
+  device again at disk speed. The native reader asks the kernel first, reading nothing
+  (``cachestat``, or ``mincore`` before Linux 6.5); any page missing, and the read is
+  ``O_DIRECT`` as above. ``read_checked`` says which way each record came, and the disk store
+  counts page-cache hits. Only the native reader does this: the Python steps read every
+  aligned record ``O_DIRECT``.
 * With the native reader built (kvtier.native), a load's read is one C call: open, the checks
   below, ``preadv``, close and the payload's checksum, giving the GIL up once per block. The
   same steps in Python give it up five times, and each return waits for it while an engine
@@ -69,8 +77,12 @@ class RecordIO:
         direct_writes: bool = True,
         drop_written_pages: bool = True,
         native_reads: bool = True,
+        page_cache_reads: bool = True,
     ) -> None:
-        """The four switches exist for the benchmark's comparisons; keep the defaults."""
+        """The switches exist for the benchmark's and tests' comparisons; keep the defaults.
+
+        ``page_cache_reads=False`` reads even records the page cache holds ``O_DIRECT``.
+        """
         if fsync not in FSYNC_POLICIES:
             raise ConfigError(f"disk tier: fsync={fsync!r}; choose one of {FSYNC_POLICIES}")
         #: "never", "data" or "always" (see the module docstring).
@@ -78,6 +90,7 @@ class RecordIO:
         self._drop_written_pages = drop_written_pages
         self._direct_ok = direct_reads and hasattr(os, "O_DIRECT")
         self._direct_writes_ok = direct_writes and hasattr(os, "O_DIRECT")
+        self._page_cache_reads = page_cache_reads
         self._local = threading.local()
         reads_overridden = (
             type(self).read_into is not RecordIO.read_into
@@ -210,20 +223,23 @@ class RecordIO:
 
     def read_checked(
         self, path: Path, out: memoryview, checksum: bool
-    ) -> tuple[memoryview, int | None]:
-        """``read_into``, plus the payload's XXH3-64 when the native reader computed it.
+    ) -> tuple[memoryview, int | None, bool]:
+        """``read_into``, plus the payload's XXH3-64 when the native reader computed it, and
+        whether the record was copied from the page cache.
 
         The checksum comes back when ``checksum`` is asked, the reader is built and the
-        header names XXH3-64; otherwise None, and the caller hashes ``out`` itself. Raises
-        what ``read_into`` raises, for the same files.
+        header names XXH3-64; otherwise None, and the caller hashes ``out`` itself. The flag
+        is True only for a read that would have been ``O_DIRECT`` and was buffered because
+        the page cache held the whole record (native reader only). Raises what ``read_into``
+        raises, for the same files.
         """
         reader = self._reader
         if reader is None or out.readonly or not out.c_contiguous:
-            return self.read_into(path, out), None
+            return self.read_into(path, out), None, False
         header = self._buffer("read_header")
         direct = self._direct_ok and _aligned(out)
-        status, error, detail, detail2, refused, payload_checksum = reader(
-            os.fsencode(path), header, out, direct, checksum
+        status, error, detail, detail2, refused, payload_checksum, cached = reader(
+            os.fsencode(path), header, out, direct, checksum, self._page_cache_reads
         )
         if refused:
             self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
@@ -231,7 +247,7 @@ class RecordIO:
         if status == _READ_OK:
             if detail != want:
                 raise _short_read(path, detail, want)
-            return header, payload_checksum
+            return header, payload_checksum, cached
         if status == _READ_SYMLINK:
             raise _symlink(path)
         if status == _READ_NOT_REGULAR:

@@ -318,7 +318,7 @@ class DiskStore(BlockStore):
             self._pins[key] += 1
         relative = layout.record_name(key, entry.record_id)
         try:
-            header_bytes, payload_checksum = self._io.read_checked(
+            header_bytes, payload_checksum, from_page_cache = self._io.read_checked(
                 self.namespace_dir / relative, out, checksum=self._sealer is None
             )
             header = decode_header(header_bytes, self._digest, key, entry.payload_len)
@@ -353,6 +353,7 @@ class DiskStore(BlockStore):
             self._remember(key, block_key)
         with self._lock:
             self._stats.hits += 1
+            self._stats.page_cache_hits += from_page_cache
             self._stats.bytes_read += entry.payload_len
         self._access.note(key)
         return True
