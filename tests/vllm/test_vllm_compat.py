@@ -299,8 +299,25 @@ def test_without_key_positions_requests_behind_queued_prefill_are_batched_not_re
     d, _ = decider_025(CRAWL, max_tokens=4096)
     first = Ctx025("first")
     assert d.hit(b"a0", first) is LookupResult.MISS  # its recompute now queued on the engine
+    d.end_step()
     assert d.policy.engine_wait_s() > 0
     assert d.hit(b"b0", Ctx025("second")) is LookupResult.RETRY
+
+
+def test_without_key_positions_a_burst_in_one_step_is_batched_after_its_first_request():
+    """Refused one by one, every request of a burst would see an idle engine (a refusal
+    charges one block) and none would be restored beside the others' prefill."""
+    d, clock = decider_025(CRAWL, max_tokens=4096)
+    burst = [Ctx025(f"b{i}") for i in range(4)]
+    assert d.hit(b"k0", burst[0]) is LookupResult.MISS
+    for i, ctx in enumerate(burst[1:], start=1):
+        clock.now += 0.01  # past the one block charged (on the H200 it read 0.000 s)
+        assert d.policy.engine_wait_s() == 0
+        assert d.hit(bytes([i]) * 4, ctx) is LookupResult.RETRY, "collected for the batch"
+    d.end_step()
+    assert d.counts.recompute + d.counts.restore == 4, "the batch was decided at the step's end"
+    clock.now += 60  # the engine done with them: a lone request is refused at once again
+    assert d.hit(b"late", Ctx025("late")) is LookupResult.MISS
 
 
 def test_the_longest_prompt_is_read_only_where_positions_are_missing(monkeypatch):
