@@ -297,26 +297,30 @@ def test_without_key_positions_requests_behind_queued_prefill_are_batched_not_re
     """With prefill queued on the engine a restore beside it may pay: the step's batch
     weighs that, so nothing is refused in advance."""
     d, _ = decider_025(CRAWL, max_tokens=4096)
-    first = Ctx025("first")
-    assert d.hit(b"a0", first) is LookupResult.MISS  # its recompute now queued on the engine
-    d.end_step()
+    queued = d.policy.decide("disk", 0, 4096, 256 * ROW)
+    assert not queued.restore
+    d.policy.commit(queued)  # another request's recompute queued on the engine
     assert d.policy.engine_wait_s() > 0
     assert d.hit(b"b0", Ctx025("second")) is LookupResult.RETRY
 
 
-def test_without_key_positions_a_burst_in_one_step_is_batched_after_its_first_request():
-    """Refused one by one, every request of a burst would see an idle engine (a refusal
-    charges one block) and none would be restored beside the others' prefill."""
+def test_without_key_positions_a_burst_is_batched_after_its_first_request():
+    """A burst reaches the scheduler one request per step when each fills the step's token
+    budget: the second is looked up once the first's prefill has run, and finds the engine
+    idle (a refusal charges one block: on the H200 it read 0.000 s). Refused one by one, none
+    would be restored beside the others' prefill."""
     d, clock = decider_025(CRAWL, max_tokens=4096)
+    longest = d.policy.prefill.recompute_seconds(0, 4096)
     burst = [Ctx025(f"b{i}") for i in range(4)]
     assert d.hit(b"k0", burst[0]) is LookupResult.MISS
+    d.end_step()
+    clock.now += longest  # the first one's prefill step
+    assert d.policy.engine_wait_s() == 0
     for i, ctx in enumerate(burst[1:], start=1):
-        clock.now += 0.01  # past the one block charged (on the H200 it read 0.000 s)
-        assert d.policy.engine_wait_s() == 0
         assert d.hit(bytes([i]) * 4, ctx) is LookupResult.RETRY, "collected for the batch"
     d.end_step()
     assert d.counts.recompute + d.counts.restore == 4, "the batch was decided at the step's end"
-    clock.now += 60  # the engine done with them: a lone request is refused at once again
+    clock.now += 60  # the engine long done with them: a lone request is refused at once again
     assert d.hit(b"late", Ctx025("late")) is LookupResult.MISS
 
 

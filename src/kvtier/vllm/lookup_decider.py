@@ -19,12 +19,16 @@ answers RETRY. The policy decides per request and per tier, all or nothing (the 
    Conversely, with nothing queued on the engine, if no hit could pay in any prompt the
    engine takes (its ``max_model_len``: the longest hit restored against the prompt's last
    token recomputed, ``RestorePolicy.refuse_every_hit``), the first key answers MISS: a
-   request alone does not wait a step for a verdict that cannot go the other way. Only the
-   step's first such request: the others looked up in the same step may be a burst, whose
-   batch (case 3) can restore its front while the engine prefills the rest. Refused at once
-   one by one, each would see an idle engine (a refusal charges it one block: the hit's size
-   is unknown), and on the H200 eight concurrent 8k prompts of the 32B shape were then all
-   recomputed, 1.00x all-recompute where their batch had taken 0.67-0.78x.
+   request alone does not wait a step for a verdict that cannot go the other way. Not for a
+   request that may be part of a burst, though: its batch (case 3) can restore the burst's
+   front while the engine prefills the rest. Refused at once one by one, each request would
+   find the engine idle (a refusal charges it one block: the hit's size is unknown; and a
+   request that waited behind a refused one is looked up only once that one's prefill step
+   has run), and on the H200 eight concurrent 8k prompts of the 32B shape were then all
+   recomputed, 1.00x all-recompute where their batch had taken 0.67-0.78x. So after a
+   refusal the next ones are held off for twice the longest prefill the engine can run
+   (``max_model_len`` tokens, predicted): a request looked up within that time may have
+   waited behind it, and is collected instead, at the cost of one step.
 3. Otherwise each hit key is answered RETRY and collected (with its end position), and at
    the end of that scheduler step (``on_schedule_end``) the whole hit is decided: tokens
    ``[M, M + N)`` with ``M`` = tokens before the first hit key, ``N`` = the hit keys' tokens,
@@ -181,8 +185,8 @@ class TierDecider:
         self._clock = clock
         self._observes_prefill = observes_prefill
         self._pending: list[_Plan] = []
-        #: A request of this scheduler step was refused at its first key (``_no_hit_pays``).
-        self._refused_in_step = False
+        #: Until this time no request is refused at its first key (``_no_hit_pays``).
+        self._refusals_held_until = float("-inf")
         self._lock = threading.Lock()
         #: Recent store jobs (when, the plan's serial, tokens before them, tokens added), at most
         #: ``STORED_KEPT`` within ``STORED_WINDOW_S``: the work done beside a request's prefill.
@@ -320,19 +324,26 @@ class TierDecider:
         """The verdict to recompute at once when no hit of this tier could pay in any prompt
         the engine takes and nothing is queued on the engine (module docstring, step 2); None
         otherwise, or when the longest prompt is not known."""
-        if self._max_tokens is None or self._refused_in_step or self._pending:
-            return None  # a second request in this step: a burst is weighed as a batch
+        if self._max_tokens is None or self._pending:
+            return None  # another request of this step is being collected: one batch
+        now = self._clock()
+        if now < self._refusals_held_until:
+            return None  # may have waited behind the last one refused: a burst's batch
         refusal = self.policy.refuse_every_hit(
             self.tier, self._max_tokens, self.tokens_per_key, self.row_bytes
         )
-        self._refused_in_step = refusal is not None
+        if refusal is not None:
+            # The refused request's prefill runs for at most the longest prompt's (doubled for
+            # the model's error and the decodes beside it); a request looked up by then may
+            # have been waiting behind it.
+            longest = self.policy.prefill.recompute_seconds(0, self._max_tokens)
+            self._refusals_held_until = now + 2 * longest
         return refusal
 
     def end_step(self) -> None:
         """Decide every request whose hits were collected this step."""
         with self._lock:
             pending, self._pending = self._pending, []
-            self._refused_in_step = False
         plans = [plan for plan in pending if plan.verdict is None and plan.keys]
         hits = []
         for plan in plans:
