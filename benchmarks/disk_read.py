@@ -81,8 +81,9 @@ def _pin(buffer: mmap.mmap) -> str:
     return f"pageable (no GPU; mlock: {os.strerror(ctypes.get_errno())})"
 
 
-def _plain_read(path: Path, row: memoryview) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+def _read_payload(path: Path, row: memoryview, flags: int = 0) -> None:
+    """The record's payload into ``row`` with plain ``preadv`` calls (``flags``: O_DIRECT)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         done = 0
         while done < row.nbytes:
@@ -92,19 +93,14 @@ def _plain_read(path: Path, row: memoryview) -> None:
             done += n
     finally:
         os.close(fd)
+
+
+def _plain_read(path: Path, row: memoryview) -> None:
+    _read_payload(path, row, os.O_DIRECT)
 
 
 def _buffered_read(path: Path, row: memoryview) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        done = 0
-        while done < row.nbytes:
-            n = os.preadv(fd, [row[done:]], HEADER_BYTES + done)
-            if n <= 0:
-                raise RuntimeError(f"short read of {path}")
-            done += n
-    finally:
-        os.close(fd)
+    _read_payload(path, row)
 
 
 def _make_resident(paths: list[Path], scratch: memoryview) -> bool:
