@@ -310,7 +310,7 @@ def test_without_key_positions_a_burst_is_batched_after_its_first_request():
     idle (a refusal charges one block: on the H200 it read 0.000 s). Refused one by one, none
     would be restored beside the others' prefill."""
     d, clock = decider_025(CRAWL, max_tokens=4096)
-    longest = d.policy.prefill.recompute_seconds(0, 4096)
+    longest = d.policy.predict_recompute_s(0, 4096)
     burst = [Ctx025(f"b{i}") for i in range(4)]
     assert d.hit(b"k0", burst[0]) is LookupResult.MISS
     d.end_step()

@@ -670,6 +670,11 @@ class RestorePolicy:
         with self._lock:
             return self._predict(tier, nbytes)
 
+    def predict_recompute_s(self, cached_tokens: int, tokens: int) -> float:
+        """Predicted seconds for the engine to compute ``tokens`` after ``cached_tokens``."""
+        with self._lock:
+            return self.prefill.recompute_seconds(cached_tokens, tokens)
+
     def _predict(self, tier: str, nbytes: int) -> float:
         seconds = self._tier(tier).predict_seconds(nbytes)
         via = self._via[tier]

@@ -336,7 +336,7 @@ class TierDecider:
             # The refused request's prefill runs for at most the longest prompt's (doubled for
             # the model's error and the decodes beside it); a request looked up by then may
             # have been waiting behind it.
-            longest = self.policy.prefill.recompute_seconds(0, self._max_tokens)
+            longest = self.policy.predict_recompute_s(0, self._max_tokens)
             self._refusals_held_until = now + 2 * longest
         return refusal
 
