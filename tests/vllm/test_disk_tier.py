@@ -1,5 +1,6 @@
 """KvtierDiskTier against a fake host pool: the SecondaryTierManager contract, no engine."""
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -287,6 +288,36 @@ def test_tier_metrics_report_what_changed_since_the_last_call(tier, pool):
     assert counters[metrics.QUARANTINED] == {("disk", "checksum"): 1}
     again = tier.get_stats()
     assert again is None or metrics.STORED not in again.data["data"], "counters are deltas"
+
+
+def test_a_load_the_page_cache_held_is_counted_as_such(tier, pool):
+    """Records go to disk O_DIRECT, so only one rewritten through the page cache (as a copy of
+    the folder would) is read from it, and the metric says so."""
+    from kvtier import native
+    from kvtier.vllm import metrics
+
+    if native.record_reader() is None:
+        pytest.skip("kvtier.native._recordread is not built: the Python steps read O_DIRECT")
+    wait_open(tier)
+    pool[0], pool[1] = 3, 4
+    assert run(tier, 1, [key(1), key(2)], [0, 1], False).success
+    cached = tier._wait_store().record_path(key(2))
+    cached.write_bytes(cached.read_bytes())  # the same bytes, now in the page cache
+    cold = tier._wait_store().record_path(key(1))
+    fd = os.open(cold, os.O_RDONLY)
+    try:  # rows this small are written buffered: drop the other record's clean pages
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if not native.resident(cached) or native.resident(cold):
+        pytest.skip("this file system keeps records in the page cache either way (or not at all)")
+    tier.get_stats()
+    assert run(tier, 2, [key(1), key(2)], [4, 5], True).success
+    assert (pool[4] == 3).all() and (pool[5] == 4).all()
+    counters = tier.get_stats().data["data"]
+    assert counters[metrics.LOADED] == {("disk",): 2}
+    assert counters[metrics.PAGE_CACHE_READS] == {("disk",): 1}
 
 
 class StallingStore(MemoryStore):

@@ -19,6 +19,7 @@ kvtier:tier_store_failures           counter  blocks  stores the store refused o
 kvtier:tier_stores_dropped           counter  blocks  stores dropped because the tier was busy
 kvtier:tier_bytes_read               counter  bytes   payload bytes of verified loads
 kvtier:tier_bytes_written            counter  bytes   record bytes written
+kvtier:tier_page_cache_reads         counter  blocks  verified loads copied from the page cache
 kvtier:tier_io_seconds               counter  s       time in store I/O (``direction``)
 kvtier:tier_reconnects               counter  events  reconnects to the shared tier's server
 kvtier:tier_used_bytes               gauge    bytes   bytes held under the cap (all engines)
@@ -57,6 +58,7 @@ STORE_FAILURES = "kvtier:tier_store_failures"
 STORES_DROPPED = "kvtier:tier_stores_dropped"
 BYTES_READ = "kvtier:tier_bytes_read"
 BYTES_WRITTEN = "kvtier:tier_bytes_written"
+PAGE_CACHE_READS = "kvtier:tier_page_cache_reads"
 IO_SECONDS = "kvtier:tier_io_seconds"
 RECONNECTS = "kvtier:tier_reconnects"
 USED_BYTES = "kvtier:tier_used_bytes"
@@ -95,6 +97,11 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         STORES_DROPPED: counter("Block stores dropped because the tier could not keep up."),
         BYTES_READ: counter("Payload bytes of verified loads from the kvtier tier."),
         BYTES_WRITTEN: counter("Record bytes written to the kvtier tier."),
+        PAGE_CACHE_READS: counter(
+            "Verified loads the disk tier copied from the page cache, which held the whole "
+            "record, instead of reading it from the device (records are written and read "
+            "O_DIRECT, so this stays 0 unless something else left them cached)."
+        ),
         IO_SECONDS: counter(
             "Seconds the kvtier tier's threads spent in store I/O, by direction.",
             ("tier", "direction"),
@@ -162,6 +169,7 @@ def snapshot(
         counters[(STORE_FAILURES, store_label)] = store_stats.put_failures
         counters[(BYTES_READ, store_label)] = store_stats.bytes_read
         counters[(BYTES_WRITTEN, store_label)] = store_stats.bytes_written
+        counters[(PAGE_CACHE_READS, store_label)] = getattr(store_stats, "page_cache_hits", 0)
         counters[(RECONNECTS, store_label)] = getattr(store_stats, "reconnects", 0)
         for reason, count in Counter(store_stats.corrupt).items():
             counters[(QUARANTINED, (word, reason))] = count
