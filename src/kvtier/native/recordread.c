@@ -256,6 +256,16 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
 #endif
 }
 
+int kvtier_path_resident(const char *path) {
+    int fd = open_record(path);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int found = fstat(fd, &st) == 0 ? kvtier_resident(fd, (uint64_t)st.st_size) : -errno;
+    close(fd);
+    return found;
+}
+
 void kvtier_read_record(const char *path, uint8_t *header, size_t header_len, uint8_t *payload,
                         size_t payload_len, int direct, int checksum, int page_cache,
                         struct kvtier_read_result *result) {

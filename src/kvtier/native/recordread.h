@@ -47,6 +47,10 @@ void kvtier_read_record(const char *path, uint8_t *header, size_t header_len, ui
  * resident). */
 int kvtier_resident(int fd, uint64_t size);
 
+/* kvtier_resident of the file at path, opened as kvtier_read_record opens a record (no
+ * symlinks, no blocking on a FIFO); -errno when it cannot be opened or stat'ed. */
+int kvtier_path_resident(const char *path);
+
 /* Which probe kvtier_resident uses in this process: "cachestat" or "mincore". */
 const char *kvtier_residency_probe(void);
 

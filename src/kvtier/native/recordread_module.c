@@ -7,9 +7,6 @@
 #include <Python.h>
 
 #include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "recordread.h"
 #include "xxh3.h"
@@ -65,19 +62,12 @@ static PyObject *resident(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
         return NULL;
     const char *path = PyBytes_AsString(path_obj);
-    int fd = -1, found = 0, error = 0;
+    int found;
     Py_BEGIN_ALLOW_THREADS
-    fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0)
-        error = errno;
-    else
-        found = kvtier_resident(fd, (uint64_t)st.st_size);
-    if (fd >= 0)
-        close(fd);
+    found = kvtier_path_resident(path);
     Py_END_ALLOW_THREADS
-    if (error) {
-        errno = error;
+    if (found < 0) {
+        errno = -found;
         PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
         Py_DECREF(path_obj);
         return NULL;
