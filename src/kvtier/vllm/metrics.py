@@ -169,7 +169,7 @@ def snapshot(
         counters[(STORE_FAILURES, store_label)] = store_stats.put_failures
         counters[(BYTES_READ, store_label)] = store_stats.bytes_read
         counters[(BYTES_WRITTEN, store_label)] = store_stats.bytes_written
-        counters[(PAGE_CACHE_READS, store_label)] = getattr(store_stats, "page_cache_hits", 0)
+        counters[(PAGE_CACHE_READS, store_label)] = store_stats.page_cache_hits
         counters[(RECONNECTS, store_label)] = getattr(store_stats, "reconnects", 0)
         for reason, count in Counter(store_stats.corrupt).items():
             counters[(QUARANTINED, (word, reason))] = count
