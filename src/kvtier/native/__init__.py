@@ -88,6 +88,28 @@ def record_reader() -> RecordReader | None:
     return reader
 
 
+#: ``read_unless_resident(path, header, payload, direct, checksum) -> (fd, status, errno,
+#: detail, detail2, direct_refused, payload_checksum)`` and ``read_resident(fd, header, payload,
+#: checksum) -> (status, errno, detail, nowait_refused, payload_checksum)``: a read into a buffer
+#: claimed in between, when the page cache holds the record (see recordread.h).
+ResidentOpener = Callable[
+    [bytes, memoryview, memoryview, bool, bool],
+    tuple[int, int, int, int, int, bool, int | None],
+]
+ResidentReader = Callable[
+    [int, memoryview, memoryview, bool], tuple[int, int, int, bool, int | None]
+]
+
+
+def resident_reader() -> tuple[ResidentOpener, ResidentReader] | None:
+    """The record reader's two halves for reads into a claimed buffer, or None where the
+    reader is not built."""
+    module = _reader_module()
+    if module is None:
+        return None
+    return module.read_unless_resident, module.read_resident
+
+
 def resident(path: str | os.PathLike[str]) -> bool | None:
     """Whether the page cache holds every page of the file at ``path`` (a file of this user),
     asked as the record reader asks it: nothing is read. None where the reader is not built."""

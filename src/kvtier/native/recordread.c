@@ -182,18 +182,19 @@ static void fail(struct kvtier_read_result *result, int status, int error) {
     result->error = error;
 }
 
-static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
-                           size_t payload_len, int direct, int checksum, int page_cache,
-                           struct kvtier_read_result *result) {
+/* The checks every read makes before reading, in RecordIO.read_into's order: 0 when fd is a
+ * regular file of this user that others cannot write, of exactly total bytes; else -1 with the
+ * result's status set. */
+static int check_open_file(int fd, uint64_t total, struct kvtier_read_result *result) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
         fail(result, KVTIER_READ_ERRNO, errno);
-        return;
+        return -1;
     }
     if (!S_ISREG(st.st_mode)) {
         result->detail = st.st_mode;
         fail(result, KVTIER_READ_NOT_REGULAR, 0);
-        return;
+        return -1;
     }
     if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
         /* Another user's file, or one others could have rewritten, may carry a valid checksum
@@ -201,16 +202,113 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
         result->detail = st.st_uid;
         result->detail2 = st.st_mode;
         fail(result, KVTIER_READ_NOT_PRIVATE, 0);
-        return;
+        return -1;
     }
-    if ((uint64_t)st.st_size != (uint64_t)header_len + payload_len) {
+    if ((uint64_t)st.st_size != total) {
         result->detail = (uint64_t)st.st_size;
         fail(result, KVTIER_READ_LENGTH, 0);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether the header names the checksum this file computes (little-endian hosts only). */
+static int hashes_payload(const uint8_t *header, size_t header_len, size_t payload_len) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return header_len > HEADER_CHECKSUM_ALG_OFFSET &&
+           header[HEADER_CHECKSUM_ALG_OFFSET] == CHECKSUM_XXH3_64 &&
+           payload_len >= KVTIER_XXH3_LONG_MIN;
+#else
+    (void)header;
+    (void)header_len;
+    (void)payload_len;
+    return 0;
+#endif
+}
+
+/* pread, or with nowait preadv2(RWF_NOWAIT), of len bytes at off into buf until full or the file
+ * ends: the bytes read, or -1 with errno (with nowait, EAGAIN: a page is not in the page cache;
+ * EOPNOTSUPP: the kernel or file system has no RWF_NOWAIT). */
+static ssize_t read_span(int fd, uint8_t *buf, size_t len, off_t off, int nowait) {
+#ifndef RWF_NOWAIT
+    if (nowait) {
+        errno = EOPNOTSUPP;
+        return -1;
+    }
+#endif
+    size_t done = 0;
+    while (done < len) {
+        struct iovec part = {buf + done, len - done};
+        ssize_t n;
+#ifdef RWF_NOWAIT
+        n = nowait ? preadv2(fd, &part, 1, off + (off_t)done, RWF_NOWAIT)
+                   : preadv(fd, &part, 1, off + (off_t)done);
+#else
+        n = preadv(fd, &part, 1, off + (off_t)done);
+#endif
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+/* A buffered read of the header, then of the payload in chunks, each hashed while the CPU cache
+ * still holds it: the bytes cross memory once, where a whole read then a hash cross it twice. */
+static void read_buffered_hashing(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
+                                  size_t payload_len, int checksum, int nowait,
+                                  struct kvtier_read_result *result) {
+    ssize_t got = read_span(fd, header, header_len, 0, nowait);
+    int hashing = checksum && got == (ssize_t)header_len &&
+                  hashes_payload(header, header_len, payload_len);
+    struct kvtier_xxh3_stream stream;
+    if (hashing)
+        kvtier_xxh3_stream_init(&stream);
+    size_t done = 0;
+    while (got == (ssize_t)(header_len + done) && done < payload_len) {
+        size_t len = payload_len - done < KVTIER_RESIDENT_CHUNK ? payload_len - done
+                                                                : KVTIER_RESIDENT_CHUNK;
+        ssize_t n = read_span(fd, payload + done, len, (off_t)(header_len + done), nowait);
+        if (n < 0) {
+            got = -1;
+            break;
+        }
+        done += (size_t)n;
+        got = (ssize_t)(header_len + done);
+        if (hashing)
+            kvtier_xxh3_stream_update(&stream, payload, done, payload_len);
+        if ((size_t)n < len)
+            break; /* the file ended early: the caller sees a short read */
+    }
+    if (got < 0) {
+        if (nowait && (errno == EAGAIN || errno == EOPNOTSUPP)) {
+            result->nowait_refused = errno == EOPNOTSUPP;
+            fail(result, KVTIER_READ_NOT_RESIDENT, errno);
+        } else {
+            fail(result, KVTIER_READ_ERRNO, errno);
+        }
         return;
     }
+    result->status = KVTIER_READ_OK;
+    result->detail = (uint64_t)got;
+    if (hashing && done == payload_len) {
+        result->payload_checksum = kvtier_xxh3_stream_digest(&stream, payload, payload_len);
+        result->checksummed = 1;
+    }
+}
+
+/* After check_open_file: the read as kvtier_read_record makes it. */
+static void read_checked_file(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
+                              size_t payload_len, int direct, int checksum, int page_cache,
+                              struct kvtier_read_result *result) {
     if (direct) {
         /* After the checks: the kernel answers for this user's files only (kvtier_resident). */
-        if (page_cache && kvtier_resident(fd, (uint64_t)st.st_size)) {
+        if (page_cache && kvtier_resident(fd, (uint64_t)header_len + payload_len)) {
             /* A page evicted from here on only makes this read slower, never wrong. */
             result->from_page_cache = 1;
             direct = 0;
@@ -226,8 +324,13 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
             direct = 0;
         }
     }
+    if (!direct) {
+        read_buffered_hashing(fd, header, header_len, payload, payload_len, checksum, 0, result);
+        return;
+    }
+    /* O_DIRECT: one request for the whole record keeps the device's queue full. */
     ssize_t got = read_all(fd, header, header_len, payload, payload_len);
-    if (got < 0 && errno == EINVAL && direct) {
+    if (got < 0 && errno == EINVAL) {
         /* The file system took O_DIRECT and refused the read: read it buffered. */
         result->direct_refused = 1;
         int flags = fcntl(fd, F_GETFL);
@@ -235,7 +338,8 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
             fail(result, KVTIER_READ_ERRNO, errno);
             return;
         }
-        got = read_all(fd, header, header_len, payload, payload_len);
+        read_buffered_hashing(fd, header, header_len, payload, payload_len, checksum, 0, result);
+        return;
     }
     if (got < 0) {
         fail(result, KVTIER_READ_ERRNO, errno);
@@ -243,17 +347,11 @@ static void read_open_file(int fd, uint8_t *header, size_t header_len, uint8_t *
     }
     result->status = KVTIER_READ_OK;
     result->detail = (uint64_t)got;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (checksum && (size_t)got == header_len + payload_len &&
-        header_len > HEADER_CHECKSUM_ALG_OFFSET &&
-        header[HEADER_CHECKSUM_ALG_OFFSET] == CHECKSUM_XXH3_64 &&
-        payload_len >= KVTIER_XXH3_LONG_MIN) {
+        hashes_payload(header, header_len, payload_len)) {
         result->payload_checksum = kvtier_xxh3_64_long(payload, payload_len);
         result->checksummed = 1;
     }
-#else
-    (void)checksum;
-#endif
 }
 
 int kvtier_path_resident(const char *path) {
@@ -266,16 +364,52 @@ int kvtier_path_resident(const char *path) {
     return found;
 }
 
-void kvtier_read_record(const char *path, uint8_t *header, size_t header_len, uint8_t *payload,
-                        size_t payload_len, int direct, int checksum, int page_cache,
-                        struct kvtier_read_result *result) {
+/* open_record and check_open_file: the checked descriptor, or -1 with result's status set. */
+static int open_checked(const char *path, uint64_t size, struct kvtier_read_result *result) {
     *result = (struct kvtier_read_result){0};
     int fd = open_record(path);
     if (fd < 0) {
         fail(result, errno == ELOOP ? KVTIER_READ_SYMLINK : KVTIER_READ_ERRNO, errno);
-        return;
+        return -1;
     }
-    read_open_file(fd, header, header_len, payload, payload_len, direct, checksum, page_cache,
-                   result);
+    if (check_open_file(fd, size, result) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+void kvtier_read_record(const char *path, uint8_t *header, size_t header_len, uint8_t *payload,
+                        size_t payload_len, int direct, int checksum, int page_cache,
+                        struct kvtier_read_result *result) {
+    int fd = open_checked(path, (uint64_t)header_len + payload_len, result);
+    if (fd < 0)
+        return;
+    read_checked_file(fd, header, header_len, payload, payload_len, direct, checksum, page_cache,
+                      result);
+    close(fd);
+}
+
+int kvtier_read_unless_resident(const char *path, uint8_t *header, size_t header_len,
+                                uint8_t *payload, size_t payload_len, int direct, int checksum,
+                                struct kvtier_read_result *result) {
+    uint64_t size = (uint64_t)header_len + payload_len;
+    int fd = open_checked(path, size, result);
+    if (fd < 0)
+        return -1;
+    if (kvtier_resident(fd, size)) {
+        result->from_page_cache = 1;
+        return fd;
+    }
+    read_checked_file(fd, header, header_len, payload, payload_len, direct, checksum, 0, result);
+    close(fd);
+    return -1;
+}
+
+void kvtier_read_resident(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
+                          size_t payload_len, int checksum, struct kvtier_read_result *result) {
+    *result = (struct kvtier_read_result){0};
+    result->from_page_cache = 1;
+    read_buffered_hashing(fd, header, header_len, payload, payload_len, checksum, 1, result);
     close(fd);
 }

@@ -13,7 +13,13 @@ enum kvtier_read_status {
     KVTIER_READ_NOT_REGULAR = 3, /* detail = st_mode */
     KVTIER_READ_NOT_PRIVATE = 4, /* detail = st_uid, detail2 = st_mode */
     KVTIER_READ_LENGTH = 5,      /* the file's size is not header + payload: detail = st_size */
+    KVTIER_READ_NOT_RESIDENT = 6, /* kvtier_read_resident: a page left the page cache during
+                                   * the read, or the kernel has no RWF_NOWAIT (nowait_refused) */
 };
+
+/* Buffered reads read and hash a record in chunks of this size, each hashed while the CPU
+ * cache still holds it (a fraction of one core's L2 cache). */
+#define KVTIER_RESIDENT_CHUNK (256 * 1024)
 
 struct kvtier_read_result {
     int status;
@@ -30,6 +36,8 @@ struct kvtier_read_result {
      * buffered: a memory copy instead of a device read. 0 for every read made O_DIRECT, and
      * for reads not asked to be direct (never probed). */
     int from_page_cache;
+    /* kvtier_read_resident: preadv2 refused RWF_NOWAIT (EOPNOTSUPP): the caller stops using it. */
+    int nowait_refused;
 };
 
 /* Open path (no symlinks, no blocking on a FIFO), check it is a regular file of this user that
@@ -40,6 +48,27 @@ struct kvtier_read_result {
 void kvtier_read_record(const char *path, uint8_t *header, size_t header_len, uint8_t *payload,
                         size_t payload_len, int direct, int checksum, int page_cache,
                         struct kvtier_read_result *result);
+
+/* The two halves of a read into a buffer that must not be written until its caller has
+ * claimed it (kvtier.dataplane.abandonable): with the page cache holding the record, the read
+ * goes straight into the caller's buffer instead of through a bounce buffer and a copy.
+ *
+ * kvtier_read_unless_resident opens path and makes kvtier_read_record's checks. When the page
+ * cache holds the whole file it reads nothing and returns the open descriptor (status OK,
+ * from_page_cache set): the caller claims its buffer, then calls kvtier_read_resident. Otherwise
+ * it reads the record into header and payload (the bounce buffer) as kvtier_read_record does,
+ * without probing again, and returns -1. One GIL-free call either way. */
+int kvtier_read_unless_resident(const char *path, uint8_t *header, size_t header_len,
+                                uint8_t *payload, size_t payload_len, int direct, int checksum,
+                                struct kvtier_read_result *result);
+
+/* kvtier_read_resident reads the header and payload of fd (from kvtier_read_unless_resident) with
+ * RWF_NOWAIT, so the read never waits for the device: a page evicted since the probe ends it
+ * with KVTIER_READ_NOT_RESIDENT, the payload partly written. Each chunk is hashed as it lands
+ * (checksum and the header's algorithm as in kvtier_read_record). Closes fd. Call it without
+ * the GIL. */
+void kvtier_read_resident(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
+                          size_t payload_len, int checksum, struct kvtier_read_result *result);
 
 /* 1 when the page cache holds every page of the first size bytes of fd, 0 when some page is
  * missing or the kernel cannot say (never triggers I/O or read-ahead). The file must be the

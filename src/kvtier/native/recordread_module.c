@@ -11,6 +11,13 @@
 #include "recordread.h"
 #include "xxh3.h"
 
+/* The payload's checksum as a Python int, or None when it was not computed. */
+static PyObject *checksum_or_none(const struct kvtier_read_result *result) {
+    if (result->checksummed)
+        return PyLong_FromUnsignedLongLong(result->payload_checksum);
+    return Py_NewRef(Py_None);
+}
+
 PyDoc_STRVAR(read_record_doc,
              "read_record(path, header, payload, direct, checksum, page_cache)\n"
              "    -> (status, errno, detail, detail2, direct_refused, payload_checksum,\n"
@@ -37,18 +44,73 @@ static PyObject *read_record(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&header);
     PyBuffer_Release(&payload);
-    PyObject *payload_checksum;
-    if (result.checksummed) {
-        payload_checksum = PyLong_FromUnsignedLongLong(result.payload_checksum);
-        if (payload_checksum == NULL)
-            return NULL;
-    } else {
-        payload_checksum = Py_NewRef(Py_None);
-    }
+    PyObject *payload_checksum = checksum_or_none(&result);
+    if (payload_checksum == NULL)
+        return NULL;
     return Py_BuildValue("iiKKNNN", result.status, result.error,
                          (unsigned long long)result.detail, (unsigned long long)result.detail2,
                          PyBool_FromLong(result.direct_refused), payload_checksum,
                          PyBool_FromLong(result.from_page_cache));
+}
+
+PyDoc_STRVAR(read_unless_resident_doc,
+             "read_unless_resident(path, header, payload, direct, checksum)\n"
+             "    -> (fd, status, errno, detail, detail2, direct_refused, payload_checksum)\n\n"
+             "read_record's checks, then: when the page cache holds the whole file, nothing is\n"
+             "read and fd is an open descriptor for read_resident (status 0); otherwise the\n"
+             "record is read into header and payload as read_record reads it, and fd is -1.\n"
+             "One call without the GIL either way.");
+
+static PyObject *read_unless_resident(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path;
+    Py_buffer header, payload;
+    int direct, checksum;
+    if (!PyArg_ParseTuple(args, "yw*w*pp", &path, &header, &payload, &direct, &checksum))
+        return NULL;
+    struct kvtier_read_result result;
+    int fd;
+    Py_BEGIN_ALLOW_THREADS
+    fd = kvtier_read_unless_resident(path, header.buf, (size_t)header.len, payload.buf,
+                                     (size_t)payload.len, direct, checksum, &result);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&payload);
+    PyObject *payload_checksum = checksum_or_none(&result);
+    if (payload_checksum == NULL)
+        return NULL;
+    return Py_BuildValue("iiiKKNN", fd, result.status, result.error,
+                         (unsigned long long)result.detail, (unsigned long long)result.detail2,
+                         PyBool_FromLong(result.direct_refused), payload_checksum);
+}
+
+PyDoc_STRVAR(read_resident_doc,
+             "read_resident(fd, header, payload, checksum) -> (status, errno, detail,\n"
+             "    nowait_refused, payload_checksum)\n\n"
+             "Read the record open on fd (from read_unless_resident) into header and payload without\n"
+             "the GIL, never waiting for the device (RWF_NOWAIT), hashing each chunk as it\n"
+             "lands; closes fd. Status 6: a page left the page cache meanwhile, or the kernel\n"
+             "refused RWF_NOWAIT (nowait_refused): payload may be partly written.");
+
+static PyObject *read_resident(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd, checksum;
+    Py_buffer header, payload;
+    if (!PyArg_ParseTuple(args, "iw*w*p", &fd, &header, &payload, &checksum))
+        return NULL;
+    struct kvtier_read_result result;
+    Py_BEGIN_ALLOW_THREADS
+    kvtier_read_resident(fd, header.buf, (size_t)header.len, payload.buf, (size_t)payload.len,
+                         checksum, &result);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&payload);
+    PyObject *payload_checksum = checksum_or_none(&result);
+    if (payload_checksum == NULL)
+        return NULL;
+    return Py_BuildValue("iiKNN", result.status, result.error,
+                         (unsigned long long)result.detail,
+                         PyBool_FromLong(result.nowait_refused), payload_checksum);
 }
 
 PyDoc_STRVAR(resident_doc,
@@ -124,6 +186,8 @@ static PyObject *xxh3_64(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"read_record", read_record, METH_VARARGS, read_record_doc},
+    {"read_unless_resident", read_unless_resident, METH_VARARGS, read_unless_resident_doc},
+    {"read_resident", read_resident, METH_VARARGS, read_resident_doc},
     {"resident", resident, METH_VARARGS, resident_doc},
     {"residency_probe", residency_probe, METH_NOARGS, residency_probe_doc},
     {"force_mincore", force_mincore, METH_VARARGS, force_mincore_doc},
@@ -143,4 +207,12 @@ static struct PyModuleDef module = {
     NULL,
 };
 
-PyMODINIT_FUNC PyInit__recordread(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__recordread(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* Tests read records of lengths around a chunk's edges. */
+    if (m != NULL && PyModule_AddIntConstant(m, "RESIDENT_CHUNK", KVTIER_RESIDENT_CHUNK) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -141,16 +141,37 @@ static inline void accumulate(acc_t acc, const uint8_t *in, size_t stripes) {
         accumulate_stripe(acc, in + n * STRIPE_LEN, SECRET + n * SECRET_CONSUME_RATE);
 }
 
-uint64_t kvtier_xxh3_64_long(const uint8_t *data, size_t len) {
-    static const uint64_t INIT[8] = {PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3,
+static const uint64_t INIT_ACC[8] = {PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3,
                                      PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1};
+
+void kvtier_xxh3_stream_init(struct kvtier_xxh3_stream *stream) {
+    memcpy(stream->acc, INIT_ACC, sizeof stream->acc);
+    stream->blocks_done = 0;
+}
+
+void kvtier_xxh3_stream_update(struct kvtier_xxh3_stream *stream, const uint8_t *data,
+                               size_t available, size_t total) {
+    /* The last block (whole or not) is hashed with the final stripe: never here. */
+    size_t blocks = (total - 1) / BLOCK_LEN;
+    size_t ready = available / BLOCK_LEN < blocks ? available / BLOCK_LEN : blocks;
+    if (ready <= stream->blocks_done)
+        return;
     acc_t acc;
-    init_acc(acc, INIT);
-    size_t blocks = (len - 1) / BLOCK_LEN;
-    for (size_t n = 0; n < blocks; n++) {
+    init_acc(acc, stream->acc);
+    for (size_t n = stream->blocks_done; n < ready; n++) {
         accumulate(acc, data + n * BLOCK_LEN, STRIPES_PER_BLOCK);
         scramble(acc, SECRET + SECRET_SIZE - STRIPE_LEN);
     }
+    store_acc(acc, stream->acc);
+    stream->blocks_done = ready;
+}
+
+uint64_t kvtier_xxh3_stream_digest(struct kvtier_xxh3_stream *stream, const uint8_t *data,
+                                   size_t len) {
+    kvtier_xxh3_stream_update(stream, data, len, len);
+    size_t blocks = stream->blocks_done;
+    acc_t acc;
+    init_acc(acc, stream->acc);
     size_t stripes = ((len - 1) - BLOCK_LEN * blocks) / STRIPE_LEN;
     accumulate(acc, data + blocks * BLOCK_LEN, stripes);
     accumulate_stripe(acc, data + len - STRIPE_LEN,
@@ -164,4 +185,10 @@ uint64_t kvtier_xxh3_64_long(const uint8_t *data, size_t len) {
                                 lanes[2 * i + 1] ^
                                     read64(SECRET + SECRET_MERGEACCS_START + 16 * i + 8));
     return avalanche(result);
+}
+
+uint64_t kvtier_xxh3_64_long(const uint8_t *data, size_t len) {
+    struct kvtier_xxh3_stream stream;
+    kvtier_xxh3_stream_init(&stream);
+    return kvtier_xxh3_stream_digest(&stream, data, len);
 }

@@ -14,4 +14,23 @@
 /* XXH3-64 of len >= KVTIER_XXH3_LONG_MIN bytes; equals xxhash.xxh3_64_intdigest(data). */
 uint64_t kvtier_xxh3_64_long(const uint8_t *data, size_t len);
 
+/* The same hash of a buffer that fills from its start while it is hashed (a chunked read), so
+ * each chunk is hashed while the CPU cache still holds it. The caller keeps the whole buffer:
+ * the last block and stripe are hashed from it at the end. */
+struct kvtier_xxh3_stream {
+    uint64_t acc[8];
+    size_t blocks_done;
+};
+
+void kvtier_xxh3_stream_init(struct kvtier_xxh3_stream *stream);
+
+/* Hash the whole blocks of data[0, available) not hashed yet, short of the input's last block;
+ * total (>= KVTIER_XXH3_LONG_MIN) is the input's final length. */
+void kvtier_xxh3_stream_update(struct kvtier_xxh3_stream *stream, const uint8_t *data,
+                               size_t available, size_t total);
+
+/* XXH3-64 of data[0, len), len the total given to every update: equals kvtier_xxh3_64_long. */
+uint64_t kvtier_xxh3_stream_digest(struct kvtier_xxh3_stream *stream, const uint8_t *data,
+                                   size_t len);
+
 #endif

@@ -97,6 +97,11 @@ class RecordIO:
             or type(self).open_for_read is not RecordIO.open_for_read
         )
         self._reader = native.record_reader() if native_reads and not reads_overridden else None
+        self._resident = (
+            native.resident_reader() if self._reader is not None and page_cache_reads else None
+        )
+        # False once the kernel refused RWF_NOWAIT reads (read_resident): never again asked.
+        self._resident_ok = self._resident is not None
 
     @property
     def native_reads(self) -> bool:
@@ -243,20 +248,58 @@ class RecordIO:
         )
         if refused:
             self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
-        want = HEADER_BYTES + out.nbytes
-        if status == _READ_OK:
-            if detail != want:
-                raise _short_read(path, detail, want)
-            return header, payload_checksum, cached
-        if status == _READ_SYMLINK:
-            raise _symlink(path)
-        if status == _READ_NOT_REGULAR:
-            raise _not_regular(path, detail)
-        if status == _READ_NOT_PRIVATE:
-            raise _not_private(path, detail, detail2)
-        if status == _READ_LENGTH:
-            raise _wrong_size(path, detail, want)
-        raise OSError(error, os.strerror(error), str(path))
+        _check_read(path, status, error, detail, detail2, HEADER_BYTES + out.nbytes)
+        return header, payload_checksum, cached
+
+    def reads_resident_into(self, out: memoryview) -> bool:
+        """True when ``read_unless_resident`` may read a record for ``out``."""
+        return self._resident_ok and not out.readonly and out.c_contiguous
+
+    def read_unless_resident(
+        self, path: Path, bounce: memoryview, checksum: bool
+    ) -> int | tuple[memoryview, int | None]:
+        """``read_checked`` into ``bounce``, unless the page cache holds the whole record:
+        then nothing is read and an open descriptor for ``read_resident`` comes back.
+
+        One GIL-free call either way; makes ``read_into``'s checks and raises what it raises.
+        Only when ``reads_resident_into(bounce)``.
+        """
+        assert self._resident is not None
+        header = self._buffer("read_header")
+        direct = self._direct_ok and _aligned(bounce)
+        fd, status, error, detail, detail2, refused, payload_checksum = self._resident[0](
+            os.fsencode(path), header, bounce, direct, checksum
+        )
+        if refused:
+            self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
+        if fd >= 0:
+            return fd
+        _check_read(path, status, error, detail, detail2, HEADER_BYTES + bounce.nbytes)
+        return header, payload_checksum
+
+    def read_resident(
+        self, fd: int, path: Path, out: memoryview, checksum: bool
+    ) -> tuple[memoryview, int | None] | None:
+        """Read the record open on ``fd`` (``read_unless_resident``) into ``out``, never waiting
+        for the device: the header, and the payload's XXH3-64 as ``read_checked`` gives it, or None
+        when a page left the page cache meanwhile (``out`` is then partly written). Closes
+        ``fd``. Raises ``CorruptRecordError`` for a short read, ``OSError`` for other faults.
+        """
+        assert self._resident is not None
+        header = self._buffer("read_header")
+        status, error, detail, nowait_refused, payload_checksum = self._resident[1](
+            fd, header, out, checksum
+        )
+        if nowait_refused and self._resident_ok:
+            log.warning(
+                "disk tier: the kernel refused RWF_NOWAIT reads; records the page cache holds "
+                "are read through a bounce buffer"
+            )
+            self._resident_ok = False
+        if status == _READ_NOT_RESIDENT:
+            return None
+        _check_read(path, status, error, detail, 0, HEADER_BYTES + out.nbytes)
+        return header, payload_checksum
 
     def open_for_read(self, path: Path, direct: bool) -> int:
         """Open a record for reading without following links or blocking on a FIFO."""
@@ -280,6 +323,27 @@ class RecordIO:
 
 # What the native reader reports (kvtier/native/recordread.h); any other status is errno's.
 _READ_OK, _READ_SYMLINK, _READ_NOT_REGULAR, _READ_NOT_PRIVATE, _READ_LENGTH = 0, 2, 3, 4, 5
+_READ_NOT_RESIDENT = 6
+
+
+def _check_read(
+    path: Path, status: int, error: int, detail: int, detail2: int, want: int
+) -> None:
+    """Return when a native read read all ``want`` bytes; else raise the Python path's error
+    for its status."""
+    if status == _READ_OK:
+        if detail != want:
+            raise _short_read(path, detail, want)
+        return
+    if status == _READ_SYMLINK:
+        raise _symlink(path)
+    if status == _READ_NOT_REGULAR:
+        raise _not_regular(path, detail)
+    if status == _READ_NOT_PRIVATE:
+        raise _not_private(path, detail, detail2)
+    if status == _READ_LENGTH:
+        raise _wrong_size(path, detail, want)
+    raise OSError(error, os.strerror(error), str(path))
 
 
 def _symlink(path: Path) -> CorruptRecordError:

@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from kvtier.buffers import copy_into
 from kvtier.errors import ConfigError, CorruptRecordError
 from kvtier.format.checksum import Buffer
 from kvtier.format.namespace import Namespace
@@ -308,7 +309,34 @@ class DiskStore(BlockStore):
         return True
 
     def get_into(self, key: bytes, out: memoryview) -> bool:
+        return self._load(key, memoryview(out), None, None)
+
+    def get_into_when(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+    ) -> bool:
+        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+
+        A record the page cache holds whole is read straight into ``out`` once claimed,
+        hashed chunk by chunk as it lands: one copy where the bounce buffer costs two and a
+        second pass for the checksum. That read never waits for the device (a page evicted
+        meanwhile ends it as a miss), so a claim lasts no longer than a copy, as with the
+        bounce buffer. The difference: a claimed read that fails (evicted page, bad checksum)
+        leaves ``out`` partly written; the load fails, and vLLM frees a failed load's row
+        without reading it. Any other record goes through ``bounce`` as ``BlockStore``'s.
+        """
         out = memoryview(out)
+        if not self._io.reads_resident_into(out):
+            return super().get_into_when(key, out, claim, bounce)
+        return self._load(key, out, claim, bounce)
+
+    def _load(
+        self,
+        key: bytes,
+        out: memoryview,
+        claim: Callable[[], bool] | None,
+        bounce: memoryview | None,
+    ) -> bool:
+        """``get_into``, or with ``claim`` and ``bounce`` ``get_into_when``'s resident read."""
         block_key = key
         with self._lock:
             key, entry = self._find(key)
@@ -317,15 +345,32 @@ class DiskStore(BlockStore):
                 return False
             self._pins[key] += 1
         relative = layout.record_name(key, entry.record_id)
+        path = self.namespace_dir / relative
+        checksum = self._sealer is None
+        target = out
         try:
-            header_bytes, payload_checksum, from_page_cache = self._io.read_checked(
-                self.namespace_dir / relative, out, checksum=self._sealer is None
-            )
+            if claim is None or bounce is None:
+                header_bytes, payload_checksum, from_page_cache = self._io.read_checked(
+                    path, out, checksum
+                )
+            else:
+                read = self._io.read_unless_resident(path, bounce, checksum)
+                from_page_cache = isinstance(read, int)
+                if isinstance(read, int):  # resident: nothing read yet, read straight into out
+                    if not claim():
+                        os.close(read)
+                        return False  # abandoned: out untouched
+                    read = self._io.read_resident(read, path, out, checksum)
+                    if read is None:  # a page was evicted during the read
+                        return self._missed()
+                else:
+                    target = bounce
+                header_bytes, payload_checksum = read
             header = decode_header(header_bytes, self._digest, key, entry.payload_len)
             if self._sealer is None:
-                verify_payload(header, out, payload_checksum)
+                verify_payload(header, target, payload_checksum)
             else:
-                self._sealer.open(header, out, out)  # in place; the tag covers every byte
+                self._sealer.open(header, target, target)  # in place; the tag covers every byte
         except FileNotFoundError:
             # Evicted or replaced by another process (its row is already gone), or deleted
             # behind the store's back: drop the row too, so its bytes leave the cap and no
@@ -356,6 +401,12 @@ class DiskStore(BlockStore):
             self._stats.page_cache_hits += from_page_cache
             self._stats.bytes_read += entry.payload_len
         self._access.note(key)
+        if target is out:
+            return True
+        assert claim is not None
+        if not claim():
+            return False
+        copy_into(out, target)
         return True
 
     def contains(self, key: bytes) -> bool:

@@ -1,0 +1,152 @@
+"""``DiskStore.get_into_when``: a record the page cache holds goes straight into the row once
+the load is claimed; any other record through the bounce buffer, the row written only after
+the claim. Either way an abandoned load (claim False) never writes the row, and a record that
+fails its checks is a miss and is quarantined."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvtier import native
+from kvtier.format import HEADER_BYTES
+from kvtier.store import DiskStore, RecordIO
+from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
+
+OpenDisk = Callable[..., DiskStore]
+
+pytestmark = pytest.mark.skipif(
+    native.record_reader() is None, reason="kvtier.native._recordread is not built"
+)
+
+
+def cached_io() -> RecordIO:
+    """Writes through the page cache, fsynced and kept there: the records stay resident."""
+    return RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+
+
+def stored(store: DiskStore, n: int = 1) -> Path:
+    row = aligned_buffer(PAYLOAD_BYTES)
+    row[:] = payload_of(n)
+    assert store.put(key_of(n), row)
+    path = store.record_path(key_of(n))
+    assert path is not None
+    return path
+
+
+def resident_store(open_disk: OpenDisk, io: RecordIO | None = None) -> tuple[DiskStore, Path]:
+    store = open_disk(io=io or cached_io())
+    path = stored(store)
+    if not native.resident(path):
+        pytest.skip("the page cache did not keep the buffered write (memory pressure?)")
+    return store, path
+
+
+class Claims:
+    """A load's claim that records what the row and the bounce buffer held when it was asked."""
+
+    def __init__(self, row: memoryview, bounce: memoryview, grant: bool = True) -> None:
+        self.row, self.bounce, self.grant = row, bounce, grant
+        self.seen: list[tuple[bool, bool]] = []
+
+    def __call__(self) -> bool:
+        self.seen.append((any(bytes(self.row)), any(bytes(self.bounce))))
+        return self.grant
+
+
+def test_a_resident_record_is_claimed_then_read_straight_into_the_row(
+    open_disk: OpenDisk,
+) -> None:
+    store, _ = resident_store(open_disk)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    claim = Claims(row, bounce)
+    assert store.get_into_when(key_of(1), row, claim, bounce)
+    assert bytes(row) == payload_of(1)
+    assert claim.seen == [(False, False)], "claimed before any byte moved; no bounce copy"
+    assert (store.stats().hits, store.stats().page_cache_hits) == (1, 1)
+
+
+def test_an_abandoned_resident_load_never_writes_the_row(open_disk: OpenDisk) -> None:
+    store, _ = resident_store(open_disk)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    assert not store.get_into_when(key_of(1), row, Claims(row, bounce, grant=False), bounce)
+    assert not any(bytes(row))
+    assert store.contains(key_of(1)), "an abandoned load is no fault of the record"
+    assert store.get(key_of(1)) == payload_of(1)
+
+
+def test_a_resident_record_that_fails_its_checksum_is_a_quarantined_miss(
+    open_disk: OpenDisk,
+) -> None:
+    """The claimed row may hold the bad bytes; the load fails, so they are never served."""
+    store, path = resident_store(open_disk)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        byte = os.pread(fd, 1, HEADER_BYTES + 999)
+        os.pwrite(fd, bytes([byte[0] ^ 0x08]), HEADER_BYTES + 999)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if not native.resident(path):
+        pytest.skip("the page cache did not keep the record")
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    assert not store.get_into_when(key_of(1), row, Claims(row, bounce), bounce)
+    assert store.stats().corrupt == {"checksum": 1}
+    assert not store.contains(key_of(1))
+
+
+def test_a_page_evicted_during_the_claimed_read_is_a_clean_miss(open_disk: OpenDisk) -> None:
+    """The claimed read never waits for the device (RWF_NOWAIT): pages dropped between the
+    probe and the read end it as a miss; the record stays, and reads again later."""
+
+    class EvictsBeforeTheRead(RecordIO):
+        def read_resident(
+            self, fd: int, path: Path, out: memoryview, checksum: bool
+        ) -> tuple[memoryview, int | None] | None:
+            with open(path, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            if native.resident(path):
+                os.close(fd)
+                pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
+            return super().read_resident(fd, path, out, checksum)
+
+    io = EvictsBeforeTheRead(fsync="data", direct_writes=False, drop_written_pages=False)
+    store, _ = resident_store(open_disk, io)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    assert not store.get_into_when(key_of(1), row, Claims(row, bounce), bounce)
+    assert store.stats().misses == 1 and store.stats().corrupt == {}
+    assert store.contains(key_of(1))
+    assert store.get(key_of(1)) == payload_of(1)
+
+
+def test_a_record_the_page_cache_lacks_goes_through_the_bounce_buffer(
+    open_disk: OpenDisk,
+) -> None:
+    store = open_disk()  # O_DIRECT writes: nothing left in the page cache
+    path = stored(store)
+    if native.resident(path):
+        pytest.skip("this file system keeps O_DIRECT writes in the page cache")
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    claim = Claims(row, bounce)
+    assert store.get_into_when(key_of(1), row, claim, bounce)
+    assert bytes(row) == payload_of(1)
+    assert claim.seen == [(False, True)], "read and verified in the bounce buffer, then claimed"
+    assert (store.stats().hits, store.stats().page_cache_hits) == (1, 0)
+    assert not store.get_into_when(key_of(1), row, Claims(row, bounce, grant=False), bounce)
+
+
+def test_without_page_cache_reads_every_load_goes_through_the_bounce_buffer(
+    open_disk: OpenDisk,
+) -> None:
+    io = RecordIO(
+        fsync="data", direct_writes=False, drop_written_pages=False, page_cache_reads=False
+    )
+    store, _ = resident_store(open_disk, io)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    claim = Claims(row, bounce)
+    assert store.get_into_when(key_of(1), row, claim, bounce)
+    assert claim.seen == [(False, True)]
+    assert bytes(row) == payload_of(1)
