@@ -39,6 +39,10 @@ class ReplacingBuildExt(build_ext):
         return outfile, True
 
 
+# -O3 as CPython builds its own extensions: a CFLAGS set in the environment replaces Python's
+# flags, optimisation included, and the reader's checksum then ran 5x slower (measured).
+COMPILE_ARGS = ["-O3", "-fno-strict-aliasing"]
+
 streamcopy = Extension(
     "kvtier.native._streamcopy",
     sources=[f"{NATIVE}/streamcopy.c", f"{NATIVE}/streamcopy_module.c"],
@@ -46,7 +50,7 @@ streamcopy = Extension(
     # The stable ABI: one build serves every CPython >= 3.11 (requires-python).
     define_macros=[("Py_LIMITED_API", "0x030B0000")],
     py_limited_api=True,
-    extra_compile_args=["-fno-strict-aliasing"],
+    extra_compile_args=COMPILE_ARGS,
     optional=True,
 )
 
@@ -56,7 +60,7 @@ recordread = Extension(
     depends=[f"{NATIVE}/recordread.h", f"{NATIVE}/xxh3.h"],
     define_macros=[("Py_LIMITED_API", "0x030B0000")],
     py_limited_api=True,
-    extra_compile_args=["-fno-strict-aliasing"],
+    extra_compile_args=COMPILE_ARGS,
     optional=True,
 )
 

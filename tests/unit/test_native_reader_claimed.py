@@ -57,14 +57,17 @@ def written(path: Path, length: int, seed: int = 5) -> bytes:
     "offset", [-1025, -1024, -1, 0, 1, 63, 1024, 1025], ids=lambda o: f"chunk{o:+d}"
 )
 @pytest.mark.parametrize("chunks", [1, 2])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 def test_chunked_buffered_reads_hash_like_xxhash_at_every_edge(
-    tmp_path: Path, chunks: int, offset: int
+    tmp_path: Path, chunks: int, offset: int, aligned: bool
 ) -> None:
-    """An unaligned row reads buffered, chunk by chunk: each length around a chunk's edge (and
-    an XXH3 block's: 1,024 bytes) hashes as the package hashes the whole payload."""
+    """Buffered reads go chunk by chunk: each length around a chunk's edge (and an XXH3
+    block's: 1,024 bytes) hashes as the package hashes the whole payload. An aligned row of a
+    record the page cache holds is hashed and copied in one pass (streaming stores); an
+    unaligned one is copied, then hashed."""
     path = tmp_path / "r.kvb"
     payload = written(path, chunks * chunk() + offset)
-    out = memoryview(bytearray(len(payload) + 1))[1:]
+    out = aligned_buffer(len(payload)) if aligned else memoryview(bytearray(len(payload) + 1))[1:]
     header, checksum, _ = RecordIO().read_checked(path, out, checksum=True)
     assert bytes(out) == payload
     assert bytes(header) == path.read_bytes()[:HEADER_BYTES]

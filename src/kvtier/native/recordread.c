@@ -22,7 +22,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -258,8 +260,37 @@ static ssize_t read_span(int fd, uint8_t *buf, size_t len, off_t off, int nowait
     return (ssize_t)done;
 }
 
-/* A buffered read of the header, then of the payload in chunks, each hashed while the CPU cache
- * still holds it: the bytes cross memory once, where a whole read then a hash cross it twice. */
+/* Each reader thread's staging buffer for buffered reads: one chunk, reused for every chunk of
+ * every record, so it stays in the CPU cache. Freed when the thread ends. */
+static pthread_key_t staging_key;
+static pthread_once_t staging_once = PTHREAD_ONCE_INIT;
+static int staging_key_made;
+
+static void make_staging_key(void) { staging_key_made = pthread_key_create(&staging_key, free) == 0; }
+
+static uint8_t *staging_buffer(void) {
+    pthread_once(&staging_once, make_staging_key);
+    if (!staging_key_made)
+        return NULL;
+    uint8_t *buffer = pthread_getspecific(staging_key);
+    if (buffer == NULL) {
+        void *fresh;
+        if (posix_memalign(&fresh, 4096, KVTIER_RESIDENT_CHUNK) != 0)
+            return NULL;
+        if (pthread_setspecific(staging_key, fresh) != 0) {
+            free(fresh);
+            return NULL;
+        }
+        buffer = fresh;
+    }
+    return buffer;
+}
+
+/* A buffered read of the header, then of the payload in chunks. Hashed payloads go through the
+ * thread's staging buffer: the kernel copies each chunk from the page cache into it (it stays
+ * in the CPU cache), and one pass hashes it and streams it into the payload. The payload is
+ * then written once and read never, as a memcpy with streaming stores does; a read straight
+ * into the payload followed by a hash would cross memory twice more. */
 static void read_buffered_hashing(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
                                   size_t payload_len, int checksum, int nowait,
                                   struct kvtier_read_result *result) {
@@ -269,19 +300,23 @@ static void read_buffered_hashing(int fd, uint8_t *header, size_t header_len, ui
     struct kvtier_xxh3_stream stream;
     if (hashing)
         kvtier_xxh3_stream_init(&stream);
+    uint8_t *staging = hashing ? staging_buffer() : NULL;
     size_t done = 0;
     while (got == (ssize_t)(header_len + done) && done < payload_len) {
         size_t len = payload_len - done < KVTIER_RESIDENT_CHUNK ? payload_len - done
                                                                 : KVTIER_RESIDENT_CHUNK;
-        ssize_t n = read_span(fd, payload + done, len, (off_t)(header_len + done), nowait);
+        ssize_t n = read_span(fd, staging != NULL ? staging : payload + done, len,
+                              (off_t)(header_len + done), nowait);
         if (n < 0) {
             got = -1;
             break;
         }
+        if (staging != NULL)
+            kvtier_xxh3_stream_copy(&stream, payload, staging, done, (size_t)n, payload_len);
+        else if (hashing)
+            kvtier_xxh3_stream_update(&stream, payload, done + (size_t)n, payload_len);
         done += (size_t)n;
         got = (ssize_t)(header_len + done);
-        if (hashing)
-            kvtier_xxh3_stream_update(&stream, payload, done, payload_len);
         if ((size_t)n < len)
             break; /* the file ended early: the caller sees a short read */
     }

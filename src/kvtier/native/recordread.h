@@ -19,7 +19,9 @@ enum kvtier_read_status {
 
 /* Buffered reads read and hash a record in chunks of this size, each hashed while the CPU
  * cache still holds it (a fraction of one core's L2 cache). */
+#ifndef KVTIER_RESIDENT_CHUNK /* a build may set it, to measure another size */
 #define KVTIER_RESIDENT_CHUNK (256 * 1024)
+#endif
 
 struct kvtier_read_result {
     int status;

@@ -88,6 +88,24 @@ static inline void accumulate_stripe(__m128i *acc, const uint8_t *in, const uint
     }
 }
 
+/* accumulate_stripe, storing the stripe at out (16-byte aligned) as it goes, with streaming
+ * stores: the destination is written once, never read into the cache first. */
+static inline void accumulate_copy_stripe(__m128i *acc, const uint8_t *in, uint8_t *out,
+                                          const uint8_t *secret) {
+    for (int i = 0; i < 4; i++) {
+        __m128i data = _mm_loadu_si128((const __m128i *)(in + 16 * i));
+        _mm_stream_si128((__m128i *)(out + 16 * i), data);
+        __m128i key = _mm_loadu_si128((const __m128i *)(secret + 16 * i));
+        __m128i data_key = _mm_xor_si128(data, key);
+        __m128i key_hi = _mm_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
+        __m128i product = _mm_mul_epu32(data_key, key_hi);
+        __m128i swapped = _mm_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+        acc[i] = _mm_add_epi64(acc[i], _mm_add_epi64(product, swapped));
+    }
+}
+
+static inline void stores_done(void) { _mm_sfence(); }
+
 static inline void scramble(__m128i *acc, const uint8_t *secret) {
     const __m128i prime = _mm_set1_epi32((int)PRIME32_1);
     for (int i = 0; i < 4; i++) {
@@ -121,6 +139,14 @@ static inline void accumulate_stripe(uint64_t *acc, const uint8_t *in, const uin
         acc[i] += (data_key & 0xFFFFFFFFULL) * (data_key >> 32);
     }
 }
+
+static inline void accumulate_copy_stripe(uint64_t *acc, const uint8_t *in, uint8_t *out,
+                                          const uint8_t *secret) {
+    memcpy(out, in, STRIPE_LEN);
+    accumulate_stripe(acc, in, secret);
+}
+
+static inline void stores_done(void) {}
 
 static inline void scramble(uint64_t *acc, const uint8_t *secret) {
     for (int i = 0; i < 8; i++) {
@@ -164,6 +190,34 @@ void kvtier_xxh3_stream_update(struct kvtier_xxh3_stream *stream, const uint8_t 
     }
     store_acc(acc, stream->acc);
     stream->blocks_done = ready;
+}
+
+void kvtier_xxh3_stream_copy(struct kvtier_xxh3_stream *stream, uint8_t *dst, const uint8_t *src,
+                             size_t offset, size_t len, size_t total) {
+    size_t copied = 0;
+    size_t blocks = (total - 1) / BLOCK_LEN;
+    /* Fused only where this chunk starts at the next block to hash (chunks of whole blocks) and
+     * the stores can be aligned; otherwise a copy, and the digest hashes the rest from dst. */
+    if (offset == stream->blocks_done * BLOCK_LEN && ((uintptr_t)(dst + offset) & 15) == 0) {
+        size_t end = (offset + len) / BLOCK_LEN < blocks ? (offset + len) / BLOCK_LEN : blocks;
+        if (end > stream->blocks_done) {
+            acc_t acc;
+            init_acc(acc, stream->acc);
+            for (size_t n = stream->blocks_done; n < end; n++) {
+                const uint8_t *in = src + (n * BLOCK_LEN - offset);
+                uint8_t *out = dst + n * BLOCK_LEN;
+                for (size_t i = 0; i < STRIPES_PER_BLOCK; i++)
+                    accumulate_copy_stripe(acc, in + i * STRIPE_LEN, out + i * STRIPE_LEN,
+                                           SECRET + i * SECRET_CONSUME_RATE);
+                scramble(acc, SECRET + SECRET_SIZE - STRIPE_LEN);
+            }
+            store_acc(acc, stream->acc);
+            copied = (end - stream->blocks_done) * BLOCK_LEN;
+            stream->blocks_done = end;
+        }
+    }
+    memcpy(dst + offset + copied, src + copied, len - copied);
+    stores_done(); /* streaming stores are weakly ordered: publish them before returning */
 }
 
 uint64_t kvtier_xxh3_stream_digest(struct kvtier_xxh3_stream *stream, const uint8_t *data,

@@ -29,6 +29,14 @@ void kvtier_xxh3_stream_init(struct kvtier_xxh3_stream *stream);
 void kvtier_xxh3_stream_update(struct kvtier_xxh3_stream *stream, const uint8_t *data,
                                size_t available, size_t total);
 
+/* Copy src[0, len) to dst + offset and hash it on the way, in one pass: each 64-byte stripe is
+ * loaded once, hashed and written with streaming stores. dst is the whole input's buffer (total
+ * bytes, filled up to offset); the input's last block is copied, not hashed (the digest hashes
+ * it from dst). Chunks that do not start at the next block to hash are only copied, and the
+ * digest catches up from dst: any sequence of chunks gives the right hash. */
+void kvtier_xxh3_stream_copy(struct kvtier_xxh3_stream *stream, uint8_t *dst, const uint8_t *src,
+                             size_t offset, size_t len, size_t total);
+
 /* XXH3-64 of data[0, len), len the total given to every update: equals kvtier_xxh3_64_long. */
 uint64_t kvtier_xxh3_stream_digest(struct kvtier_xxh3_stream *stream, const uint8_t *data,
                                    size_t len);
