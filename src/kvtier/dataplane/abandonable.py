@@ -12,6 +12,11 @@ a private buffer of its thread and copies into the row only after claiming it:
 ``abandon`` fails while a copy is under way (a memcpy of one row: it ends in microseconds to
 milliseconds); the caller asks again at its next step. The private copy costs one memcpy per
 block (measured in docs/benchmarks.md); it buys the guarantee above.
+
+A store may claim before reading when its read cannot wait: the disk store reads a record the
+page cache holds straight into the claimed row with ``RWF_NOWAIT`` (``DiskStore.get_into_when``),
+so COPYING still lasts no longer than a copy. If that read fails the row is left partly written
+and the load reports failure; vLLM frees a failed load's row without reading it.
 """
 
 from __future__ import annotations

@@ -28,7 +28,11 @@ Choices (figures and the command that produced them in docs/store.md):
   (``cachestat``, or ``mincore`` before Linux 6.5); any page missing, and the read is
   ``O_DIRECT`` as above. ``read_checked`` says which way each record came, and the disk store
   counts page-cache hits. Only the native reader does this: the Python steps read every
-  aligned record ``O_DIRECT``.
+  aligned record ``O_DIRECT``. The native reader's buffered reads go through a per-thread
+  staging chunk that the CPU cache holds, hashed and streamed into the row in one pass: on the
+  H200 host's 4 reader threads that took resident reads from 0.54 to 0.75 of a memcpy
+  (docs/benchmarks.md). For a load that must not write its row until claimed,
+  ``read_unless_resident`` and ``read_resident`` split that read around the claim.
 * With the native reader built (kvtier.native), a load's read is one C call: open, the checks
   below, ``preadv``, close and the payload's checksum, giving the GIL up once per block. The
   same steps in Python give it up five times, and each return waits for it while an engine
