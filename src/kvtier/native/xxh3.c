@@ -74,18 +74,22 @@ static inline uint64_t avalanche(uint64_t h) {
 #ifdef KVTIER_XXH3_SSE2
 typedef __m128i acc_t[4];
 
+/* One accumulator of a stripe: 16 bytes of input and of the secret. */
+static inline __m128i accumulate_lane(__m128i acc, __m128i data, const uint8_t *secret) {
+    __m128i key = _mm_loadu_si128((const __m128i *)secret);
+    __m128i data_key = _mm_xor_si128(data, key);
+    /* Each 64-bit lane: low 32 bits times high 32 bits of data ^ key. */
+    __m128i key_hi = _mm_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
+    __m128i product = _mm_mul_epu32(data_key, key_hi);
+    /* The other lane's input is added to each accumulator. */
+    __m128i swapped = _mm_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+    return _mm_add_epi64(acc, _mm_add_epi64(product, swapped));
+}
+
 static inline void accumulate_stripe(__m128i *acc, const uint8_t *in, const uint8_t *secret) {
-    for (int i = 0; i < 4; i++) {
-        __m128i data = _mm_loadu_si128((const __m128i *)(in + 16 * i));
-        __m128i key = _mm_loadu_si128((const __m128i *)(secret + 16 * i));
-        __m128i data_key = _mm_xor_si128(data, key);
-        /* Each 64-bit lane: low 32 bits times high 32 bits of data ^ key. */
-        __m128i key_hi = _mm_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
-        __m128i product = _mm_mul_epu32(data_key, key_hi);
-        /* The other lane's input is added to each accumulator. */
-        __m128i swapped = _mm_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
-        acc[i] = _mm_add_epi64(acc[i], _mm_add_epi64(product, swapped));
-    }
+    for (int i = 0; i < 4; i++)
+        acc[i] = accumulate_lane(acc[i], _mm_loadu_si128((const __m128i *)(in + 16 * i)),
+                                 secret + 16 * i);
 }
 
 /* accumulate_stripe, storing the stripe at out (16-byte aligned) as it goes, with streaming
@@ -95,12 +99,7 @@ static inline void accumulate_copy_stripe(__m128i *acc, const uint8_t *in, uint8
     for (int i = 0; i < 4; i++) {
         __m128i data = _mm_loadu_si128((const __m128i *)(in + 16 * i));
         _mm_stream_si128((__m128i *)(out + 16 * i), data);
-        __m128i key = _mm_loadu_si128((const __m128i *)(secret + 16 * i));
-        __m128i data_key = _mm_xor_si128(data, key);
-        __m128i key_hi = _mm_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
-        __m128i product = _mm_mul_epu32(data_key, key_hi);
-        __m128i swapped = _mm_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
-        acc[i] = _mm_add_epi64(acc[i], _mm_add_epi64(product, swapped));
+        acc[i] = accumulate_lane(acc[i], data, secret + 16 * i);
     }
 }
 
