@@ -6,7 +6,6 @@ The test owns its Cluster (it kills a node), so it pays the ~3 s of cluster set-
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from redis.cluster import RedisCluster
 
@@ -14,18 +13,11 @@ from kvtier.store.shared import KEY_PREFIX
 from tests.support.redis_servers import RedisClusterServers
 from tests.support.shared_store import open_shared
 from tests.support.store import key_of, make_namespace, payload_of
+from tests.support.waiting import wait_until
 
 OP_TIMEOUT_S = 0.5
 OP_BOUND_S = 2 * OP_TIMEOUT_S + 2.0
 
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_killed_master_misses_its_keys_while_live_masters_serve(

@@ -17,6 +17,7 @@ from kvtier.store.shared import SharedStore
 from tests.support.redis_servers import RedisServer, free_port
 from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, make_namespace, payload_of
+from tests.support.waiting import wait_until
 
 OP_TIMEOUT_S = 0.5
 CONNECT_TIMEOUT_S = 0.3
@@ -51,14 +52,6 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
     result = fn()
     return result, time.monotonic() - start
 
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_unreachable_server_at_start_up_raises_config_error_naming_the_url() -> None:

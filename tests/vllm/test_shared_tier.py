@@ -1,6 +1,5 @@
 """The shared tier's vLLM side without a server: composite store, remote lookups, settings."""
 
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +17,7 @@ from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
 from tests.support.fake_remote import FakeRemoteStore
 from tests.support.store import make_namespace
 from tests.support.tiers import offloading_config
+from tests.support.waiting import wait_until
 
 ROWS, ROW_BYTES = 8, 8192
 CTX = ReqContext(req_id="r")
@@ -25,13 +25,6 @@ CTX = ReqContext(req_id="r")
 
 def key(i: int) -> bytes:
     return bytes([i]) * 32 + (0).to_bytes(4, "big")
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_a_shared_hit_is_written_back_to_the_local_store():
@@ -42,7 +35,7 @@ def test_a_shared_hit_is_written_back_to_the_local_store():
     assert store.exists_many([key(1), key(2)]) == {key(1)}
     out = bytearray(64)
     assert store.get_into(key(1), memoryview(out)) and out == b"a" * 64
-    wait_until(lambda: local.contains(key(1)), "never written back")
+    assert wait_until(lambda: local.contains(key(1)), 30, 0.01), "never written back"
     assert store.written_back == 1
     store.close()
 
@@ -78,12 +71,13 @@ def tier(tmp_path):
 
 def test_a_key_another_replica_stored_is_found_by_asking_the_server(tier):
     made, remote, _ = tier
-    wait_until(lambda: made.store is not None, "the store never opened")
+    assert wait_until(lambda: made.store is not None, 30, 0.01), "the store never opened"
     remote.put_from_another_replica(key(5), bytes(ROW_BYTES))
     assert made.lookup(key(5), CTX) is LookupResult.RETRY, "unknown: ask the server"
     assert made.lookup(key(6), CTX) is LookupResult.RETRY
-    wait_until(lambda: made.lookup(key(5), CTX) is LookupResult.HIT, "never found")
-    wait_until(lambda: made.lookup(key(6), CTX) is LookupResult.MISS, "never answered")
+    assert wait_until(lambda: made.lookup(key(5), CTX) is LookupResult.HIT, 30, 0.01), "never found"
+    answered = wait_until(lambda: made.lookup(key(6), CTX) is LookupResult.MISS, 30, 0.01)
+    assert answered, "never answered"
     asked = [k for batch in remote.asked for k in batch]
     assert asked.count(key(5)) == 1 and asked.count(key(6)) == 1, "one question per key"
 
@@ -96,7 +90,7 @@ def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path):
     release = []
 
     def slow_put(k, payload):
-        wait_until(lambda: release, "test never released the store")
+        assert wait_until(lambda: release, 30, 0.01), "test never released the store"
         return FakeRemoteStore.put(blocked, k, payload)
 
     blocked.put = slow_put  # type: ignore[method-assign]
@@ -194,5 +188,5 @@ def test_the_shared_tier_is_remote_storage_over_a_store_that_asks_its_server(tie
     made, _, _ = tier
     assert made.locality is Locality.REMOTE, "the default when the options name none"
     assert made.medium is Medium.STORAGE
-    wait_until(lambda: made.store is not None, "the store never opened")
+    assert wait_until(lambda: made.store is not None, 30, 0.01), "the store never opened"
     assert made.store.abilities.remote_lookup
