@@ -445,6 +445,10 @@ void kvtier_read_resident(int fd, uint8_t *header, size_t header_len, uint8_t *p
                           size_t payload_len, int checksum, struct kvtier_read_result *result) {
     *result = (struct kvtier_read_result){0};
     result->from_page_cache = 1;
+    /* No read-ahead from this descriptor: a cached page marked for it would otherwise start
+     * reading pages evicted since the probe, device I/O on behalf of a read that must never
+     * cause any, and could turn a miss into a hit depending on timing. */
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     read_buffered_hashing(fd, header, header_len, payload, payload_len, checksum, 1, result);
     close(fd);
 }
