@@ -149,24 +149,25 @@ static int open_record(const char *path) {
     return fd;
 }
 
-/* preadv of header then payload from offset 0 until both are full or the file ends; the bytes
- * read, or -1 with errno. */
-static ssize_t read_all(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
-                        size_t payload_len) {
-    size_t done = 0, total = header_len + payload_len;
-    while (done < total) {
-        struct iovec parts[2];
-        int count = 0;
-        if (done < header_len) {
-            parts[count].iov_base = header + done;
-            parts[count++].iov_len = header_len - done;
-            parts[count].iov_base = payload;
-            parts[count++].iov_len = payload_len;
-        } else {
-            parts[count].iov_base = payload + (done - header_len);
-            parts[count++].iov_len = total - done;
-        }
-        ssize_t n = preadv(fd, parts, count, (off_t)done);
+/* preadv, or with nowait preadv2(RWF_NOWAIT), of the count parts at off until all are full or
+ * the file ends: the bytes read, or -1 with errno (with nowait, EAGAIN: a page is not in the
+ * page cache; EOPNOTSUPP: the kernel or file system has no RWF_NOWAIT). Advances parts. */
+static ssize_t read_parts(int fd, struct iovec *parts, int count, off_t off, int nowait) {
+#ifndef RWF_NOWAIT
+    if (nowait) {
+        errno = EOPNOTSUPP;
+        return -1;
+    }
+#endif
+    size_t done = 0;
+    while (count > 0) {
+        ssize_t n;
+#ifdef RWF_NOWAIT
+        n = nowait ? preadv2(fd, parts, count, off + (off_t)done, RWF_NOWAIT)
+                   : preadv(fd, parts, count, off + (off_t)done);
+#else
+        n = preadv(fd, parts, count, off + (off_t)done);
+#endif
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -175,8 +176,24 @@ static ssize_t read_all(int fd, uint8_t *header, size_t header_len, uint8_t *pay
         if (n == 0)
             break;
         done += (size_t)n;
+        for (size_t left = (size_t)n; count > 0 && left > 0;) {
+            size_t took = left < parts->iov_len ? left : parts->iov_len;
+            parts->iov_base = (uint8_t *)parts->iov_base + took;
+            parts->iov_len -= took;
+            left -= took;
+            if (parts->iov_len == 0) {
+                parts++;
+                count--;
+            }
+        }
     }
     return (ssize_t)done;
+}
+
+/* read_parts of one buffer. */
+static ssize_t read_span(int fd, uint8_t *buf, size_t len, off_t off, int nowait) {
+    struct iovec part = {buf, len};
+    return read_parts(fd, &part, 1, off, nowait);
 }
 
 static void fail(struct kvtier_read_result *result, int status, int error) {
@@ -228,38 +245,6 @@ static int hashes_payload(const uint8_t *header, size_t header_len, size_t paylo
 #endif
 }
 
-/* pread, or with nowait preadv2(RWF_NOWAIT), of len bytes at off into buf until full or the file
- * ends: the bytes read, or -1 with errno (with nowait, EAGAIN: a page is not in the page cache;
- * EOPNOTSUPP: the kernel or file system has no RWF_NOWAIT). */
-static ssize_t read_span(int fd, uint8_t *buf, size_t len, off_t off, int nowait) {
-#ifndef RWF_NOWAIT
-    if (nowait) {
-        errno = EOPNOTSUPP;
-        return -1;
-    }
-#endif
-    size_t done = 0;
-    while (done < len) {
-        struct iovec part = {buf + done, len - done};
-        ssize_t n;
-#ifdef RWF_NOWAIT
-        n = nowait ? preadv2(fd, &part, 1, off + (off_t)done, RWF_NOWAIT)
-                   : preadv(fd, &part, 1, off + (off_t)done);
-#else
-        n = preadv(fd, &part, 1, off + (off_t)done);
-#endif
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (n == 0)
-            break;
-        done += (size_t)n;
-    }
-    return (ssize_t)done;
-}
-
 /* Each reader thread's staging buffer for buffered reads: one chunk, reused for every chunk of
  * every record, so it stays in the CPU cache. Freed when the thread ends. */
 static pthread_key_t staging_key;
@@ -303,8 +288,9 @@ static void read_buffered_hashing(int fd, uint8_t *header, size_t header_len, ui
     uint8_t *staging = hashing ? staging_buffer() : NULL;
     size_t done = 0;
     while (got == (ssize_t)(header_len + done) && done < payload_len) {
-        size_t len = payload_len - done < KVTIER_RESIDENT_CHUNK ? payload_len - done
-                                                                : KVTIER_RESIDENT_CHUNK;
+        /* Chunks only where a chunk is hashed while cached; otherwise the rest in one read. */
+        size_t chunk = hashing ? KVTIER_RESIDENT_CHUNK : payload_len - done;
+        size_t len = payload_len - done < chunk ? payload_len - done : chunk;
         ssize_t n = read_span(fd, staging != NULL ? staging : payload + done, len,
                               (off_t)(header_len + done), nowait);
         if (n < 0) {
@@ -364,7 +350,8 @@ static void read_checked_file(int fd, uint8_t *header, size_t header_len, uint8_
         return;
     }
     /* O_DIRECT: one request for the whole record keeps the device's queue full. */
-    ssize_t got = read_all(fd, header, header_len, payload, payload_len);
+    struct iovec parts[2] = {{header, header_len}, {payload, payload_len}};
+    ssize_t got = read_parts(fd, parts, 2, 0, 0);
     if (got < 0 && errno == EINVAL) {
         /* The file system took O_DIRECT and refused the read: read it buffered. */
         result->direct_refused = 1;
