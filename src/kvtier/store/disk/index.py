@@ -89,6 +89,12 @@ __all__ = [
 ]
 
 _EVICT_SCAN_BATCH = 256
+#: A row's readiness in a query that finds rows by namespace and key. The unary plus keeps
+#: SQLite's planner off ``records_lru (state, access_ns)``: knowing nothing of the data, it
+#: walked that index for ``state = 1``, every ready record of every namespace, rather than
+#: ``records_key``. A commit's lookup of its key then took 19 ms at 131,072 records (7 us
+#: this way), and a batch of access times 154 us per key (7.5).
+_READY = "+state = 1"
 
 
 class _NoRoom(Exception):
@@ -277,7 +283,7 @@ class Index:
         position they reflect. Plain tuples: this runs over every record at start-up."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT key, id, record_bytes - ? FROM records WHERE ns = ? AND state = 1",
+                f"SELECT key, id, record_bytes - ? FROM records WHERE ns = ? AND {_READY}",
                 (HEADER_BYTES, self.ns),
             ).fetchall()
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
@@ -422,7 +428,7 @@ class Index:
                 is None
             ):
                 return None
-            superseded = _rows(conn, "ns = ? AND key = ? AND state = 1", (self.ns, key))
+            superseded = _rows(conn, f"ns = ? AND key = ? AND {_READY}", (self.ns, key))
             self._remove(conn, superseded)
             conn.execute(
                 "UPDATE records SET state = 1, access_ns = ? WHERE id = ?",
@@ -446,7 +452,7 @@ class Index:
     def remove_key(self, key: bytes) -> list[Row]:
         """Remove the ready records of ``key``; their files go to trash. Returns them."""
         with self._write() as conn:
-            rows = _rows(conn, "ns = ? AND key = ? AND state = 1", (self.ns, key))
+            rows = _rows(conn, f"ns = ? AND key = ? AND {_READY}", (self.ns, key))
             self._remove(conn, rows)
             return rows
 
@@ -669,7 +675,7 @@ class Index:
             f"WITH touched(key, access_ns) AS (VALUES {rows}) "
             "UPDATE records SET access_ns = MAX(records.access_ns, "
             "(SELECT touched.access_ns FROM touched WHERE touched.key = records.key)) "
-            "WHERE records.ns = ? AND records.state = 1 "
+            f"WHERE records.ns = ? AND {_READY} "
             "AND records.key IN (SELECT touched.key FROM touched)",
             [*(v for k, t in touches.items() for v in (k, t)), self.ns],
         )
