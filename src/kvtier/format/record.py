@@ -209,7 +209,8 @@ def decode_header(
         raise CorruptRecordError("header_checksum", f"key length {key_len} out of range")
     (stored_ck,) = _U64.unpack_from(view, body_len)
     if stored_ck != xxhash.xxh3_64_intdigest(view[:body_len]) or (
-        view[body_len + _U64.size : HEADER_BYTES] != _ZERO_PAGE[body_len + _U64.size :]
+        # As bytes: comparing memoryviews goes item by item (about 7 us for a header).
+        bytes(view[body_len + _U64.size : HEADER_BYTES]) != _ZERO_PAGE[body_len + _U64.size :]
     ):
         raise CorruptRecordError("header_checksum", "header bytes do not match their checksum")
     _checksum.algorithm(alg)
