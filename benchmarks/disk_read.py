@@ -4,8 +4,8 @@ No engine and no vLLM: the disk store alone, so it runs wherever kvtier's core i
 machine, or the GPU host with the offline bundle's kvtier piece). It writes ``blocks`` records of
 ``record_bytes`` each (the H200's Llama-3-8B shape: 16 tokens x 128 KiB = 2 MiB) and then, with
 the page cache dropped before every pass, reads them all into rows of one page-aligned host
-buffer (page-locked with ``cudaHostRegister`` when torch sees a GPU, as vLLM's CPU pool is)
-three ways, each on several thread counts:
+buffer (page-locked with ``cudaHostRegister`` when torch sees a GPU, as vLLM's CPU pool is;
+on huge pages where the kernel gives them) three ways, each on several thread counts:
 
 * ``plain``: each record file opened ``O_DIRECT`` and its payload read with one ``preadv``
   straight into its row, no checks: the reference, what the machine gives these files;
@@ -137,7 +137,11 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kvtier-disk-read-", dir=folder))
     host_map = mmap.mmap(-1, blocks * record_bytes)
-    pinned = _pin(host_map)
+    # Rows on huge pages where the kernel gives them: an O_DIRECT read into scattered small
+    # pages is split into several device requests (as the tier's bounce buffers avoid), and
+    # the reference should be the best this machine gives these files.
+    host_map.madvise(mmap.MADV_HUGEPAGE)
+    pinned = _pin(host_map) + ", huge pages asked (MADV_HUGEPAGE)"
     flat = memoryview(host_map)
     rows = [flat[i * record_bytes : (i + 1) * record_bytes] for i in range(blocks)]
     written = np.random.default_rng(0).integers(0, 255, blocks * record_bytes, dtype=np.uint8)
