@@ -30,6 +30,9 @@ reader's own probe), and the reference is what memory gives:
 * ``memcpy``: the same bytes copied from a resident source buffer of the same size into the
   same rows, one ``memcpy`` per record on the same threads: the ceiling;
 * ``buffered``: each file read with one plain buffered ``preadv`` into its row, no checks;
+* ``tier-py-claim``: ``tier`` with a plain Python function as the load's claim, so the native
+  reader cannot claim inside its read: two GIL-free calls per record with the claim between
+  them, where ``tier``'s ``AbandonableLoad`` needs one (matters beside a busy Python thread);
 * ``tier-odirect``: ``tier`` with the page-cache probe off (``RecordIO(page_cache_reads=
   False)``), reading every record ``O_DIRECT`` as if the page cache held nothing;
 
@@ -60,7 +63,7 @@ from benchmarks.store_bench import namespace
 from kvtier import native
 from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, median
 from kvtier.buffers import address_of
-from kvtier.dataplane.abandonable import BounceBuffers
+from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO
 
@@ -157,18 +160,20 @@ def run(
     paths = [store.record_path(key) for key in keys]
     bounce = BounceBuffers(record_bytes)
     stores = [store]
-    # Each kvtier kind: the store it reads from, and whether it loads as the tier does.
-    loads = {"store": (store, False), "tier": (store, True)}
+    # Each kvtier kind: the store it reads from, and how it loads (get_into, or as the tier
+    # does with its AbandonableLoad, or with a Python claim).
+    loads = {"store": (store, "get"), "tier": (store, "load")}
     if warm:
         odirect_io = RecordIO(page_cache_reads=False)
         odirect = DiskStore(work / "tier", namespace(record_bytes), capacity, io=odirect_io)
         stores.append(odirect)
-        loads["tier-odirect"] = (odirect, True)
+        loads["tier-py-claim"] = (store, "load-py-claim")
+        loads["tier-odirect"] = (odirect, "load")
     elif native_io.native_reads:
         python_io = RecordIO(native_reads=False)
         python_reads = DiskStore(work / "tier", namespace(record_bytes), capacity, io=python_io)
         stores.append(python_reads)
-        loads.update({"store-py": (python_reads, False), "tier-py": (python_reads, True)})
+        loads.update({"store-py": (python_reads, "get"), "tier-py": (python_reads, "load")})
     references = ("memcpy", "buffered", "plain") if warm else ("plain",)
     reference = references[0]
     kinds = (*references, *loads)
@@ -191,8 +196,10 @@ def run(
             offset = i * record_bytes
             ctypes.memmove(row_at + offset, source_at + offset, record_bytes)
             return
-        using, as_tier = loads[kind]
-        if as_tier:
+        using, how = loads[kind]
+        if how == "load":
+            ok = using.get_into_when(keys[i], rows[i], AbandonableLoad(), bounce.get())
+        elif how == "load-py-claim":
             ok = using.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
         else:
             ok = using.get_into(keys[i], rows[i])

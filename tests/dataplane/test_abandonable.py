@@ -2,6 +2,9 @@
 
 import threading
 
+import pytest
+
+from kvtier.dataplane import abandonable
 from kvtier.dataplane.abandonable import (
     AbandonableLoad,
     BounceBuffers,
@@ -66,3 +69,51 @@ def test_bounce_buffers_are_page_aligned_and_per_thread():
     t.join()
     assert mine.nbytes == 10_000
     assert buffers.get() is mine and theirs[0] is not mine
+
+
+@pytest.fixture(params=["native", "python"])
+def claim_ops(request, monkeypatch):
+    """Both ways a load's claim cell moves: the native compare-and-swap (what the disk tier's
+    reader uses) and the lock where the reader is not built."""
+    if request.param == "native":
+        if abandonable._CLAIM_OPS is None:
+            pytest.skip("kvtier.native._recordread is not built")
+    else:
+        monkeypatch.setattr(abandonable, "_CLAIM_OPS", None)
+    return request.param
+
+
+def test_each_transition_happens_once_and_only_from_its_state(claim_ops):
+    load = AbandonableLoad()
+    assert load.state is LoadState.PENDING
+    assert load(), "calling a load claims it: a store takes it as its claim"
+    assert load.state is LoadState.COPYING
+    assert not load.claim() and not load.abandon()
+    load.finish()
+    assert load.state is LoadState.DONE
+    assert not load.claim() and not load.abandon()
+
+    abandoned = AbandonableLoad()
+    assert abandoned.abandon() and abandoned.abandon(), "abandoning twice still says abandoned"
+    assert not abandoned.claim() and abandoned.state is LoadState.ABANDONED
+    abandoned.finish()
+    assert abandoned.state is LoadState.ABANDONED, "finish moves only a load being copied"
+
+
+def test_a_claim_and_an_abandon_racing_settle_on_exactly_one(claim_ops):
+    for _ in range(200):
+        load = AbandonableLoad()
+        start = threading.Barrier(2)
+        outcomes = {}
+
+        def claimer(load=load, start=start, outcomes=outcomes):
+            start.wait()
+            outcomes["claimed"] = load.claim()
+
+        thread = threading.Thread(target=claimer)
+        thread.start()
+        start.wait()
+        outcomes["abandoned"] = load.abandon()
+        thread.join(10)
+        assert outcomes["claimed"] != outcomes["abandoned"]
+        assert load.state is (LoadState.COPYING if outcomes["claimed"] else LoadState.ABANDONED)

@@ -1,7 +1,8 @@
 """``DiskStore.get_into_when``: a record the page cache holds goes straight into the row once
 the load is claimed; any other record through the bounce buffer, the row written only after
 the claim. Either way an abandoned load (claim False) never writes the row, and a record that
-fails its checks is a miss and is quarantined."""
+fails its checks is a miss and is quarantined. With an ``AbandonableLoad`` as the claim the
+native reader claims inside its one call."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvtier import native
+from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
@@ -150,3 +152,83 @@ def test_without_page_cache_reads_every_load_goes_through_the_bounce_buffer(
     assert store.get_into_when(key_of(1), row, claim, bounce)
     assert claim.seen == [(False, True)]
     assert bytes(row) == payload_of(1)
+
+
+class OneCallIO(RecordIO):
+    """Fails the test if a load takes the two-call path (a GIL hand-over more per block)."""
+
+    def read_unless_resident(self, *args: object) -> object:
+        raise AssertionError("a load with a native claim cell took the two-call path")
+
+    def read_resident(self, *args: object) -> object:
+        raise AssertionError("a load with a native claim cell took the two-call path")
+
+
+def one_call_io() -> OneCallIO:
+    return OneCallIO(fsync="data", direct_writes=False, drop_written_pages=False)
+
+
+def test_an_abandonable_load_is_claimed_by_the_reader_in_its_one_call(
+    open_disk: OpenDisk,
+) -> None:
+    """With an ``AbandonableLoad`` as its claim, the native reader claims the row between its
+    probe and its read: one GIL-free call for a resident record."""
+    store, _ = resident_store(open_disk, one_call_io())
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    load = AbandonableLoad()
+    assert store.get_into_when(key_of(1), row, load, bounce)
+    assert bytes(row) == payload_of(1)
+    assert not any(bytes(bounce)), "read straight into the row"
+    assert load.state is LoadState.COPYING, "claimed; the tier finishes it"
+    assert (store.stats().hits, store.stats().page_cache_hits) == (1, 1)
+
+
+def test_an_abandoned_load_is_never_read_into_by_the_reader(open_disk: OpenDisk) -> None:
+    store, _ = resident_store(open_disk, one_call_io())
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    load = AbandonableLoad()
+    assert load.abandon()
+    assert not store.get_into_when(key_of(1), row, load, bounce)
+    assert not any(bytes(row)) and not any(bytes(bounce))
+    assert load.state is LoadState.ABANDONED
+    assert store.contains(key_of(1)), "an abandoned load is no fault of the record"
+
+
+def test_a_damaged_resident_record_read_by_the_one_call_is_a_quarantined_miss(
+    open_disk: OpenDisk,
+) -> None:
+    store, path = resident_store(open_disk, one_call_io())
+    fd = os.open(path, os.O_RDWR)
+    try:
+        byte = os.pread(fd, 1, HEADER_BYTES + 77)
+        os.pwrite(fd, bytes([byte[0] ^ 0x01]), HEADER_BYTES + 77)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if not native.resident(path):
+        pytest.skip("the page cache did not keep the record")
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    assert not store.get_into_when(key_of(1), row, AbandonableLoad(), bounce)
+    assert store.stats().corrupt == {"checksum": 1}
+    assert not store.contains(key_of(1))
+
+
+def test_an_abandonable_load_of_a_record_the_page_cache_lacks_is_claimed_after_its_read(
+    open_disk: OpenDisk,
+) -> None:
+    store = open_disk(io=OneCallIO())  # O_DIRECT writes: nothing left in the page cache
+    path = stored(store)
+    if native.resident(path):
+        pytest.skip("this file system keeps O_DIRECT writes in the page cache")
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    load = AbandonableLoad()
+    assert store.get_into_when(key_of(1), row, load, bounce)
+    assert bytes(row) == payload_of(1) and bytes(bounce) == payload_of(1)
+    assert load.state is LoadState.COPYING
+    assert (store.stats().hits, store.stats().page_cache_hits) == (1, 0)
+    bounce[:] = bytes(PAYLOAD_BYTES)
+    row[:] = bytes(PAYLOAD_BYTES)
+    abandoned = AbandonableLoad()
+    assert abandoned.abandon()
+    assert not store.get_into_when(key_of(1), row, abandoned, bounce)
+    assert not any(bytes(row)), "read into the bounce buffer only; never copied"

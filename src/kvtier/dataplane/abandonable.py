@@ -15,8 +15,9 @@ block (measured in docs/benchmarks.md); it buys the guarantee above.
 
 A store may claim before reading when its read cannot wait: the disk store reads a record the
 page cache holds straight into the claimed row with ``RWF_NOWAIT`` (``DiskStore.get_into_when``),
-so COPYING still lasts no longer than a copy. If that read fails the row is left partly written
-and the load reports failure; vLLM frees a failed load's row without reading it.
+so COPYING still lasts no longer than a copy; the native reader makes that claim itself, in the
+same call as the read. If that read fails the row is left partly written and the load reports
+failure; vLLM frees a failed load's row without reading it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import mmap
 import threading
 from collections.abc import Callable
 
+from kvtier import native
 from kvtier.buffers import address_of, copy_into
 
 
@@ -36,35 +38,58 @@ class LoadState(enum.Enum):
     ABANDONED = "abandoned"
 
 
-class AbandonableLoad:
-    """One block's load into one destination row (see the module docstring)."""
+#: The states in the order of their numbers in a claim cell (kvtier/native/recordread.h).
+_STATES = (LoadState.PENDING, LoadState.COPYING, LoadState.DONE, LoadState.ABANDONED)
+_NUMBER = {state: number for number, state in enumerate(_STATES)}
+_CLAIM_OPS = native.claim_ops()
+#: Where the native reader is not built nothing but Python moves a cell: a lock serves.
+_FALLBACK_LOCK = threading.Lock()
 
-    __slots__ = ("_lock", "state")
+
+class AbandonableLoad:
+    """One block's load into one destination row (see the module docstring).
+
+    Called, it claims (``claim``): a store's ``get_into_when`` takes it as its ``claim``. Its
+    state lives in ``native_cell``, a 4-byte cell moved only by compare-and-swap, so a store
+    whose native reader finds the record in the page cache claims the row inside that read
+    (one GIL hand-over per block instead of two) while the scheduler may abandon it.
+    """
+
+    __slots__ = ("native_cell",)
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.state = LoadState.PENDING
+        self.native_cell = bytearray(4)  # zero: PENDING
+
+    @property
+    def state(self) -> LoadState:
+        if _CLAIM_OPS is not None:
+            return _STATES[_CLAIM_OPS[1](self.native_cell)]
+        return _STATES[self.native_cell[0]]
+
+    def _move(self, from_state: LoadState, to_state: LoadState) -> bool:
+        if _CLAIM_OPS is not None:
+            return _CLAIM_OPS[0](self.native_cell, _NUMBER[from_state], _NUMBER[to_state])
+        with _FALLBACK_LOCK:
+            if self.native_cell[0] != _NUMBER[from_state]:
+                return False
+            self.native_cell[0] = _NUMBER[to_state]
+            return True
 
     def claim(self) -> bool:
         """I/O thread, data in hand: True if it may now copy into the row."""
-        with self._lock:
-            if self.state is not LoadState.PENDING:
-                return False
-            self.state = LoadState.COPYING
-            return True
+        return self._move(LoadState.PENDING, LoadState.COPYING)
+
+    __call__ = claim
 
     def finish(self) -> None:
-        with self._lock:
-            self.state = LoadState.DONE
+        self._move(LoadState.COPYING, LoadState.DONE)
 
     def abandon(self) -> bool:
         """Scheduler: True if the load will never touch its row; False while it is copying
         (ask again later) or when it already finished."""
-        with self._lock:
-            if self.state is LoadState.PENDING:
-                self.state = LoadState.ABANDONED
-                return True
-            return self.state is LoadState.ABANDONED
+        if self._move(LoadState.PENDING, LoadState.ABANDONED):
+            return True
+        return self.state is LoadState.ABANDONED
 
 
 #: Huge-page size on x86-64 and arm64 (4 KiB base pages): where bounce buffers are aligned.

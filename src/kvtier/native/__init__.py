@@ -110,6 +110,32 @@ def resident_reader() -> tuple[ResidentOpener, ResidentReader] | None:
     return module.read_unless_resident, module.read_resident
 
 
+#: ``read_claiming(path, header, bounce, out, cell, direct, checksum) -> (into, status,
+#: errno, detail, detail2, direct_refused, nowait_refused, payload_checksum)``: both halves
+#: above in one call, the claim made on ``cell`` between them (see recordread.h).
+ClaimingReader = Callable[
+    [bytes, memoryview, memoryview, memoryview, bytearray, bool, bool],
+    tuple[int, int, int, int, int, bool, bool, int | None],
+]
+
+
+def claiming_reader() -> ClaimingReader | None:
+    """The record reader that claims a load's row itself, or None where it is not built."""
+    module = _reader_module()
+    return None if module is None else module.read_claiming
+
+
+#: ``claim_move(cell, from, to) -> moved`` and ``claim_state(cell) -> state``: a claim cell's
+#: atomic operations, for the Python side of a load the native reader may claim.
+ClaimOps = tuple[Callable[[bytearray, int, int], bool], Callable[[bytearray], int]]
+
+
+def claim_ops() -> ClaimOps | None:
+    """The claim cell's operations, or None where the record reader is not built."""
+    module = _reader_module()
+    return None if module is None else (module.claim_move, module.claim_state)
+
+
 def resident(path: str | os.PathLike[str]) -> bool | None:
     """Whether the page cache holds every page of the file at ``path`` (a file of this user),
     asked as the record reader asks it: nothing is read. None where the reader is not built."""

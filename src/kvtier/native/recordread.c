@@ -439,3 +439,24 @@ void kvtier_read_resident(int fd, uint8_t *header, size_t header_len, uint8_t *p
     read_buffered_hashing(fd, header, header_len, payload, payload_len, checksum, 1, result);
     close(fd);
 }
+
+int kvtier_claim_move(int32_t *cell, int32_t from, int32_t to) {
+    return __atomic_compare_exchange_n(cell, &from, to, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+int32_t kvtier_claim_state(const int32_t *cell) { return __atomic_load_n(cell, __ATOMIC_ACQUIRE); }
+
+int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, uint8_t *bounce,
+                         uint8_t *out, size_t payload_len, int32_t *cell, int direct,
+                         int checksum, struct kvtier_read_result *result) {
+    int fd = kvtier_read_unless_resident(path, header, header_len, bounce, payload_len, direct,
+                                         checksum, result);
+    if (fd < 0)
+        return KVTIER_INTO_BOUNCE;
+    if (!kvtier_claim_move(cell, KVTIER_CLAIM_PENDING, KVTIER_CLAIM_COPYING)) {
+        close(fd);
+        return KVTIER_ABANDONED;
+    }
+    kvtier_read_resident(fd, header, header_len, out, payload_len, checksum, result);
+    return KVTIER_INTO_OUT;
+}

@@ -72,6 +72,36 @@ int kvtier_read_unless_resident(const char *path, uint8_t *header, size_t header
 void kvtier_read_resident(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
                           size_t payload_len, int checksum, struct kvtier_read_result *result);
 
+/* A claim cell: the state of one abandonable load (kvtier.dataplane.abandonable), an aligned
+ * int32 that the loading thread's native read and the scheduler's Python code both move, only
+ * by compare-and-swap, so a load is claimed (and its row written) only while still pending. */
+enum kvtier_claim_state {
+    KVTIER_CLAIM_PENDING = 0,
+    KVTIER_CLAIM_COPYING = 1,
+    KVTIER_CLAIM_DONE = 2,
+    KVTIER_CLAIM_ABANDONED = 3,
+};
+
+/* Move *cell from state from to state to; 1 if it was in from, else 0 (nothing changed). */
+int kvtier_claim_move(int32_t *cell, int32_t from, int32_t to);
+/* The state *cell is in now. */
+int32_t kvtier_claim_state(const int32_t *cell);
+
+/* Where kvtier_read_claiming put the record. */
+enum kvtier_claimed_read {
+    KVTIER_INTO_BOUNCE = 0,  /* not resident: read into bounce (or failed: result->status) */
+    KVTIER_INTO_OUT = 1,     /* resident, claimed, read into out as kvtier_read_resident reads */
+    KVTIER_ABANDONED = 2,    /* resident, but the load was no longer pending: nothing read */
+};
+
+/* kvtier_read_unless_resident and kvtier_read_resident in one call, the claim made between
+ * them on cell: a record the page cache holds costs one GIL hand-over instead of two. Each
+ * GIL hand-over can wait up to the interpreter's switch interval while another thread runs
+ * Python (an engine's scheduler), so per block the count matters more than the work. */
+int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, uint8_t *bounce,
+                         uint8_t *out, size_t payload_len, int32_t *cell, int direct,
+                         int checksum, struct kvtier_read_result *result);
+
 /* 1 when the page cache holds every page of the first size bytes of fd, 0 when some page is
  * missing or the kernel cannot say (never triggers I/O or read-ahead). The file must be the
  * caller's own: the kernel answers for no other (cachestat refuses, mincore reports every page

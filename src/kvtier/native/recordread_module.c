@@ -113,6 +113,95 @@ static PyObject *read_resident(PyObject *self, PyObject *args) {
                          PyBool_FromLong(result.nowait_refused), payload_checksum);
 }
 
+/* The claim cell in a writable buffer (kvtier.dataplane.abandonable), or NULL with an error
+ * set when the buffer is too short or not aligned for atomic access. */
+static int32_t *claim_cell(Py_buffer *cell) {
+    if (cell->len < (Py_ssize_t)sizeof(int32_t) || (uintptr_t)cell->buf % sizeof(int32_t)) {
+        PyErr_SetString(PyExc_ValueError, "a claim cell is an aligned buffer of at least 4 bytes");
+        return NULL;
+    }
+    return (int32_t *)cell->buf;
+}
+
+PyDoc_STRVAR(read_claiming_doc,
+             "read_claiming(path, header, bounce, out, cell, direct, checksum)\n"
+             "    -> (into, status, errno, detail, detail2, direct_refused, nowait_refused,\n"
+             "        payload_checksum)\n\n"
+             "read_unless_resident into bounce; when the page cache holds the record instead,\n"
+             "move the claim cell from pending to copying and read_resident into out, all in one\n"
+             "call without the GIL. into: 0 read into bounce (or failed: status), 1 claimed and\n"
+             "read into out, 2 the load was no longer pending (nothing read). bounce and out are\n"
+             "of one length.");
+
+static PyObject *read_claiming(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path;
+    Py_buffer header, bounce, out, cell;
+    int direct, checksum;
+    if (!PyArg_ParseTuple(args, "yw*w*w*w*pp", &path, &header, &bounce, &out, &cell, &direct,
+                          &checksum))
+        return NULL;
+    int32_t *state = claim_cell(&cell);
+    if (state != NULL && bounce.len != out.len) {
+        PyErr_SetString(PyExc_ValueError, "bounce and out must be of one length");
+        state = NULL;
+    }
+    struct kvtier_read_result result = {0};
+    int into = KVTIER_INTO_BOUNCE;
+    if (state != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        into = kvtier_read_claiming(path, header.buf, (size_t)header.len, bounce.buf, out.buf,
+                                    (size_t)out.len, state, direct, checksum, &result);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&bounce);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&cell);
+    if (state == NULL)
+        return NULL;
+    PyObject *payload_checksum = checksum_or_none(&result);
+    if (payload_checksum == NULL)
+        return NULL;
+    return Py_BuildValue("iiiKKNNN", into, result.status, result.error,
+                         (unsigned long long)result.detail, (unsigned long long)result.detail2,
+                         PyBool_FromLong(result.direct_refused),
+                         PyBool_FromLong(result.nowait_refused), payload_checksum);
+}
+
+PyDoc_STRVAR(claim_move_doc,
+             "claim_move(cell, from, to) -> whether the claim cell was in state from and is\n"
+             "now in state to (one compare-and-swap; see recordread.h for the states).");
+
+static PyObject *claim_move(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer cell;
+    int from, to;
+    if (!PyArg_ParseTuple(args, "w*ii", &cell, &from, &to))
+        return NULL;
+    int32_t *state = claim_cell(&cell);
+    int moved = state != NULL && kvtier_claim_move(state, from, to);
+    PyBuffer_Release(&cell);
+    if (state == NULL)
+        return NULL;
+    return PyBool_FromLong(moved);
+}
+
+PyDoc_STRVAR(claim_state_doc, "claim_state(cell) -> the state the claim cell is in now.");
+
+static PyObject *claim_state(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer cell;
+    if (!PyArg_ParseTuple(args, "w*", &cell))
+        return NULL;
+    int32_t *state = claim_cell(&cell);
+    int32_t now = state != NULL ? kvtier_claim_state(state) : 0;
+    PyBuffer_Release(&cell);
+    if (state == NULL)
+        return NULL;
+    return PyLong_FromLong(now);
+}
+
 PyDoc_STRVAR(resident_doc,
              "resident(path) -> whether the page cache holds every page of the file at path\n"
              "(bytes; not followed if a symlink), by the probe read_record uses. It reads\n"
@@ -188,6 +277,9 @@ static PyMethodDef methods[] = {
     {"read_record", read_record, METH_VARARGS, read_record_doc},
     {"read_unless_resident", read_unless_resident, METH_VARARGS, read_unless_resident_doc},
     {"read_resident", read_resident, METH_VARARGS, read_resident_doc},
+    {"read_claiming", read_claiming, METH_VARARGS, read_claiming_doc},
+    {"claim_move", claim_move, METH_VARARGS, claim_move_doc},
+    {"claim_state", claim_state, METH_VARARGS, claim_state_doc},
     {"resident", resident, METH_VARARGS, resident_doc},
     {"residency_probe", residency_probe, METH_NOARGS, residency_probe_doc},
     {"force_mincore", force_mincore, METH_VARARGS, force_mincore_doc},

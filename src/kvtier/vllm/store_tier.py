@@ -544,9 +544,9 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         try:
             if self._layout.is_prefix:
                 out = row_view[: self._row_bytes]
-                return store.get_into_when(key, out, load.claim, self._bounce.get())
+                return store.get_into_when(key, out, load, self._bounce.get())
             record = self._gathered.get()
-            if not store.get_into_when(key, record, load.claim, self._bounce.get()):
+            if not store.get_into_when(key, record, load, self._bounce.get()):
                 return False
             self._layout.scatter(record, row_view)  # claimed: the row is this load's
             return True

@@ -32,7 +32,8 @@ Choices (figures and the command that produced them in docs/store.md):
   staging chunk that the CPU cache holds, hashed and streamed into the row in one pass: on the
   H200 host's 4 reader threads that took resident reads from 0.54 to 0.75 of a memcpy
   (docs/benchmarks.md). For a load that must not write its row until claimed,
-  ``read_unless_resident`` and ``read_resident`` split that read around the claim.
+  ``read_unless_resident`` and ``read_resident`` split that read around the claim, and
+  ``read_claiming`` makes both in one call, claiming on the load's claim cell in between.
 * With the native reader built (kvtier.native), a load's read is one C call: open, the checks
   below, ``preadv``, close and the payload's checksum, giving the GIL up once per block. The
   same steps in Python give it up five times, and each return waits for it while an engine
@@ -57,6 +58,7 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from kvtier import native
 from kvtier.buffers import address_of
@@ -104,6 +106,7 @@ class RecordIO:
         self._resident = (
             native.resident_reader() if self._reader is not None and page_cache_reads else None
         )
+        self._claiming = native.claiming_reader() if self._resident is not None else None
         # False once the kernel refused RWF_NOWAIT reads (read_resident): never again asked.
         self._resident_ok = self._resident is not None
 
@@ -294,16 +297,51 @@ class RecordIO:
         status, error, detail, nowait_refused, payload_checksum = self._resident[1](
             fd, header, out, checksum
         )
-        if nowait_refused and self._resident_ok:
-            log.warning(
-                "disk tier: the kernel refused RWF_NOWAIT reads; records the page cache holds "
-                "are read through a bounce buffer"
-            )
-            self._resident_ok = False
+        if nowait_refused:
+            self._refuse_nowait()
         if status == _READ_NOT_RESIDENT:
             return None
         _check_read(path, status, error, detail, 0, HEADER_BYTES + out.nbytes)
         return header, payload_checksum
+
+    def claims_into(self, out: memoryview) -> bool:
+        """True when ``read_claiming`` may read a record for ``out``."""
+        return self._claiming is not None and self.reads_resident_into(out)
+
+    def read_claiming(
+        self, path: Path, bounce: memoryview, out: memoryview, cell: bytearray, checksum: bool
+    ) -> ClaimedRead | None:
+        """``read_unless_resident`` and ``read_resident`` in one GIL-free call, claiming the
+        load on its claim ``cell`` (kvtier.dataplane.abandonable) in between: a record the page
+        cache holds goes into ``out`` once claimed, any other into ``bounce``, unclaimed.
+        None: a page left the page cache during the claimed read (``out`` partly written).
+        Raises what ``read_unless_resident`` raises. Only when ``claims_into(out)``.
+        """
+        assert self._claiming is not None
+        header = self._buffer("read_header")
+        direct = self._direct_ok and _aligned(bounce)
+        into, status, error, detail, detail2, refused, nowait_refused, payload_checksum = (
+            self._claiming(os.fsencode(path), header, bounce, out, cell, direct, checksum)
+        )
+        if refused:
+            self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
+        if nowait_refused:
+            self._refuse_nowait()
+        if into == _INTO_NOTHING:
+            return ClaimedRead(None, header, None)
+        if status == _READ_NOT_RESIDENT:
+            return None
+        target = out if into == _INTO_OUT else bounce
+        _check_read(path, status, error, detail, detail2, HEADER_BYTES + target.nbytes)
+        return ClaimedRead(target, header, payload_checksum)
+
+    def _refuse_nowait(self) -> None:
+        if self._resident_ok:
+            log.warning(
+                "disk tier: the kernel refused RWF_NOWAIT reads; records the page cache holds "
+                "are read through a bounce buffer"
+            )
+        self._resident_ok = False
 
     def open_for_read(self, path: Path, direct: bool) -> int:
         """Open a record for reading without following links or blocking on a FIFO."""
@@ -328,6 +366,19 @@ class RecordIO:
 # What the native reader reports (kvtier/native/recordread.h); any other status is errno's.
 _READ_OK, _READ_SYMLINK, _READ_NOT_REGULAR, _READ_NOT_PRIVATE, _READ_LENGTH = 0, 2, 3, 4, 5
 _READ_NOT_RESIDENT = 6
+# Where read_claiming put the record (recordread.h: kvtier_claimed_read).
+_INTO_OUT, _INTO_NOTHING = 1, 2
+
+
+class ClaimedRead(NamedTuple):
+    """What ``read_claiming`` did. ``into``: ``out`` (claimed, then read from the page cache),
+    ``bounce`` (not resident: read there, the load not claimed) or None (the load was no
+    longer pending: nothing read, ``out`` untouched). ``header`` and ``payload_checksum`` as
+    ``read_checked`` gives them."""
+
+    into: memoryview | None
+    header: memoryview
+    payload_checksum: int | None
 
 
 def _check_read(

@@ -323,6 +323,9 @@ class DiskStore(BlockStore):
         bounce buffer. The difference: a claimed read that fails (evicted page, bad checksum)
         leaves ``out`` partly written; the load fails, and vLLM frees a failed load's row
         without reading it. Any other record goes through ``bounce`` as ``BlockStore``'s.
+        When ``claim`` carries a ``native_cell`` (``AbandonableLoad``), the native reader
+        makes the claim itself, between its probe and its read: one GIL hand-over per block
+        instead of two, and each can wait out the switch interval beside a busy Python thread.
         """
         out = memoryview(out)
         if not self._io.reads_resident_into(out):
@@ -348,11 +351,23 @@ class DiskStore(BlockStore):
         path = self.namespace_dir / relative
         checksum = self._sealer is None
         target = out
+        # A claim with a native cell (kvtier.dataplane.abandonable) the reader can make itself.
+        cell = None
+        if claim is not None and bounce is not None and bounce.nbytes == out.nbytes:
+            cell = getattr(claim, "native_cell", None) if self._io.claims_into(out) else None
         try:
             if claim is None or bounce is None:
                 header_bytes, payload_checksum, from_page_cache = self._io.read_checked(
                     path, out, checksum
                 )
+            elif cell is not None:  # the native reader claims, in the same call as its read
+                claimed = self._io.read_claiming(path, bounce, out, cell, checksum)
+                if claimed is None:  # a page was evicted during the read
+                    return self._missed()
+                if claimed.into is None:
+                    return False  # abandoned: out untouched
+                target, header_bytes, payload_checksum = claimed
+                from_page_cache = target is out
             else:
                 read = self._io.read_unless_resident(path, bounce, checksum)
                 from_page_cache = isinstance(read, int)
