@@ -12,6 +12,10 @@ on huge pages where the kernel gives them) three ways, each on several thread co
 * ``store``: ``DiskStore.get_into`` straight into the row (opens, checks, reads, checksum);
 * ``tier``: ``DiskStore.get_into_when`` through a per-thread bounce buffer and a claimed copy
   into the row, exactly as the disk tier loads a block (see ``kvtier.dataplane.abandonable``);
+* ``tier-py-claim``: ``tier`` with a plain Python function as the load's claim, so the native
+  reader cannot claim inside its read: two GIL-free calls per record with the claim between
+  them, where ``tier``'s ``AbandonableLoad`` needs one (it matters beside a busy Python
+  thread);
 * ``store-py`` and ``tier-py``: the same two with the native record reader turned off
   (``RecordIO(native_reads=False)``: open, checks, read and checksum as separate Python calls),
   when the reader is built; the side-by-side shows what reading a block in one GIL-free call
@@ -30,9 +34,6 @@ reader's own probe), and the reference is what memory gives:
 * ``memcpy``: the same bytes copied from a resident source buffer of the same size into the
   same rows, one ``memcpy`` per record on the same threads: the ceiling;
 * ``buffered``: each file read with one plain buffered ``preadv`` into its row, no checks;
-* ``tier-py-claim``: ``tier`` with a plain Python function as the load's claim, so the native
-  reader cannot claim inside its read: two GIL-free calls per record with the claim between
-  them, where ``tier``'s ``AbandonableLoad`` needs one (matters beside a busy Python thread);
 * ``tier-odirect``: ``tier`` with the page-cache probe off (``RecordIO(page_cache_reads=
   False)``), reading every record ``O_DIRECT`` as if the page cache held nothing;
 
@@ -162,12 +163,15 @@ def run(
     stores = [store]
     # Each kvtier kind: the store it reads from, and how it loads (get_into, or as the tier
     # does with its AbandonableLoad, or with a Python claim).
-    loads = {"store": (store, "get"), "tier": (store, "load")}
+    loads = {
+        "store": (store, "get"),
+        "tier": (store, "load"),
+        "tier-py-claim": (store, "load-py-claim"),
+    }
     if warm:
         odirect_io = RecordIO(page_cache_reads=False)
         odirect = DiskStore(work / "tier", namespace(record_bytes), capacity, io=odirect_io)
         stores.append(odirect)
-        loads["tier-py-claim"] = (store, "load-py-claim")
         loads["tier-odirect"] = (odirect, "load")
     elif native_io.native_reads:
         python_io = RecordIO(native_reads=False)

@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -451,8 +452,16 @@ int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, u
                          int checksum, struct kvtier_read_result *result) {
     int fd = kvtier_read_unless_resident(path, header, header_len, bounce, payload_len, direct,
                                          checksum, result);
-    if (fd < 0)
-        return KVTIER_INTO_BOUNCE;
+    if (fd < 0) {
+        /* Read into bounce, unclaimed, since that read may wait for the device. A whole record
+         * is claimed and copied here too: one call per block either way. */
+        if (result->status != KVTIER_READ_OK || result->detail != header_len + payload_len)
+            return KVTIER_INTO_BOUNCE;
+        if (!kvtier_claim_move(cell, KVTIER_CLAIM_PENDING, KVTIER_CLAIM_COPYING))
+            return KVTIER_READ_NOT_CLAIMED;
+        memcpy(out, bounce, payload_len);
+        return KVTIER_COPIED_INTO_OUT;
+    }
     if (!kvtier_claim_move(cell, KVTIER_CLAIM_PENDING, KVTIER_CLAIM_COPYING)) {
         close(fd);
         return KVTIER_ABANDONED;

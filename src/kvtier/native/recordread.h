@@ -89,15 +89,21 @@ int32_t kvtier_claim_state(const int32_t *cell);
 
 /* Where kvtier_read_claiming put the record. */
 enum kvtier_claimed_read {
-    KVTIER_INTO_BOUNCE = 0,  /* not resident: read into bounce (or failed: result->status) */
-    KVTIER_INTO_OUT = 1,     /* resident, claimed, read into out as kvtier_read_resident reads */
-    KVTIER_ABANDONED = 2,    /* resident, but the load was no longer pending: nothing read */
+    KVTIER_INTO_BOUNCE = 0,     /* the read failed or was short (result->status, detail) */
+    KVTIER_INTO_OUT = 1,        /* resident: claimed, then read into out as kvtier_read_resident */
+    KVTIER_ABANDONED = 2,       /* the load was no longer pending: out untouched */
+    KVTIER_COPIED_INTO_OUT = 3, /* not resident: read into bounce, then claimed and copied */
+    KVTIER_READ_NOT_CLAIMED = 4, /* not resident: read into bounce, but the load was no longer
+                                  * pending: out untouched (the caller may still check bounce) */
 };
 
-/* kvtier_read_unless_resident and kvtier_read_resident in one call, the claim made between
- * them on cell: a record the page cache holds costs one GIL hand-over instead of two. Each
- * GIL hand-over can wait up to the interpreter's switch interval while another thread runs
- * Python (an engine's scheduler), so per block the count matters more than the work. */
+/* kvtier_read_unless_resident, the claim on cell, then kvtier_read_resident into out (a record
+ * the page cache holds) or a copy of bounce into out (any other, read there unclaimed since
+ * that read may wait for the device): one call and one GIL hand-over per block, where a claim
+ * made in Python costs two. Each hand-over can wait up to the interpreter's switch interval
+ * while another thread runs Python (an engine's scheduler), so per block the count matters
+ * more than the work. The payload is verified after the claim: a bad record leaves out
+ * written and its load failed. */
 int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, uint8_t *bounce,
                          uint8_t *out, size_t payload_len, int32_t *cell, int direct,
                          int checksum, struct kvtier_read_result *result);

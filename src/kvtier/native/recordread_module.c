@@ -127,11 +127,13 @@ PyDoc_STRVAR(read_claiming_doc,
              "read_claiming(path, header, bounce, out, cell, direct, checksum)\n"
              "    -> (into, status, errno, detail, detail2, direct_refused, nowait_refused,\n"
              "        payload_checksum)\n\n"
-             "read_unless_resident into bounce; when the page cache holds the record instead,\n"
-             "move the claim cell from pending to copying and read_resident into out, all in one\n"
-             "call without the GIL. into: 0 read into bounce (or failed: status), 1 claimed and\n"
-             "read into out, 2 the load was no longer pending (nothing read). bounce and out are\n"
-             "of one length.");
+             "read_unless_resident into bounce, move the claim cell from pending to copying,\n"
+             "and copy bounce into out; when the page cache holds the record, claim first and\n"
+             "read_resident into out instead. One call without the GIL. into: 0 the read failed\n"
+             "(status), 1 claimed and read into out from the page cache, 2 the load was no\n"
+             "longer pending (out untouched), 3 read into bounce, claimed and copied into out,\n"
+             "4 read into bounce but no longer pending (out untouched).\n"
+             "bounce and out are of one length.");
 
 static PyObject *read_claiming(PyObject *self, PyObject *args) {
     (void)self;

@@ -311,11 +311,13 @@ class RecordIO:
     def read_claiming(
         self, path: Path, bounce: memoryview, out: memoryview, cell: bytearray, checksum: bool
     ) -> ClaimedRead | None:
-        """``read_unless_resident`` and ``read_resident`` in one GIL-free call, claiming the
-        load on its claim ``cell`` (kvtier.dataplane.abandonable) in between: a record the page
-        cache holds goes into ``out`` once claimed, any other into ``bounce``, unclaimed.
-        None: a page left the page cache during the claimed read (``out`` partly written).
-        Raises what ``read_unless_resident`` raises. Only when ``claims_into(out)``.
+        """A load's whole read in one GIL-free call, claimed on its claim ``cell``
+        (kvtier.dataplane.abandonable): a record the page cache holds is claimed, then read
+        into ``out`` (``read_resident``); any other is read into ``bounce`` unclaimed, since
+        that read may wait for the device, then claimed and copied into ``out``. Either way
+        the caller verifies ``out`` after the claim. None: a page left the page cache during
+        the claimed read (``out`` partly written). Raises what ``read_unless_resident``
+        raises. Only when ``claims_into(out)``.
         """
         assert self._claiming is not None
         header = self._buffer("read_header")
@@ -328,12 +330,12 @@ class RecordIO:
         if nowait_refused:
             self._refuse_nowait()
         if into == _INTO_NOTHING:
-            return ClaimedRead(None, header, None)
+            return ClaimedRead(None, header, None, False)
         if status == _READ_NOT_RESIDENT:
             return None
-        target = out if into == _INTO_OUT else bounce
-        _check_read(path, status, error, detail, detail2, HEADER_BYTES + target.nbytes)
-        return ClaimedRead(target, header, payload_checksum)
+        _check_read(path, status, error, detail, detail2, HEADER_BYTES + out.nbytes)
+        landed = bounce if into == _INTO_BOUNCE_UNCLAIMED else out
+        return ClaimedRead(landed, header, payload_checksum, into == _INTO_OUT)
 
     def _refuse_nowait(self) -> None:
         if self._resident_ok:
@@ -367,18 +369,20 @@ class RecordIO:
 _READ_OK, _READ_SYMLINK, _READ_NOT_REGULAR, _READ_NOT_PRIVATE, _READ_LENGTH = 0, 2, 3, 4, 5
 _READ_NOT_RESIDENT = 6
 # Where read_claiming put the record (recordread.h: kvtier_claimed_read).
-_INTO_OUT, _INTO_NOTHING = 1, 2
+_INTO_OUT, _INTO_NOTHING, _INTO_BOUNCE_UNCLAIMED = 1, 2, 4
 
 
 class ClaimedRead(NamedTuple):
-    """What ``read_claiming`` did. ``into``: ``out`` (claimed, then read from the page cache),
-    ``bounce`` (not resident: read there, the load not claimed) or None (the load was no
-    longer pending: nothing read, ``out`` untouched). ``header`` and ``payload_checksum`` as
-    ``read_checked`` gives them."""
+    """What ``read_claiming`` did. ``into``: ``out`` (claimed and written), ``bounce`` (read
+    there, but the load was no longer pending: ``out`` untouched, the bytes still worth
+    checking) or None (no longer pending: nothing read). ``header`` and ``payload_checksum``
+    as ``read_checked`` gives them; ``from_page_cache``: read from the page cache, not the
+    device."""
 
     into: memoryview | None
     header: memoryview
     payload_checksum: int | None
+    from_page_cache: bool
 
 
 def _check_read(

@@ -366,8 +366,9 @@ class DiskStore(BlockStore):
                     return self._missed()
                 if claimed.into is None:
                     return False  # abandoned: out untouched
-                target, header_bytes, payload_checksum = claimed
-                from_page_cache = target is out
+                # into bounce: abandoned after the read; checked all the same, so a damaged
+                # record is quarantined now, and claim() below then says no.
+                target, header_bytes, payload_checksum, from_page_cache = claimed
             else:
                 read = self._io.read_unless_resident(path, bounce, checksum)
                 from_page_cache = isinstance(read, int)
