@@ -12,7 +12,6 @@ import os
 import platform
 import random
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,10 @@ import xxhash
 
 from kvtier import native
 from kvtier.errors import CorruptRecordError
-from kvtier.format.checksum import CRC32, DEFAULT_ALGORITHM
-from kvtier.format.record import HEADER_BYTES, encode_header, make_header
+from kvtier.format.checksum import CRC32
+from kvtier.format.record import HEADER_BYTES
 from kvtier.store import RecordIO
+from tests.support.record_files import DAMAGES, write_record
 from tests.support.store import aligned_buffer
 
 BUILDABLE = platform.system() == "Linux" and bool(
@@ -56,69 +56,8 @@ def test_native_xxh3_equals_the_xxhash_package_at_every_length() -> None:
         _recordread.xxh3_64(b"x" * 240)
 
 
-def write_record(
-    path: Path, payload: bytes, checksum_alg: int = DEFAULT_ALGORITHM.algorithm_id
-) -> None:
-    header = make_header(b"n" * 16, b"k", payload, checksum_alg)
-    path.write_bytes(encode_header(header) + payload)
-    path.chmod(0o600)
-
-
 def payload_of(seed: int) -> bytes:
     return random.Random(seed).randbytes(PAYLOAD)
-
-
-Damage = Callable[[Path], None]
-
-
-def _symlink(path: Path) -> None:
-    target = path.with_suffix(".target")
-    path.rename(target)
-    path.symlink_to(target)
-
-
-def _fifo(path: Path) -> None:
-    path.unlink()
-    os.mkfifo(path, 0o600)
-
-
-def _folder(path: Path) -> None:
-    path.unlink()
-    path.mkdir()
-
-
-def _group_writable(path: Path) -> None:
-    path.chmod(0o620)
-
-
-def _truncated(path: Path) -> None:
-    os.truncate(path, HEADER_BYTES + PAYLOAD - 4096)
-
-
-def _longer(path: Path) -> None:
-    with path.open("ab") as f:
-        f.write(b"x")
-
-
-def _missing(path: Path) -> None:
-    path.unlink()
-
-
-def _other_user(path: Path) -> None:
-    os.chown(path, 12345, 12345)
-
-
-#: Each damage and what ``read_checked`` must raise: a CorruptRecordError reason or an errno.
-DAMAGES: dict[str, tuple[Damage, str | int]] = {
-    "symlink": (_symlink, "symlink"),
-    "fifo": (_fifo, "not_regular"),
-    "folder": (_folder, "not_regular"),
-    "group-writable": (_group_writable, "not_private"),
-    "other-user": (_other_user, "not_private"),
-    "truncated": (_truncated, "length"),
-    "longer": (_longer, "length"),
-    "missing": (_missing, errno.ENOENT),
-}
 
 
 def record_io(native_reads: bool) -> RecordIO:

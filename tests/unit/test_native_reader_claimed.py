@@ -23,17 +23,16 @@ from kvtier import native
 from kvtier.errors import CorruptRecordError
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store import RecordIO
-from tests.support.store import aligned_buffer
-from tests.unit.test_native_reader import DAMAGES, write_record
-from tests.unit.test_native_reader_page_cache import (
-    PAYLOAD,
+from tests.support.record_files import (
+    DAMAGES,
     drop_pages,
-    folder,
     header_of,
     write_buffered,
+    write_record,
 )
+from tests.support.store import aligned_buffer
 
-__all__ = ["folder"]  # a fixture, used by name
+PAYLOAD = 16 * 4096
 
 pytestmark = pytest.mark.skipif(
     native.record_reader() is None, reason="kvtier.native._recordread is not built"

@@ -9,7 +9,6 @@ than an O_DIRECT read is measured by ``python -m benchmarks disk-read --page-cac
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 from collections.abc import Iterator
@@ -19,8 +18,9 @@ import pytest
 import xxhash
 
 from kvtier import native
-from kvtier.format.record import HEADER_BYTES, encode_header, make_header
+from kvtier.format.record import HEADER_BYTES
 from kvtier.store import RecordIO
+from tests.support.record_files import drop_pages, header_of, write_buffered
 from tests.support.store import aligned_buffer
 
 PAYLOAD = 16 * 4096
@@ -43,56 +43,6 @@ def probe(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
     finally:
         _recordread.force_mincore(False)
-
-
-def mount_type(path: Path) -> str:
-    """The file system type of the mount holding ``path`` (/proc/mounts, longest prefix)."""
-    best, kind = "", "unknown"
-    resolved = str(path.resolve())
-    for line in Path("/proc/mounts").read_text().splitlines():
-        point, fs = line.split()[1:3]
-        inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fs
-    return kind
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    """``tmp_path`` where it takes O_DIRECT; the tests need a file system with a device."""
-    probe_file = tmp_path / "o_direct"
-    try:
-        os.close(os.open(probe_file, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        pytest.skip(f"{tmp_path} ({mount_type(tmp_path)}) refuses O_DIRECT")
-    probe_file.unlink()
-    return tmp_path
-
-
-def header_of(payload: bytes) -> bytes:
-    return encode_header(make_header(b"n" * 16, b"k", payload))
-
-
-def write_buffered(path: Path, payload: bytes) -> None:
-    """A record written through the page cache and fsynced: its pages stay cached, clean."""
-    header = header_of(payload)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, header + payload)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def drop_pages(path: Path) -> None:
-    """Ask the kernel to drop the file's clean pages."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def read_buffered(path: Path, length: int) -> None:
