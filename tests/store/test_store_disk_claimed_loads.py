@@ -234,13 +234,9 @@ def test_an_abandonable_load_of_a_record_the_page_cache_lacks_is_claimed_after_i
     assert not any(bytes(row)), "read into the bounce buffer only; never copied"
 
 
-def test_a_damaged_record_the_page_cache_lacks_is_a_quarantined_miss_in_one_call(
-    open_disk: OpenDisk,
-) -> None:
-    """Read into the bounce buffer, claimed and copied in the same call, verified after: the
-    row may hold the bad bytes, but the load fails, so they are never served."""
-    store = open_disk(io=OneCallIO())
-    path = stored(store)
+def damaged_on_the_device(path: Path) -> None:
+    """Flip a payload bit of the record at ``path`` and drop its pages: the next read goes to
+    the device (through the bounce buffer) and finds the damage."""
     fd = os.open(path, os.O_RDWR)
     try:
         byte = os.pread(fd, 1, HEADER_BYTES + 5)
@@ -251,6 +247,15 @@ def test_a_damaged_record_the_page_cache_lacks_is_a_quarantined_miss_in_one_call
         os.close(fd)
     if native.resident(path):
         pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
+
+
+def test_a_damaged_record_the_page_cache_lacks_is_a_quarantined_miss_in_one_call(
+    open_disk: OpenDisk,
+) -> None:
+    """Read into the bounce buffer, claimed and copied in the same call, verified after: the
+    row may hold the bad bytes, but the load fails, so they are never served."""
+    store = open_disk(io=OneCallIO())
+    damaged_on_the_device(stored(store))
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     load = AbandonableLoad()
     assert not store.get_into_when(key_of(1), row, load, bounce)
@@ -265,17 +270,7 @@ def test_a_damaged_record_read_for_an_abandoned_load_is_still_quarantined(
     """The read into the bounce buffer happened; the claim after it failed. The row stays
     untouched, and the bytes read are checked all the same."""
     store = open_disk(io=OneCallIO())
-    path = stored(store)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        byte = os.pread(fd, 1, HEADER_BYTES + 5)
-        os.pwrite(fd, bytes([byte[0] ^ 0x40]), HEADER_BYTES + 5)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    if native.resident(path):
-        pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
+    damaged_on_the_device(stored(store))
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     load = AbandonableLoad()
     assert load.abandon()
