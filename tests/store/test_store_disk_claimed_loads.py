@@ -47,6 +47,22 @@ def resident_store(open_disk: OpenDisk, io: RecordIO | None = None) -> tuple[Dis
     return store, path
 
 
+def flip_a_payload_bit(path: Path, resident: bool) -> None:
+    """Damage the record's payload and leave its pages cached (``resident``), so the next
+    read is a copy from memory, or dropped, so it goes to the device."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        byte = os.pread(fd, 1, HEADER_BYTES + 5)
+        os.pwrite(fd, bytes([byte[0] ^ 0x40]), HEADER_BYTES + 5)
+        os.fsync(fd)
+        if not resident:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if native.resident(path) != resident:
+        pytest.skip("the kernel did not keep (or drop) the record's pages as asked")
+
+
 class Claims:
     """A load's claim that records what the row and the bounce buffer held when it was asked."""
 
@@ -85,15 +101,7 @@ def test_a_resident_record_that_fails_its_checksum_is_a_quarantined_miss(
 ) -> None:
     """The claimed row may hold the bad bytes; the load fails, so they are never served."""
     store, path = resident_store(open_disk)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        byte = os.pread(fd, 1, HEADER_BYTES + 999)
-        os.pwrite(fd, bytes([byte[0] ^ 0x08]), HEADER_BYTES + 999)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if not native.resident(path):
-        pytest.skip("the page cache did not keep the record")
+    flip_a_payload_bit(path, resident=True)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     assert not store.get_into_when(key_of(1), row, Claims(row, bounce), bounce)
     assert store.stats().corrupt == {"checksum": 1}
@@ -198,15 +206,7 @@ def test_a_damaged_resident_record_read_by_the_one_call_is_a_quarantined_miss(
     open_disk: OpenDisk,
 ) -> None:
     store, path = resident_store(open_disk, one_call_io())
-    fd = os.open(path, os.O_RDWR)
-    try:
-        byte = os.pread(fd, 1, HEADER_BYTES + 77)
-        os.pwrite(fd, bytes([byte[0] ^ 0x01]), HEADER_BYTES + 77)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if not native.resident(path):
-        pytest.skip("the page cache did not keep the record")
+    flip_a_payload_bit(path, resident=True)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     assert not store.get_into_when(key_of(1), row, AbandonableLoad(), bounce)
     assert store.stats().corrupt == {"checksum": 1}
@@ -234,28 +234,13 @@ def test_an_abandonable_load_of_a_record_the_page_cache_lacks_is_claimed_after_i
     assert not any(bytes(row)), "read into the bounce buffer only; never copied"
 
 
-def damaged_on_the_device(path: Path) -> None:
-    """Flip a payload bit of the record at ``path`` and drop its pages: the next read goes to
-    the device (through the bounce buffer) and finds the damage."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        byte = os.pread(fd, 1, HEADER_BYTES + 5)
-        os.pwrite(fd, bytes([byte[0] ^ 0x40]), HEADER_BYTES + 5)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    if native.resident(path):
-        pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
-
-
 def test_a_damaged_record_the_page_cache_lacks_is_a_quarantined_miss_in_one_call(
     open_disk: OpenDisk,
 ) -> None:
     """Read into the bounce buffer, claimed and copied in the same call, verified after: the
     row may hold the bad bytes, but the load fails, so they are never served."""
     store = open_disk(io=OneCallIO())
-    damaged_on_the_device(stored(store))
+    flip_a_payload_bit(stored(store), resident=False)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     load = AbandonableLoad()
     assert not store.get_into_when(key_of(1), row, load, bounce)
@@ -270,7 +255,7 @@ def test_a_damaged_record_read_for_an_abandoned_load_is_still_quarantined(
     """The read into the bounce buffer happened; the claim after it failed. The row stays
     untouched, and the bytes read are checked all the same."""
     store = open_disk(io=OneCallIO())
-    damaged_on_the_device(stored(store))
+    flip_a_payload_bit(stored(store), resident=False)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     load = AbandonableLoad()
     assert load.abandon()
