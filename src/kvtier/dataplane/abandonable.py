@@ -15,9 +15,10 @@ block (measured in docs/benchmarks.md); it buys the guarantee above.
 
 A store may claim before reading when its read cannot wait: the disk store reads a record the
 page cache holds straight into the claimed row with ``RWF_NOWAIT`` (``DiskStore.get_into_when``),
-so COPYING still lasts no longer than a copy; the native reader makes that claim itself, in the
-same call as the read. If that read fails the row is left partly written and the load reports
-failure; vLLM frees a failed load's row without reading it.
+so COPYING still lasts no longer than a copy. The native reader makes its claims itself, in the
+same call as the read (after it, for a read into the bounce buffer). If that read fails the row
+is left partly written and the load reports failure; vLLM frees a failed load's row without
+reading it.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ class AbandonableLoad:
     """One block's load into one destination row (see the module docstring).
 
     Called, it claims (``claim``): a store's ``get_into_when`` takes it as its ``claim``. Its
-    state lives in ``native_cell``, a 4-byte cell moved only by compare-and-swap, so a store
-    whose native reader finds the record in the page cache claims the row inside that read
-    (one GIL hand-over per block instead of two) while the scheduler may abandon it.
+    state lives in ``native_cell``, a 4-byte cell moved only by compare-and-swap, so the disk
+    store's native reader claims the row inside its read call (one GIL hand-over per block
+    instead of two) while the scheduler may abandon it.
     """
 
     __slots__ = ("native_cell",)

@@ -324,8 +324,10 @@ class DiskStore(BlockStore):
         leaves ``out`` partly written; the load fails, and vLLM frees a failed load's row
         without reading it. Any other record goes through ``bounce`` as ``BlockStore``'s.
         When ``claim`` carries a ``native_cell`` (``AbandonableLoad``), the native reader
-        makes the claim itself, between its probe and its read: one GIL hand-over per block
-        instead of two, and each can wait out the switch interval beside a busy Python thread.
+        makes the claim itself, in the same call: before reading a record the page cache
+        holds, after reading any other into ``bounce`` (then copying it into ``out``). One GIL
+        hand-over per block instead of two; each can wait out the switch interval beside a
+        busy Python thread.
         """
         out = memoryview(out)
         if not self._io.reads_resident_into(out):
