@@ -9,13 +9,23 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from kvtier import native
+from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
+from kvtier.format import HEADER_BYTES
 from kvtier.settings import SharedTierSettings
-from kvtier.store import MemoryStore
+from kvtier.store import DiskStore, MemoryStore, RecordIO
 from kvtier.store.tiered import LocalThenShared
 from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
 from tests.support.fake_remote import FakeRemoteStore
-from tests.support.store import make_namespace
+from tests.support.store import (
+    PAYLOAD_BYTES,
+    aligned_buffer,
+    disk_capacity,
+    key_of,
+    make_namespace,
+    payload_of,
+)
 from tests.support.tiers import offloading_config
 from tests.support.waiting import wait_until
 
@@ -190,3 +200,58 @@ def test_the_shared_tier_is_remote_storage_over_a_store_that_asks_its_server(tie
     assert made.medium is Medium.STORAGE
     assert wait_until(lambda: made.store is not None, 30, 0.01), "the store never opened"
     assert made.store.abilities.remote_lookup
+
+
+def resident_local_disk(tmp_path) -> DiskStore:
+    """A local disk store whose records stay in the page cache (written buffered, fsynced)."""
+    io = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    return DiskStore(
+        tmp_path / "local",
+        make_namespace(),
+        disk_capacity(8),
+        free_space_floor_bytes=0,
+        io=io,
+    )
+
+
+@pytest.mark.skipif(native.record_reader() is None, reason="kvtier.native._recordread not built")
+def test_a_resident_local_copy_is_read_by_the_local_stores_one_call(tmp_path):
+    """The composite lets the local disk store claim and read in one native call: the row is
+    written straight from the page cache, the bounce buffer never used."""
+    local, shared = resident_local_disk(tmp_path), FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    assert store.put(key_of(1), payload_of(1))
+    if not native.resident(local.record_path(key_of(1))):
+        pytest.skip("the page cache did not keep the buffered write")
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    load = AbandonableLoad()
+    assert store.get_into_when(key_of(1), row, load, bounce)
+    assert bytes(row) == payload_of(1) and not any(bytes(bounce))
+    assert load.state is LoadState.COPYING
+    assert local.stats().page_cache_hits == 1 and shared.stats().hits == 0
+    store.close()
+
+
+@pytest.mark.skipif(native.record_reader() is None, reason="kvtier.native._recordread not built")
+def test_a_damaged_local_copy_gives_its_claim_back_so_the_shared_copy_serves(tmp_path):
+    local, shared = resident_local_disk(tmp_path), FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    assert store.put(key_of(1), payload_of(1))
+    path = local.record_path(key_of(1))
+    with open(path, "r+b") as f:  # one payload bit flipped; the pages stay cached
+        f.seek(HEADER_BYTES + 9)
+        flipped = bytes([f.read(1)[0] ^ 0x10])
+        f.seek(HEADER_BYTES + 9)
+        f.write(flipped)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    load = AbandonableLoad()
+    assert store.get_into_when(key_of(1), row, load, bounce)
+    assert bytes(row) == payload_of(1), "served from the shared copy"
+    assert local.stats().corrupt == {"checksum": 1}
+    assert load.state is LoadState.COPYING
+    abandoned = AbandonableLoad()
+    assert abandoned.abandon()
+    row[:] = bytes(PAYLOAD_BYTES)
+    assert not store.get_into_when(key_of(1), row, abandoned, bounce)
+    assert not any(bytes(row)), "a load abandoned before its read is never written"
+    store.close()

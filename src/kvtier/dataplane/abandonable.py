@@ -8,6 +8,7 @@ a private buffer of its thread and copies into the row only after claiming it:
 
     PENDING --claim (I/O thread)--> COPYING --finish--> DONE
     PENDING --abandon (scheduler)--> ABANDONED   (the late read is dropped)
+    COPYING --release (I/O thread, its read failed)--> PENDING   (another source may claim)
 
 ``abandon`` fails while a copy is under way (a memcpy of one row: it ends in microseconds to
 milliseconds); the caller asks again at its next step. The private copy costs one memcpy per
@@ -84,6 +85,13 @@ class AbandonableLoad:
 
     def finish(self) -> None:
         self._move(LoadState.COPYING, LoadState.DONE)
+
+    def release(self) -> None:
+        """I/O thread: give back a claim whose read failed, so that another source may claim
+        the row later (a no-op unless copying). The row may hold part of the failed read; it
+        is not written again unless claimed again, and a load abandoned meanwhile is freed
+        unread like any failed one."""
+        self._move(LoadState.COPYING, LoadState.PENDING)
 
     def abandon(self) -> bool:
         """Scheduler: True if the load will never touch its row; False while it is copying

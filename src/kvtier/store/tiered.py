@@ -10,8 +10,8 @@ local store (off the restore path, on a bounded queue), so the next restore is l
 
 * ``put``: both stores (the record is needed locally for speed and shared for other replicas);
   True when either holds it.
-* ``get_into``: local, then shared; a shared hit is copied once and queued for the local
-  store (dropped and counted when the write-back queue is full).
+* ``get_into`` and ``get_into_when``: local, then shared; a shared hit is copied once and
+  queued for the local store (dropped and counted when the write-back queue is full).
 * ``contains``: either store's in-memory view. ``exists_many``: the shared store's batched
   server check for keys the local store does not hold.
 * ``abilities``: the local store's cap, the shared store's remote lookup, and two parts
@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from kvtier.buffers import copy_into
 from kvtier.format.checksum import Buffer
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
 
@@ -81,13 +80,22 @@ class LocalThenShared(BlockStore):
     def get_into_when(
         self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
     ) -> bool:
-        """``get_into`` that writes ``out`` only after ``claim()`` returned True; the local
-        read goes through ``bounce`` (a disk read writes while it waits)."""
-        if self.local.contains(key) and self.local.get_into(key, bounce):
-            if not claim():
-                return False
-            copy_into(out, bounce)
-            return True
+        """``get_into`` that writes ``out`` only after ``claim()`` returned True: the local
+        store's own ``get_into_when`` first (a disk store reads a record the page cache holds
+        straight into ``out``, in one native call with the claim), then the shared store's.
+
+        A local read that failed after its claim (a damaged record) leaves ``out`` partly
+        written and the claim taken; a claim that can be given back (``release``, as an
+        ``AbandonableLoad``'s) is given back before the shared store is asked, so its copy can
+        still serve the block. Nothing writes ``out`` in between, and a load abandoned then
+        is freed unread like any failed one.
+        """
+        if self.local.contains(key):
+            if self.local.get_into_when(key, out, claim, bounce):
+                return True
+            release = getattr(claim, "release", None)
+            if release is not None:
+                release()
         fetched = self.shared.get_into_when(key, out, claim, bounce)
         if fetched:
             self._queue_write_back(key, bytes(out))
