@@ -117,3 +117,20 @@ def test_a_claim_and_an_abandon_racing_settle_on_exactly_one(claim_ops):
         thread.join(10)
         assert outcomes["claimed"] != outcomes["abandoned"]
         assert load.state is (LoadState.COPYING if outcomes["claimed"] else LoadState.ABANDONED)
+
+
+def test_a_released_claim_is_pending_again_and_release_moves_nothing_else(claim_ops):
+    load = AbandonableLoad()
+    load.release()
+    assert load.state is LoadState.PENDING, "nothing to give back"
+    assert load.claim()
+    load.release()  # its read failed: another source may claim the row
+    assert load.state is LoadState.PENDING
+    assert load.abandon(), "a released load can be abandoned again"
+    load.release()
+    assert load.state is LoadState.ABANDONED
+    done = AbandonableLoad()
+    assert done.claim()
+    done.finish()
+    done.release()
+    assert done.state is LoadState.DONE
