@@ -254,7 +254,7 @@ class RecordIO:
             os.fsencode(path), header, out, direct, checksum, self._page_cache_reads
         )
         if refused:
-            self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
+            self._native_direct_refused()
         _check_read(path, status, error, detail, detail2, HEADER_BYTES + out.nbytes)
         return header, payload_checksum, cached
 
@@ -278,7 +278,7 @@ class RecordIO:
             os.fsencode(path), header, bounce, direct, checksum
         )
         if refused:
-            self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
+            self._native_direct_refused()
         if fd >= 0:
             return fd
         _check_read(path, status, error, detail, detail2, HEADER_BYTES + bounce.nbytes)
@@ -326,7 +326,7 @@ class RecordIO:
             self._claiming(os.fsencode(path), header, bounce, out, cell, direct, checksum)
         )
         if refused:
-            self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
+            self._native_direct_refused()
         if nowait_refused:
             self._refuse_nowait()
         if into == _INTO_NOTHING:
@@ -350,6 +350,10 @@ class RecordIO:
         # O_NONBLOCK: a FIFO planted in place of a record must not hang the reader.
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         return os.open(path, flags | (os.O_DIRECT if direct else 0))
+
+    def _native_direct_refused(self) -> None:
+        """The native reader found O_DIRECT refused on a regular file (it read buffered)."""
+        self._disable_direct(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
 
     def _disable_direct(self, exc: OSError) -> None:
         if self._direct_ok:
