@@ -341,7 +341,9 @@ class DiskStore(BlockStore):
         claim: Callable[[], bool] | None,
         bounce: memoryview | None,
     ) -> bool:
-        """``get_into``, or with ``claim`` and ``bounce`` ``get_into_when``'s resident read."""
+        """``get_into``, or with ``claim`` and ``bounce`` ``get_into_when``'s read: in one
+        native call when ``claim`` carries a claim cell, else the resident read around a
+        Python claim."""
         block_key = key
         with self._lock:
             key, entry = self._find(key)
