@@ -6,7 +6,9 @@ native reader claims inside its one call."""
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -263,3 +265,127 @@ def test_a_damaged_record_read_for_an_abandoned_load_is_still_quarantined(
     assert not any(bytes(row))
     assert store.stats().corrupt == {"checksum": 1}
     assert not store.contains(key_of(1))
+
+
+# -- a kernel that refuses RWF_NOWAIT (tmpfs) ------------------------------------------------
+
+
+class RefusesNowait(RecordIO):
+    """The reader as on a file system without ``RWF_NOWAIT``: a claimed read is refused before
+    it reads a byte (as the kernel answers ``EOPNOTSUPP`` at the first ``preadv2``)."""
+
+    def __init__(self) -> None:
+        super().__init__(fsync="data", direct_writes=False, drop_written_pages=False)
+        self.refused = 0
+        claim_move = native.claim_ops()[0]
+        claiming, unless_resident = self._claiming, self._resident[0]
+
+        def refused_claiming(path, header, bounce, out, cell, direct, checksum):  # type: ignore[no-untyped-def]
+            fd = unless_resident(path, header, bounce, direct, checksum)[0]
+            if fd < 0:
+                return claiming(path, header, bounce, out, cell, direct, checksum)
+            os.close(fd)
+            self.refused += 1
+            claimed = claim_move(cell, 0, 1)  # the reader claims before its read
+            into = 1 if claimed else 2
+            return (into, 6, errno.EOPNOTSUPP, 0, 0, False, claimed, None)
+
+        def refused_resident(fd, header, out, checksum):  # type: ignore[no-untyped-def]
+            os.close(fd)
+            self.refused += 1
+            return (6, errno.EOPNOTSUPP, 0, True, None)
+
+        self._claiming = refused_claiming
+        self._resident = (unless_resident, refused_resident)
+
+
+class Releasable(Claims):
+    """A claim without a native cell that can be given back, as ``AbandonableLoad``'s."""
+
+    def __init__(self, row: memoryview, bounce: memoryview) -> None:
+        super().__init__(row, bounce)
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_a_refused_nowait_read_gives_the_claim_back_and_reads_through_the_bounce_buffer(
+    open_disk: OpenDisk,
+) -> None:
+    """The first claimed read on such a file system is not lost: the claim is given back
+    and the record read the other way; every later load goes that way at once."""
+    io = RefusesNowait()
+    store, _ = resident_store(open_disk, io)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    load = AbandonableLoad()
+    assert store.get_into_when(key_of(1), row, load, bounce)
+    assert bytes(row) == payload_of(1)
+    assert load.state is LoadState.COPYING, "claimed again after the bounce read"
+    assert io.refused == 1 and not io.reads_resident_into(row)
+    stats = store.stats()
+    assert (stats.hits, stats.misses, stats.corrupt) == (1, 0, {})
+
+    again = aligned_buffer(PAYLOAD_BYTES)
+    assert store.get_into_when(key_of(1), again, AbandonableLoad(), bounce)
+    assert bytes(again) == payload_of(1) and io.refused == 1
+
+
+def test_a_refused_nowait_read_in_two_calls_is_served_when_the_claim_can_be_given_back(
+    open_disk: OpenDisk,
+) -> None:
+    io = RefusesNowait()
+    io._claiming = None  # the two-call path: the store claims between its two calls
+    store, _ = resident_store(open_disk, io)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    claim = Releasable(row, bounce)
+    assert store.get_into_when(key_of(1), row, claim, bounce)
+    assert bytes(row) == payload_of(1)
+    assert claim.released == 1
+    assert claim.seen == [(False, False), (False, True)], "claimed, given back, claimed again"
+
+
+def test_a_refused_nowait_read_with_a_claim_that_cannot_be_given_back_is_a_clean_miss(
+    open_disk: OpenDisk,
+) -> None:
+    io = RefusesNowait()
+    io._claiming = None
+    store, _ = resident_store(open_disk, io)
+    row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+    claim = Claims(row, bounce)
+    assert not store.get_into_when(key_of(1), row, claim, bounce)
+    assert claim.seen == [(False, False)] and not any(bytes(row))
+    assert store.stats().corrupt == {} and store.contains(key_of(1))
+    assert store.get_into_when(key_of(1), row, Claims(row, bounce), bounce), "served next time"
+    assert bytes(row) == payload_of(1)
+
+
+def _refuses_nowait(folder: Path) -> bool:
+    probe = folder / "nowait-probe"
+    probe.write_bytes(b"\0" * 4096)
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+        return False
+    except OSError as exc:
+        return exc.errno == errno.EOPNOTSUPP
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+def test_the_first_load_from_a_tmpfs_folder_is_served(open_disk: OpenDisk, namespace) -> None:  # type: ignore[no-untyped-def]
+    """The real kernel: tmpfs keeps every record in the page cache and refuses RWF_NOWAIT."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm on this machine")
+    with tempfile.TemporaryDirectory(dir=shm) as folder:
+        if not _refuses_nowait(Path(folder)):
+            pytest.skip("/dev/shm here accepts RWF_NOWAIT reads: nothing to fall back from")
+        store = open_disk(root=Path(folder) / "cache", io=cached_io())
+        stored(store)
+        row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+        assert store.get_into_when(key_of(1), row, AbandonableLoad(), bounce)
+        assert bytes(row) == payload_of(1)
+        assert store.stats().misses == 0
+        store.close()

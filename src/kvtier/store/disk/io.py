@@ -290,7 +290,8 @@ class RecordIO:
         """Read the record open on ``fd`` (``read_unless_resident``) into ``out``, never waiting
         for the device: the header, and the payload's XXH3-64 as ``read_checked`` gives it, or None
         when a page left the page cache meanwhile (``out`` is then partly written). Closes
-        ``fd``. Raises ``CorruptRecordError`` for a short read, ``OSError`` for other faults.
+        ``fd``. Raises ``NowaitRefused`` when the kernel refused ``RWF_NOWAIT`` (nothing read),
+        ``CorruptRecordError`` for a short read, ``OSError`` for other faults.
         """
         assert self._resident is not None
         header = self._buffer("read_header")
@@ -299,6 +300,7 @@ class RecordIO:
         )
         if nowait_refused:
             self._refuse_nowait()
+            raise NowaitRefused(path)
         if status == _READ_NOT_RESIDENT:
             return None
         _check_read(path, status, error, detail, 0, HEADER_BYTES + out.nbytes)
@@ -316,8 +318,8 @@ class RecordIO:
         into ``out`` (``read_resident``); any other is read into ``bounce`` unclaimed, since
         that read may wait for the device, then claimed and copied into ``out``. Either way
         the caller verifies ``out`` after the claim. None: a page left the page cache during
-        the claimed read (``out`` partly written). Raises what ``read_unless_resident``
-        raises. Only when ``claims_into(out)``.
+        the claimed read (``out`` partly written). Raises ``NowaitRefused`` (claimed, nothing
+        read) and what ``read_unless_resident`` raises. Only when ``claims_into(out)``.
         """
         assert self._claiming is not None
         header = self._buffer("read_header")
@@ -329,6 +331,7 @@ class RecordIO:
             self._native_direct_refused()
         if nowait_refused:
             self._refuse_nowait()
+            raise NowaitRefused(path)
         if into == _INTO_NOTHING:
             return ClaimedRead(None, header, None, False)
         if status == _READ_NOT_RESIDENT:
@@ -374,6 +377,12 @@ _READ_OK, _READ_SYMLINK, _READ_NOT_REGULAR, _READ_NOT_PRIVATE, _READ_LENGTH = 0,
 _READ_NOT_RESIDENT = 6
 # Where read_claiming put the record (recordread.h: kvtier_claimed_read).
 _INTO_OUT, _INTO_NOTHING, _INTO_BOUNCE_UNCLAIMED = 1, 2, 4
+
+
+class NowaitRefused(Exception):
+    """The kernel refused a claimed read's ``RWF_NOWAIT`` (a file system without it, such as
+    tmpfs) before reading a byte. The reader goes through the bounce buffer from then on; the
+    caller gives the claim back and reads this record that way too."""
 
 
 class ClaimedRead(NamedTuple):

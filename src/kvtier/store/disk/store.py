@@ -83,7 +83,7 @@ from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.access_times import AccessTimes
 from kvtier.store.disk.folders import FolderCharge
 from kvtier.store.disk.index import TXN_ROWS_MAX, Row, Trashed, charge
-from kvtier.store.disk.io import RecordIO
+from kvtier.store.disk.io import NowaitRefused, RecordIO
 from kvtier.store.disk.quarantine import Limits, quarantine
 from kvtier.store.disk.session import Session, reap_dead_sessions
 from kvtier.store.disk.trash import Trash
@@ -330,9 +330,18 @@ class DiskStore(BlockStore):
         busy Python thread.
         """
         out = memoryview(out)
-        if not self._io.reads_resident_into(out):
-            return super().get_into_when(key, out, claim, bounce)
-        return self._load(key, out, claim, bounce)
+        if self._io.reads_resident_into(out):
+            try:
+                return self._load(key, out, claim, bounce)
+            except NowaitRefused:
+                # Claimed, nothing read, and from now on the reader takes the path below: give
+                # the claim back and read this record that way too, rather than lose the load
+                # (on tmpfs, every record is resident, so every load in flight met it).
+                release = getattr(claim, "release", None)
+                if release is None:
+                    return self._missed()  # a claim that cannot be given back was spent
+                release()
+        return super().get_into_when(key, out, claim, bounce)
 
     def _load(
         self,
