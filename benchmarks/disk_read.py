@@ -16,6 +16,10 @@ on huge pages where the kernel gives them) three ways, each on several thread co
   reader cannot claim inside its read: two GIL-free calls per record with the claim between
   them, where ``tier``'s ``AbandonableLoad`` needs one (it matters beside a busy Python
   thread);
+* ``reader``: the native call that ``tier`` makes for each record (``RecordIO.read_claiming``:
+  open, probe, claim, read, hash, copy), called alone: no index lookup, header check or
+  counters. Side by side with ``tier`` it splits a record's cost between the reader and the
+  store's Python steps around it (which hold the GIL);
 * ``store-py`` and ``tier-py``: the same two with the native record reader turned off
   (``RecordIO(native_reads=False)``: open, checks, read and checksum as separate Python calls),
   when the reader is built; the side-by-side shows what reading a block in one GIL-free call
@@ -168,6 +172,8 @@ def run(
         "tier": (store, "load"),
         "tier-py-claim": (store, "load-py-claim"),
     }
+    if native_io.claims_into(rows[0]):
+        loads["reader"] = (store, "reader")
     if warm:
         odirect_io = RecordIO(page_cache_reads=False)
         odirect = DiskStore(work / "tier", namespace(record_bytes), capacity, io=odirect_io)
@@ -189,6 +195,8 @@ def run(
     source_at = address_of(source_map) if source_map is not None else 0
     row_at = address_of(host_map)
 
+    reader_hits: list[int] = []
+
     def one(kind: str, i: int) -> None:
         if kind == "plain":
             _plain_read(paths[i], rows[i])  # type: ignore[arg-type]
@@ -203,6 +211,13 @@ def run(
         using, how = loads[kind]
         if how == "load":
             ok = using.get_into_when(keys[i], rows[i], AbandonableLoad(), bounce.get())
+        elif how == "reader":
+            read = native_io.read_claiming(
+                paths[i], bounce.get(), rows[i], AbandonableLoad().native_cell, True
+            )
+            ok = read is not None and read.into is rows[i]
+            if ok and read.from_page_cache:
+                reader_hits.append(i)  # the store's counters see none of these reads
         elif how == "load-py-claim":
             ok = using.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
         else:
@@ -237,13 +252,16 @@ def run(
                     resident &= _make_resident(paths, scratch)
                 else:
                     dropped &= drop_page_cache()
-                using = loads[kind][0] if kind in loads else None
+                using = loads[kind][0] if kind in loads and kind != "reader" else None
                 hits_before = using.stats().page_cache_hits if using is not None else 0
+                reader_hits.clear()
                 start = time.perf_counter()
                 list(readers.map(lambda i, kind=kind: one(kind, i), range(blocks)))
                 seconds = time.perf_counter() - start
                 if using is not None:
                     from_cache[kind] += using.stats().page_cache_hits - hits_before
+                elif kind == "reader":
+                    from_cache[kind] += len(reader_hits)
                 if not np.array_equal(host, written):
                     raise RuntimeError(f"{kind} on {count} threads read the wrong bytes")
                 results[kind][count].append(total / seconds / 1e9)
