@@ -16,6 +16,9 @@ on huge pages where the kernel gives them) three ways, each on several thread co
   reader cannot claim inside its read: two GIL-free calls per record with the claim between
   them, where ``tier``'s ``AbandonableLoad`` needs one (it matters beside a busy Python
   thread);
+* ``tier-batch``: ``tier`` with each thread's share of the records loaded in one
+  ``DiskStore.get_many_into_when`` call (one native call, one GIL hand-over for the share), as
+  the disk tier loads a job's blocks;
 * ``reader``: the native call that ``tier`` makes for each record (``RecordIO.read_claiming``:
   open, probe, claim, read, hash, copy), called alone: no index lookup, header check or
   counters. Side by side with ``tier`` it splits a record's cost between the reader and the
@@ -171,6 +174,7 @@ def run(
         "store": (store, "get"),
         "tier": (store, "load"),
         "tier-py-claim": (store, "load-py-claim"),
+        "tier-batch": (store, "load-batch"),
     }
     if native_io.claims_into(rows[0]):
         loads["reader"] = (store, "reader")
@@ -196,6 +200,25 @@ def run(
     row_at = address_of(host_map)
 
     reader_hits: list[int] = []
+
+    def share(first: int, end: int) -> None:  # tier-batch: one thread's records in one call
+        picked = range(first, end)
+        answers = store.get_many_into_when(
+            [keys[i] for i in picked],
+            [rows[i] for i in picked],
+            [AbandonableLoad() for _ in picked],
+            bounce.get(),
+        )
+        if not all(answers):
+            raise RuntimeError(f"records {first}..{end - 1} failed to load (tier-batch)")
+
+    def read_all(kind: str, readers: ThreadPoolExecutor, count: int) -> None:
+        if kind == "tier-batch":
+            step = -(-blocks // count)
+            ends = [(j, min(blocks, j + step)) for j in range(0, blocks, step)]
+            list(readers.map(lambda span: share(*span), ends))
+        else:
+            list(readers.map(lambda i: one(kind, i), range(blocks)))
 
     def one(kind: str, i: int) -> None:
         if kind == "plain":
@@ -256,7 +279,7 @@ def run(
                 hits_before = using.stats().page_cache_hits if using is not None else 0
                 reader_hits.clear()
                 start = time.perf_counter()
-                list(readers.map(lambda i, kind=kind: one(kind, i), range(blocks)))
+                read_all(kind, readers, count)
                 seconds = time.perf_counter() - start
                 if using is not None:
                     from_cache[kind] += using.stats().page_cache_hits - hits_before

@@ -125,6 +125,21 @@ def claiming_reader() -> ClaimingReader | None:
     return None if module is None else module.read_claiming
 
 
+#: ``read_claiming_many(paths, headers, bounce, outs, cells, direct, checksum) -> [read_claiming's
+#: tuple per path]``: ``read_claiming`` of each in turn in one call (one GIL hand-over for the
+#: list); ``headers`` holds one header buffer per path, back to back.
+ClaimingBatchReader = Callable[
+    [list[bytes], memoryview, memoryview, list[memoryview], list[bytearray], bool, bool],
+    list[tuple[int, int, int, int, int, bool, bool, int | None]],
+]
+
+
+def claiming_batch_reader() -> ClaimingBatchReader | None:
+    """``claiming_reader`` for a list of records in one call, or None where it is not built."""
+    module = _reader_module()
+    return None if module is None else module.read_claiming_many
+
+
 #: ``claim_move(cell, from, to) -> moved`` and ``claim_state(cell) -> state``: a claim cell's
 #: atomic operations, for the Python side of a load the native reader may claim.
 ClaimOps = tuple[Callable[[bytearray, int, int], bool], Callable[[bytearray], int]]

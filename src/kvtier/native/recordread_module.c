@@ -171,6 +171,108 @@ static PyObject *read_claiming(PyObject *self, PyObject *args) {
                          PyBool_FromLong(result.nowait_refused), payload_checksum);
 }
 
+PyDoc_STRVAR(read_claiming_many_doc,
+             "read_claiming_many(paths, headers, bounce, outs, cells, direct, checksum)\n"
+             "    -> list of read_claiming's tuples, one per path\n\n"
+             "read_claiming for each path in turn, in one call without the GIL: one GIL\n"
+             "hand-over for the whole list. headers holds one header buffer per path, back to\n"
+             "back; outs and cells are lists of one length with paths. A load no longer pending\n"
+             "when its turn comes is not read at all (into 2).");
+
+static PyObject *read_claiming_many(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *paths, *outs_list, *cells_list;
+    Py_buffer headers, bounce;
+    int direct, checksum;
+    if (!PyArg_ParseTuple(args, "O!w*w*O!O!pp", &PyList_Type, &paths, &headers, &bounce,
+                          &PyList_Type, &outs_list, &PyList_Type, &cells_list, &direct,
+                          &checksum))
+        return NULL;
+    Py_ssize_t n = PyList_Size(paths);
+    PyObject *answer = NULL;
+    Py_buffer *outs = NULL, *cells = NULL;
+    const char **names = NULL;
+    int *into = NULL;
+    struct kvtier_read_result *results = NULL;
+    Py_ssize_t got_outs = 0, got_cells = 0;
+    if (PyList_Size(outs_list) != n || PyList_Size(cells_list) != n || n == 0 ||
+        headers.len / n < 4096 || headers.len % n) {
+        PyErr_SetString(PyExc_ValueError, "paths, outs, cells and headers must match");
+        goto done;
+    }
+    size_t header_len = (size_t)(headers.len / n);
+    outs = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    cells = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    names = PyMem_Calloc((size_t)n, sizeof(char *));
+    into = PyMem_Calloc((size_t)n, sizeof(int));
+    results = PyMem_Calloc((size_t)n, sizeof(struct kvtier_read_result));
+    if (!outs || !cells || !names || !into || !results) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *path = PyList_GetItem(paths, i);
+        if (!PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "paths are bytes");
+            goto done;
+        }
+        names[i] = PyBytes_AsString(path);
+        if (PyObject_GetBuffer(PyList_GetItem(outs_list, i), &outs[i], PyBUF_WRITABLE) < 0)
+            goto done;
+        got_outs++;
+        if (PyObject_GetBuffer(PyList_GetItem(cells_list, i), &cells[i], PyBUF_WRITABLE) < 0)
+            goto done;
+        got_cells++;
+        if (claim_cell(&cells[i]) == NULL)
+            goto done;
+        if (outs[i].len != bounce.len) {
+            PyErr_SetString(PyExc_ValueError, "bounce and every out must be of one length");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t *state = (int32_t *)cells[i].buf;
+        if (kvtier_claim_state(state) != KVTIER_CLAIM_PENDING) {
+            into[i] = KVTIER_ABANDONED;
+            continue;
+        }
+        into[i] = kvtier_read_claiming(names[i], (uint8_t *)headers.buf + header_len * (size_t)i,
+                                       header_len, bounce.buf, outs[i].buf, (size_t)outs[i].len,
+                                       state, direct, checksum, &results[i]);
+    }
+    Py_END_ALLOW_THREADS
+    answer = PyList_New(n);
+    if (answer == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *payload_checksum = checksum_or_none(&results[i]);
+        PyObject *item = payload_checksum == NULL ? NULL : Py_BuildValue(
+            "iiiKKNNN", into[i], results[i].status, results[i].error,
+            (unsigned long long)results[i].detail, (unsigned long long)results[i].detail2,
+            PyBool_FromLong(results[i].direct_refused),
+            PyBool_FromLong(results[i].nowait_refused), payload_checksum);
+        if (item == NULL) {
+            Py_CLEAR(answer);
+            goto done;
+        }
+        PyList_SetItem(answer, i, item);
+    }
+done:
+    for (Py_ssize_t i = 0; i < got_outs; i++)
+        PyBuffer_Release(&outs[i]);
+    for (Py_ssize_t i = 0; i < got_cells; i++)
+        PyBuffer_Release(&cells[i]);
+    PyMem_Free(outs);
+    PyMem_Free(cells);
+    PyMem_Free(names);
+    PyMem_Free(into);
+    PyMem_Free(results);
+    PyBuffer_Release(&headers);
+    PyBuffer_Release(&bounce);
+    return answer;
+}
+
 PyDoc_STRVAR(claim_move_doc,
              "claim_move(cell, from, to) -> whether the claim cell was in state from and is\n"
              "now in state to (one compare-and-swap; see recordread.h for the states).");
@@ -280,6 +382,7 @@ static PyMethodDef methods[] = {
     {"read_unless_resident", read_unless_resident, METH_VARARGS, read_unless_resident_doc},
     {"read_resident", read_resident, METH_VARARGS, read_resident_doc},
     {"read_claiming", read_claiming, METH_VARARGS, read_claiming_doc},
+    {"read_claiming_many", read_claiming_many, METH_VARARGS, read_claiming_many_doc},
     {"claim_move", claim_move, METH_VARARGS, claim_move_doc},
     {"claim_state", claim_state, METH_VARARGS, claim_state_doc},
     {"resident", resident, METH_VARARGS, resident_doc},

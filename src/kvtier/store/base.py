@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -197,6 +197,21 @@ class BlockStore(abc.ABC):
             return False
         copy_into(out, bounce)
         return True
+
+    def get_many_into_when(
+        self,
+        keys: Sequence[bytes],
+        outs: Sequence[memoryview],
+        claims: Sequence[Callable[[], bool]],
+        bounce: memoryview,
+    ) -> list[bool]:
+        """``get_into_when`` of each key into its ``out`` under its claim, in turn, through
+        one ``bounce`` buffer (of every ``out``'s size); per key, whether it was loaded. A
+        store overrides it only to read the list in fewer calls."""
+        return [
+            self.get_into_when(key, out, claim, bounce)
+            for key, out, claim in zip(keys, outs, claims, strict=True)
+        ]
 
     def parts(self) -> list[tuple[str, BlockStore]]:
         """The stores this one is made of, under their metric names (``abilities.parts``);

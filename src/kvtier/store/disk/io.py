@@ -107,6 +107,9 @@ class RecordIO:
             native.resident_reader() if self._reader is not None and page_cache_reads else None
         )
         self._claiming = native.claiming_reader() if self._resident is not None else None
+        self._claiming_many = (
+            native.claiming_batch_reader() if self._claiming is not None else None
+        )
         # False once the kernel refused RWF_NOWAIT reads (read_resident): never again asked.
         self._resident_ok = self._resident is not None
 
@@ -324,9 +327,49 @@ class RecordIO:
         assert self._claiming is not None
         header = self._buffer("read_header")
         direct = self._direct_ok and _aligned(bounce)
-        into, status, error, detail, detail2, refused, nowait_refused, payload_checksum = (
-            self._claiming(os.fsencode(path), header, bounce, out, cell, direct, checksum)
+        answer = self._claiming(os.fsencode(path), header, bounce, out, cell, direct, checksum)
+        return self._claimed(path, header, bounce, out, answer)
+
+    def read_claiming_many(
+        self,
+        paths: Sequence[Path],
+        bounce: memoryview,
+        outs: Sequence[memoryview],
+        cells: Sequence[bytearray],
+        checksum: bool,
+    ) -> list[ClaimedRead | Exception | None]:
+        """``read_claiming`` of each record in turn, in one GIL-free call for them all: one GIL
+        hand-over for the list, where a call per record makes one each, and each can wait out
+        the interpreter's switch interval beside a busy Python thread (an engine's loop). Per
+        record, what ``read_claiming`` returns, or the exception it would raise. A load no
+        longer pending when its turn comes is not read (``into`` None). The headers stay
+        valid until this thread's next read."""
+        assert self._claiming_many is not None
+        headers = self._headers(len(paths))
+        direct = self._direct_ok and _aligned(bounce)
+        answers = self._claiming_many(
+            [os.fsencode(p) for p in paths], headers, bounce, list(outs), list(cells), direct,
+            checksum,
         )
+        results: list[ClaimedRead | Exception | None] = []
+        for i, (path, out, answer) in enumerate(zip(paths, outs, answers, strict=True)):
+            header = headers[i * HEADER_BYTES : (i + 1) * HEADER_BYTES]
+            try:
+                results.append(self._claimed(path, header, bounce, out, answer))
+            except (NowaitRefused, CorruptRecordError, OSError) as exc:
+                results.append(exc)
+        return results
+
+    def _claimed(
+        self,
+        path: Path,
+        header: memoryview,
+        bounce: memoryview,
+        out: memoryview,
+        answer: tuple[int, int, int, int, int, bool, bool, int | None],
+    ) -> ClaimedRead | None:
+        """What a ``read_claiming`` call's answer means (see there)."""
+        into, status, error, detail, detail2, refused, nowait_refused, payload_checksum = answer
         if refused:
             self._native_direct_refused()
         if nowait_refused:
@@ -362,6 +405,14 @@ class RecordIO:
         if self._direct_ok:
             log.warning("disk tier: O_DIRECT reads refused (%s); using buffered reads", exc)
         self._direct_ok = False
+
+    def _headers(self, count: int) -> memoryview:
+        """``count`` page-aligned header-sized buffers of this thread, back to back."""
+        buf: memoryview | None = getattr(self._local, "headers", None)
+        if buf is None or buf.nbytes < count * HEADER_BYTES:
+            buf = memoryview(mmap.mmap(-1, max(count, 16) * HEADER_BYTES))
+            self._local.headers = buf
+        return buf[: count * HEADER_BYTES]
 
     def _buffer(self, name: str) -> memoryview:
         """A page-aligned header-sized buffer of this thread (an anonymous mmap)."""

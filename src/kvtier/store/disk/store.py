@@ -59,7 +59,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -83,7 +83,7 @@ from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.access_times import AccessTimes
 from kvtier.store.disk.folders import FolderCharge
 from kvtier.store.disk.index import TXN_ROWS_MAX, Row, Trashed, charge
-from kvtier.store.disk.io import NowaitRefused, RecordIO
+from kvtier.store.disk.io import ClaimedRead, NowaitRefused, RecordIO
 from kvtier.store.disk.quarantine import Limits, quarantine
 from kvtier.store.disk.session import Session, reap_dead_sessions
 from kvtier.store.disk.trash import Trash
@@ -334,14 +334,65 @@ class DiskStore(BlockStore):
             try:
                 return self._load(key, out, claim, bounce)
             except NowaitRefused:
-                # Claimed, nothing read, and from now on the reader takes the path below: give
-                # the claim back and read this record that way too, rather than lose the load
-                # (on tmpfs, every record is resident, so every load in flight met it).
-                release = getattr(claim, "release", None)
-                if release is None:
-                    return self._missed()  # a claim that cannot be given back was spent
-                release()
+                if not _give_back(claim):
+                    return self._missed()
         return super().get_into_when(key, out, claim, bounce)
+
+    def get_many_into_when(
+        self,
+        keys: Sequence[bytes],
+        outs: Sequence[memoryview],
+        claims: Sequence[Callable[[], bool]],
+        bounce: memoryview,
+    ) -> list[bool]:
+        """``get_into_when`` of each key, the records read in one native call for them all
+        when every claim carries a claim cell (``AbandonableLoad``): one GIL hand-over for
+        the list instead of one per block, each of which can wait out the interpreter's
+        switch interval beside a busy Python thread (an engine's loop). Claimed, read and
+        verified in turn, so a load abandoned meanwhile is never read into."""
+        outs = [memoryview(out) for out in outs]
+        cells = [getattr(claim, "native_cell", None) for claim in claims]
+        if (
+            len(keys) < 2
+            or any(cell is None for cell in cells)
+            or any(out.nbytes != bounce.nbytes or not self._io.claims_into(out) for out in outs)
+        ):
+            return super().get_many_into_when(keys, outs, claims, bounce)
+        answers = [False] * len(keys)
+        batch: list[tuple[int, bytes, _Entry]] = []  # (index, stored name, entry)
+        for i, key in enumerate(keys):
+            pinned = self._pin(key, outs[i])
+            if pinned is not None:
+                batch.append((i, *pinned))
+        if not batch:
+            return answers
+        refused: list[int] = []
+        settled = 0
+        try:
+            reads = self._io.read_claiming_many(
+                [self._path_of(name, entry) for _, name, entry in batch],
+                bounce,
+                [outs[i] for i, _, _ in batch],
+                [cells[i] for i, _, _ in batch],  # type: ignore[misc]
+                self._sealer is None,
+            )
+            for (i, name, entry), read in zip(batch, reads, strict=True):
+                settled += 1  # _settle unpins, whatever it raises
+                try:
+                    answers[i] = self._settle(
+                        keys[i], name, entry, outs[i], claims[i], lambda read=read: _outcome(read)
+                    )
+                except NowaitRefused:
+                    refused.append(i)
+        finally:
+            for _, name, _ in batch[settled:]:
+                self._unpin(name)
+        for i in refused:  # claimed, nothing read: read that one as the reader now does
+            if _give_back(claims[i]):
+                answers[i] = super().get_into_when(keys[i], outs[i], claims[i], bounce)
+            else:
+                self._missed()
+        return answers
 
     def _load(
         self,
@@ -353,53 +404,82 @@ class DiskStore(BlockStore):
         """``get_into``, or with ``claim`` and ``bounce`` ``get_into_when``'s read: in one
         native call when ``claim`` carries a claim cell, else the resident read around a
         Python claim."""
-        block_key = key
-        with self._lock:
-            key, entry = self._find(key)
-            if entry is None or out.nbytes != entry.payload_len:
-                self._stats.misses += 1
-                return False
-            self._pins[key] += 1
-        relative = layout.record_name(key, entry.record_id)
-        path = self.namespace_dir / relative
+        pinned = self._pin(key, out)
+        if pinned is None:
+            return False
+        name, entry = pinned
+        path = self._path_of(name, entry)
         checksum = self._sealer is None
-        target = out
         # A claim with a native cell (kvtier.dataplane.abandonable) the reader can make itself.
         cell = None
         if claim is not None and bounce is not None and bounce.nbytes == out.nbytes:
             cell = getattr(claim, "native_cell", None) if self._io.claims_into(out) else None
-        try:
+
+        def read() -> _Read | bool | None:
             if claim is None or bounce is None:
-                header_bytes, payload_checksum, from_page_cache = self._io.read_checked(
+                header_bytes, payload_checksum, cached = self._io.read_checked(
                     path, out, checksum
                 )
-            elif cell is not None:  # the native reader claims, in the same call as its read
-                claimed = self._io.read_claiming(path, bounce, out, cell, checksum)
-                if claimed is None:  # a page was evicted during the read
-                    return self._missed()
-                if claimed.into is None:
-                    return False  # abandoned: out untouched
-                # into bounce: abandoned after the read; checked all the same, so a damaged
-                # record is quarantined now, and claim() below then says no.
-                target, header_bytes, payload_checksum, from_page_cache = claimed
-            else:
-                read = self._io.read_unless_resident(path, bounce, checksum)
-                from_page_cache = isinstance(read, int)
-                if isinstance(read, int):  # resident: nothing read yet, read straight into out
-                    if not claim():
-                        os.close(read)
-                        return False  # abandoned: out untouched
-                    read = self._io.read_resident(read, path, out, checksum)
-                    if read is None:  # a page was evicted during the read
-                        return self._missed()
-                else:
-                    target = bounce
-                header_bytes, payload_checksum = read
-            header = decode_header(header_bytes, self._digest, key, entry.payload_len)
+                return _Read(out, header_bytes, payload_checksum, cached)
+            if cell is not None:  # the native reader claims, in the same call as its read
+                return _outcome(self._io.read_claiming(path, bounce, out, cell, checksum))
+            opened = self._io.read_unless_resident(path, bounce, checksum)
+            if not isinstance(opened, int):
+                return _Read(bounce, *opened, False)
+            # Resident: nothing read yet; read straight into out once claimed.
+            if not claim():
+                os.close(opened)
+                return False
+            resident = self._io.read_resident(opened, path, out, checksum)
+            return None if resident is None else _Read(out, *resident, True)
+
+        return self._settle(key, name, entry, out, claim, read)
+
+    def _pin(self, key: bytes, out: memoryview) -> tuple[bytes, _Entry] | None:
+        """The name ``key`` is stored under and its entry, pinned (no eviction removes the
+        file until ``_settle`` unpins it); None, counted as a miss, when it is not stored or
+        not of ``out``'s size."""
+        with self._lock:
+            name, entry = self._find(key)
+            if entry is None or out.nbytes != entry.payload_len:
+                self._stats.misses += 1
+                return None
+            self._pins[name] += 1
+            return name, entry
+
+    def _unpin(self, name: bytes) -> None:
+        with self._lock:
+            self._pins[name] -= 1
+            if not self._pins[name]:
+                del self._pins[name]
+
+    def _path_of(self, name: bytes, entry: _Entry) -> Path:
+        return self.namespace_dir / layout.record_name(name, entry.record_id)
+
+    def _settle(
+        self,
+        block_key: bytes,
+        key: bytes,
+        entry: _Entry,
+        out: memoryview,
+        claim: Callable[[], bool] | None,
+        read: Callable[[], _Read | bool | None],
+    ) -> bool:
+        """Run ``read`` (a pinned record's read: what it read, False when the load was
+        abandoned before anything was read, None when a page left the page cache during a
+        claimed read), check what it read, count it, quarantine a bad record, unpin ``key``,
+        and copy into ``out`` once claimed when it was read elsewhere."""
+        try:
+            landed = read()
+            if landed is None:
+                return self._missed()
+            if isinstance(landed, bool):
+                return False  # abandoned: out untouched
+            header = decode_header(landed.header, self._digest, key, entry.payload_len)
             if self._sealer is None:
-                verify_payload(header, target, payload_checksum)
-            else:
-                self._sealer.open(header, target, target)  # in place; the tag covers every byte
+                verify_payload(header, landed.into, landed.payload_checksum)
+            else:  # in place; the tag covers every byte
+                self._sealer.open(header, landed.into, landed.into)
         except FileNotFoundError:
             # Evicted or replaced by another process (its row is already gone), or deleted
             # behind the store's back: drop the row too, so its bytes leave the cap and no
@@ -413,29 +493,32 @@ class DiskStore(BlockStore):
             return self._missed()
         except OSError as exc:
             if exc.errno in _TRANSIENT:
-                log.warning("disk tier: read of %s failed, will retry later: %s", relative, exc)
+                log.warning(
+                    "disk tier: read of %s failed, will retry later: %s",
+                    layout.record_name(key, entry.record_id),
+                    exc,
+                )
             else:
                 with self._index.bounded(LOAD_INDEX_WAIT_S):
                     self._quarantine(key, entry.record_id, "io_error", str(exc))
             return self._missed()
         finally:
-            with self._lock:
-                self._pins[key] -= 1
-                if not self._pins[key]:
-                    del self._pins[key]
+            self._unpin(key)
         if self._sealer is not None:
             self._remember(key, block_key)
         with self._lock:
             self._stats.hits += 1
-            self._stats.page_cache_hits += from_page_cache
+            self._stats.page_cache_hits += landed.from_page_cache
             self._stats.bytes_read += entry.payload_len
         self._access.note(key)
-        if target is out:
+        if landed.into is out:
             return True
+        # Read into the bounce buffer: checked all the same (a damaged record is quarantined
+        # even for a load abandoned after its read), written to out only once claimed.
         assert claim is not None
         if not claim():
             return False
-        copy_into(out, target)
+        copy_into(out, landed.into)
         return True
 
     def contains(self, key: bytes) -> bool:
@@ -714,3 +797,37 @@ class DiskStore(BlockStore):
         with self._lock:
             for name, value in increments.items():
                 setattr(self._stats, name, getattr(self._stats, name) + value)
+
+
+class _Read(NamedTuple):
+    """What a load read: where the payload landed (``out``, or the bounce buffer), the
+    header's bytes, the payload's XXH3-64 when the reader computed it, and whether it came
+    from the page cache."""
+
+    into: memoryview
+    header: memoryview
+    payload_checksum: int | None
+    from_page_cache: bool
+
+
+def _outcome(read: ClaimedRead | Exception | None) -> _Read | bool | None:
+    """A claimed read (``RecordIO.read_claiming``) as ``DiskStore._settle`` takes it: raises
+    what the read raised; False when the load was no longer pending (nothing read)."""
+    if isinstance(read, Exception):
+        raise read
+    if read is None:
+        return None
+    if read.into is None:
+        return False
+    return _Read(read.into, read.header, read.payload_checksum, read.from_page_cache)
+
+
+def _give_back(claim: Callable[[], bool]) -> bool:
+    """After ``NowaitRefused`` (claimed, nothing read): give the claim back so the record can
+    be read the other way; False when this claim cannot be given back (then it was spent).
+    On tmpfs every record is resident, so every load in flight meets the refusal once."""
+    release = getattr(claim, "release", None)
+    if release is None:
+        return False
+    release()
+    return True
