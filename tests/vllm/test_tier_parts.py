@@ -201,11 +201,11 @@ def test_a_late_load_is_abandoned_at_its_deadline_and_never_claims_its_row():
     release, started = threading.Event(), threading.Event()
     claimed: list[bool] = []
 
-    def stalled(k: bytes, row: int, load: AbandonableLoad) -> bool:
+    def stalled(ks: list[bytes], rows: list[int], loads: list[AbandonableLoad]) -> list[bool]:
         started.set()
         release.wait(10)
-        claimed.append(load.claim())
-        return claimed[-1]
+        claimed.extend(load.claim() for load in loads)
+        return claimed[-len(loads) :]
 
     try:
         table.submit_loads(1, [key(1)], [0], stalled, deadline=lambda: clock.now + 2.0)
@@ -220,6 +220,85 @@ def test_a_late_load_is_abandoned_at_its_deadline_and_never_claims_its_row():
         release.set()
         table.shutdown()
     assert claimed == [False], "the late read was refused its row"
+
+
+def test_a_load_is_one_task_per_read_thread_each_with_a_contiguous_share(table):
+    shares: list[list[bytes]] = []
+    lock = threading.Lock()
+
+    def load(ks: list[bytes], rows: list[int], loads: list[AbandonableLoad]) -> list[bool]:
+        with lock:
+            shares.append(ks)
+        return [rows[i] != 3 for i in range(len(ks))]  # the block in row 3 fails
+
+    table.submit_loads(1, [key(i) for i in range(5)], [0, 1, 2, 3, 4], load, deadline=lambda: 1e9)
+    table.drain()
+    (done,) = table.finished()
+    assert sorted(shares) == [[key(0), key(1), key(2)], [key(3), key(4)]]
+    assert done.outcomes == [True, True, True, False, True]
+
+
+def test_a_thread_held_by_a_late_share_is_counted_once_as_stuck():
+    """The tier stops offering hits when every read thread is held: a share of three
+    abandoned blocks holds one thread, not three."""
+    clock = FakeClock()
+    stats = TierStats()
+    table = JobTable(
+        thread_prefix="kvtier-test", io_threads=2, clock=clock, label="t", stats=stats
+    )
+    release, started = threading.Event(), threading.Event()
+
+    def stalled(ks: list[bytes], rows: list[int], loads: list[AbandonableLoad]) -> list[bool]:
+        if rows[0] == 0:
+            started.set()
+            release.wait(10)
+        return [load.claim() for load in loads]
+
+    try:
+        rows = list(range(6))
+        table.submit_loads(1, [key(i) for i in rows], rows, stalled, deadline=lambda: clock.now + 1)
+        assert started.wait(10)
+        deadline = time.monotonic() + 10
+        while len([f for f in table._jobs[1].futures if f.done()]) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        clock.now += 2
+        (done,) = table.finished()
+        assert done.abandoned == [key(0), key(1), key(2)]
+        assert done.outcomes == [False, False, False, True, True, True]
+        assert stats.snapshot().loads_stuck == 1
+        release.set()
+        table.drain()
+        deadline = time.monotonic() + 10
+        while stats.snapshot().loads_stuck:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        release.set()
+        table.shutdown()
+
+
+def test_shares_that_never_started_end_their_blocks_at_shutdown():
+    """Shutdown cancels queued shares; their blocks must end too, or a drain would wait
+    for them for ever."""
+    table = JobTable(thread_prefix="kvtier-test", io_threads=1, clock=FakeClock(), label="t")
+    release, started = threading.Event(), threading.Event()
+
+    def stalled(ks: list[bytes], rows: list[int], loads: list[AbandonableLoad]) -> list[bool]:
+        started.set()
+        release.wait(10)
+        return [load.claim() for load in loads]
+
+    table.submit_loads(1, [key(1)], [0], stalled, deadline=lambda: 1e9)
+    table.submit_loads(2, [key(2), key(3)], [1, 2], stalled, deadline=lambda: 1e9)
+    assert started.wait(10)
+    try:
+        table.shutdown(drain_deadline_s=0.1)
+        assert all(f.cancelled() for f in table._jobs[2].futures)
+    finally:
+        release.set()
+    table._jobs[1].futures[0].result(10)
+    assert all(f.done() for job in table._jobs.values() for f in job.futures)
 
 
 def test_a_task_that_raises_is_a_failed_block(table):

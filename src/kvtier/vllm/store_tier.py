@@ -360,7 +360,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             job_metadata.job_id,
             keys,
             rows,
-            self._load_one,
+            self._load_share,
             deadline=lambda: self._health.deadline(
                 nbytes, lambda: self.decider.load_deadline_s(ticket.deadline_s)
             ),
@@ -518,18 +518,25 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             self._health.stored(key)  # a fresh good copy is authoritative
         return stored
 
-    def _load_one(self, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
-        """One verified block into its row, never after the load was abandoned: the store
-        reads into this thread's bounce buffer (or waits for its server) and writes the row
-        only once the load is claimed."""
+    def _load_share(
+        self, keys: list[OffloadKey], rows: list[int], loads: list[AbandonableLoad]
+    ) -> list[bool]:
+        """A thread's share of a load job: each block verified into its row, never after its
+        load was abandoned (the store writes a row only once its load is claimed). Read in
+        one call for the share where the rows are the records (``get_many_into_when``)."""
         store = self._wait_store()
         started = time.perf_counter()
-        if store is not None and self._read(store, key, row, load):
-            self._stats.loaded(time.perf_counter() - started)
-            self._health.load_completed()
-            return True
-        if load.state is LoadState.ABANDONED:
-            return False  # counted when it was abandoned
+        loaded = [False] * len(keys) if store is None else self._read(store, keys, rows, loads)
+        seconds = (time.perf_counter() - started) / max(1, len(keys))
+        for key, ok, load in zip(keys, loaded, loads, strict=True):
+            if ok:
+                self._stats.loaded(seconds)  # the share's I/O time, spread over its blocks
+                self._health.load_completed()
+            elif load.state is not LoadState.ABANDONED:  # abandoned: counted then
+                self._load_failed(store, key)
+        return loaded
+
+    def _load_failed(self, store: BlockStore | None, key: OffloadKey) -> None:
         if store is not None and store.payload_len(key) not in (None, self._row_bytes):
             store.delete(key)  # it can never load: drop it so lookups stop offering it
         self._stats.load_failed()
@@ -537,19 +544,34 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         logger.warning(
             "kvtier %s: load of block %s failed; it will be recomputed", self.label, key.hex()[:16]
         )
-        return False
 
-    def _read(self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad) -> bool:
-        row_view = self._row(row)
+    def _read(
+        self,
+        store: BlockStore,
+        keys: list[OffloadKey],
+        rows: list[int],
+        loads: list[AbandonableLoad],
+    ) -> list[bool]:
         try:
             if self._layout.is_prefix:
-                out = row_view[: self._row_bytes]
-                return store.get_into_when(key, out, load, self._bounce.get())
-            record = self._gathered.get()
-            if not store.get_into_when(key, record, load, self._bounce.get()):
-                return False
-            self._layout.scatter(record, row_view)  # claimed: the row is this load's
-            return True
+                outs = [self._row(row)[: self._row_bytes] for row in rows]
+                return store.get_many_into_when(keys, outs, loads, self._bounce.get())
+            return [
+                self._read_gathered(store, key, row, load)
+                for key, row, load in zip(keys, rows, loads, strict=True)
+            ]
         finally:
-            if load.state is LoadState.COPYING:
-                load.finish()
+            for load in loads:
+                if load.state is LoadState.COPYING:
+                    load.finish()
+
+    def _read_gathered(
+        self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad
+    ) -> bool:
+        """A block whose record is gathered from slices of its row: read into this thread's
+        record buffer, then scattered into the row (claimed: the row is this load's)."""
+        record = self._gathered.get()
+        if not store.get_into_when(key, record, load, self._bounce.get()):
+            return False
+        self._layout.scatter(record, self._row(row))
+        return True

@@ -1,20 +1,23 @@
 """A tier's transfer jobs and the I/O threads that run them.
 
-One job is one vLLM transfer (a list of blocks); each block is one task on the tier's read or
-write pool, whose threads run at background I/O priority. The table keeps the jobs until they
-are reported: ``finished`` returns the jobs whose tasks all ended and the load jobs past their
-deadline whose unfinished blocks could all be abandoned (``kvtier.dataplane.abandonable``: an
-abandoned block never writes its row, which vLLM reuses at once). A block being copied into its
-row cannot be abandoned; its job is asked again at the next step (a copy ends within
-milliseconds).
+One job is one vLLM transfer (a list of blocks). Each block of a store is one task on the
+tier's write pool; a load is split into one task per read thread, each loading its share of
+the blocks in one go (a disk store reads them in one native call: one GIL hand-over per share
+instead of one per block, each of which can wait out the interpreter's switch interval while
+the engine's loop runs Python). The pools' threads run at background I/O priority. The table
+keeps the jobs until they are reported: ``finished`` returns the jobs whose tasks all ended
+and the load jobs past their deadline whose unfinished blocks could all be abandoned
+(``kvtier.dataplane.abandonable``: an abandoned block never writes its row, which vLLM reuses
+at once). A block being copied into its row cannot be abandoned; its job is asked again at
+the next step (a copy ends within milliseconds).
 
 Stores beyond ``max_queued_blocks`` waiting blocks are dropped (a slow tier never holds the
 host pool), and reported as failed. Draining waits for every task; it never cancels a copy
 under way. Shutdown waits at most its drain deadline (``shutdown``).
 
 An abandoned load whose read is still running holds its I/O thread until the read returns;
-such loads are counted (``TierStats.stuck``) so the tier can stop offering hits while every
-read thread is held.
+such reads are counted, one per thread held (``TierStats.stuck``), so the tier can stop
+offering hits while every read thread is held.
 
 Called from the scheduler thread (submit, finished, drain, shutdown); the tasks run on the
 pools. Knows nothing of vLLM: the tier turns ``FinishedJob`` into vLLM's ``JobResult``.
@@ -41,9 +44,11 @@ logger = logging.getLogger(__name__)
 #: grace period orchestrators give); what has not started by then is dropped and counted.
 DRAIN_DEADLINE_S = 10.0
 
-#: One block's task: (key, host-pool row) -> True when the block was transferred.
+#: One block's store: (key, host-pool row) -> True when the block was transferred.
 StoreTask = Callable[[bytes, int], bool]
-LoadTask = Callable[[bytes, int, AbandonableLoad], bool]
+#: A thread's share of a load: (keys, host-pool rows, their abandonable loads) -> per block,
+#: True when it was loaded.
+LoadTask = Callable[[list[bytes], list[int], list[AbandonableLoad]], list[bool]]
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Job:
     ticket: Any = None
     #: Loads only: seconds the job was allowed when it was queued (its deadline, in words).
     allowed_s: float = float("inf")
+    #: Loads only: the tasks on the read pool, one per thread's share of the blocks.
+    shares: list[Future[Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -160,14 +167,19 @@ class JobTable:
         deadline: Callable[[], float],
         ticket: Any = None,
     ) -> None:
-        """Queue one abandonable load per block; ``deadline()`` (tier clock) is asked once
-        the tasks are queued, so the job's time starts when its reads may."""
-        keys = list(keys)
+        """Queue one abandonable load per block, in one task per read thread (each a
+        contiguous share of the blocks); ``deadline()`` (tier clock) is asked once the tasks
+        are queued, so the job's time starts when its reads may."""
+        keys, rows = list(keys), list(rows)
         loads = [AbandonableLoad() for _ in keys]
-        futures = [
-            self._submit(self._read_pool, task, k, r, load)
-            for k, r, load in zip(keys, rows, loads, strict=True)
+        futures: list[Future[bool]] = [Future() for _ in keys]
+        step = -(-len(keys) // self.io_threads) if keys else 1
+        shares = [
+            self._submit(self._read_pool, _load_share, task, keys, rows, loads, futures, i, step)
+            for i in range(0, len(keys), step)
         ]
+        for share in shares:
+            share.add_done_callback(_cancel_blocks_if_cancelled(futures))
         deadline_at = deadline()
         self._jobs[job_id] = Job(
             job_id,
@@ -179,6 +191,7 @@ class JobTable:
             deadline_at,
             ticket,
             allowed_s=deadline_at - self._clock(),
+            shares=shares,
         )
 
     def submit_read(self, task: Callable[[], object]) -> bool:
@@ -214,10 +227,10 @@ class JobTable:
         ]
         if not all(load.abandon() for _, load in pending):
             return None  # a copy is under way; it ends within the next steps
-        for future in job.futures:
-            if future.running():  # its thread is held until the read returns: count it
+        for share in job.shares:
+            if share.running():  # its thread is held until the read returns: count it
                 self._stats.stuck(1)
-                future.add_done_callback(lambda _: self._stats.stuck(-1))
+                share.add_done_callback(lambda _: self._stats.stuck(-1))
         return [key for key, _ in pending]
 
     def has_pending_work(self) -> bool:
@@ -259,6 +272,44 @@ class JobTable:
                 stuck,
             )
         return stuck
+
+
+def _load_share(
+    task: LoadTask,
+    keys: list[bytes],
+    rows: list[int],
+    loads: list[AbandonableLoad],
+    futures: list[Future[bool]],
+    first: int,
+    count: int,
+) -> None:
+    """Run ``task`` on blocks ``first`` .. ``first + count - 1`` and settle their futures (a
+    raising task fails them all: ``_succeeded`` logs it)."""
+    picked = range(first, min(first + count, len(keys)))
+    for i in picked:
+        futures[i].set_running_or_notify_cancel()
+    try:
+        outcomes = task(
+            [keys[i] for i in picked], [rows[i] for i in picked], [loads[i] for i in picked]
+        )
+    except BaseException as exc:
+        for i in picked:
+            futures[i].set_exception(exc)
+        raise
+    for i, outcome in zip(picked, outcomes, strict=True):
+        futures[i].set_result(outcome)
+
+
+def _cancel_blocks_if_cancelled(futures: list[Future[bool]]) -> Callable[[Future[Any]], None]:
+    """A share's task cancelled before it ran (shutdown): its blocks' futures must end too,
+    or waiting for them would never return."""
+
+    def settle(share: Future[Any]) -> None:
+        if share.cancelled():
+            for future in futures:
+                future.cancel()  # a no-op for a block already running or done
+
+    return settle
 
 
 def _start_io_thread() -> None:
