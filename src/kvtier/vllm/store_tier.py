@@ -6,8 +6,10 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
 * ``lookup`` answers from the store's in-memory view (``BlockStore.contains``: no syscall);
   while the store is still opening it answers RETRY, so a fresh engine's first request waits
   for the index instead of missing.
-* ``submit_store`` / ``submit_load`` queue one task per block on the tier's own I/O threads,
-  which read and write host-pool rows in place. A record holds a row's distinct KV slices
+* ``submit_store`` queues one task per block on the tier's own write threads; ``submit_load``
+  one task per read thread, each loading its share of the job's blocks with one
+  ``get_many_into_when`` (a disk store reads the share in one native call). Both read and
+  write host-pool rows in place. A record holds a row's distinct KV slices
   (``kvtier.vllm.row_layout``): the row itself when no rank repeats another's slice, else one
   copy of each slice, gathered on store and copied to every rank's part on load. When more
   than ``max_queued_blocks`` stores are waiting, new stores are dropped and counted (a slow
