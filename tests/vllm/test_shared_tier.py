@@ -255,3 +255,33 @@ def test_a_damaged_local_copy_gives_its_claim_back_so_the_shared_copy_serves(tmp
     assert not store.get_into_when(key_of(1), row, abandoned, bounce)
     assert not any(bytes(row)), "a load abandoned before its read is never written"
     store.close()
+
+
+@pytest.mark.skipif(native.record_reader() is None, reason="kvtier.native._recordread not built")
+def test_a_list_read_takes_the_local_copies_in_one_call_and_the_rest_from_the_shared_store(
+    tmp_path,
+):
+    local, shared = resident_local_disk(tmp_path), FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    for n in (1, 2, 3):
+        assert store.put(key_of(n), payload_of(n))
+    assert local.delete(key_of(3))  # only the shared store holds 3
+    path = local.record_path(key_of(2))
+    with open(path, "r+b") as f:  # a payload bit of the local copy of 2 flipped
+        f.seek(HEADER_BYTES + 9)
+        flipped = bytes([f.read(1)[0] ^ 0x10])
+        f.seek(HEADER_BYTES + 9)
+        f.write(flipped)
+    calls = []
+    real = local._io.read_claiming_many
+    local._io.read_claiming_many = lambda *args: calls.append(len(args[0])) or real(*args)
+    keys = [key_of(n) for n in (1, 2, 3)]
+    rows = [aligned_buffer(PAYLOAD_BYTES) for _ in keys]
+    loads = [AbandonableLoad() for _ in keys]
+    assert store.get_many_into_when(keys, rows, loads, aligned_buffer(PAYLOAD_BYTES)) == [True] * 3
+    assert [bytes(r) for r in rows] == [payload_of(n) for n in (1, 2, 3)]
+    assert calls == [2], "the two local copies in one native call"
+    assert local.stats().corrupt == {"checksum": 1}
+    assert shared.stats().hits == 2, "the damaged copy and the missing one"
+    assert all(load.state is LoadState.COPYING for load in loads)
+    store.close()

@@ -10,8 +10,9 @@ local store (off the restore path, on a bounded queue), so the next restore is l
 
 * ``put``: both stores (the record is needed locally for speed and shared for other replicas);
   True when either holds it.
-* ``get_into`` and ``get_into_when``: local, then shared; a shared hit is copied once and
-  queued for the local store (dropped and counted when the write-back queue is full).
+* ``get_into``, ``get_into_when`` and ``get_many_into_when``: local, then shared; a shared hit
+  is copied once and queued for the local store (dropped and counted when the write-back
+  queue is full).
 * ``contains``: either store's in-memory view. ``exists_many``: the shared store's batched
   server check for keys the local store does not hold.
 * ``abilities``: the local store's cap, the shared store's remote lookup, and two parts
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from kvtier.format.checksum import Buffer
@@ -93,9 +94,36 @@ class LocalThenShared(BlockStore):
         if self.local.contains(key):
             if self.local.get_into_when(key, out, claim, bounce):
                 return True
-            release = getattr(claim, "release", None)
-            if release is not None:
-                release()
+            _release(claim)
+        return self._from_shared(key, out, claim, bounce)
+
+    def get_many_into_when(
+        self,
+        keys: Sequence[bytes],
+        outs: Sequence[memoryview],
+        claims: Sequence[Callable[[], bool]],
+        bounce: memoryview,
+    ) -> list[bool]:
+        """``get_into_when`` of each key: the local copies through the local store's own
+        ``get_many_into_when`` (a disk store reads them in one native call), then each key
+        that failed there from the shared store, as ``get_into_when`` does."""
+        local = [i for i, key in enumerate(keys) if self.local.contains(key)]
+        loaded = [False] * len(keys)
+        found = self.local.get_many_into_when(
+            [keys[i] for i in local], [outs[i] for i in local], [claims[i] for i in local], bounce
+        )
+        for i, ok in zip(local, found, strict=True):
+            loaded[i] = ok
+            if not ok:
+                _release(claims[i])
+        for i, key in enumerate(keys):
+            if not loaded[i]:
+                loaded[i] = self._from_shared(key, outs[i], claims[i], bounce)
+        return loaded
+
+    def _from_shared(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+    ) -> bool:
         fetched = self.shared.get_into_when(key, out, claim, bounce)
         if fetched:
             self._queue_write_back(key, bytes(out))
@@ -169,3 +197,11 @@ class LocalThenShared(BlockStore):
         self._write_back.shutdown(wait=True)
         self.local.close()
         self.shared.close()
+
+
+def _release(claim: Callable[[], bool]) -> None:
+    """Give back a claim a failed local read may have taken (``AbandonableLoad.release``), so
+    the shared store can still claim the row; a plain function has nothing to give back."""
+    release = getattr(claim, "release", None)
+    if release is not None:
+        release()
