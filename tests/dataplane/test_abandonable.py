@@ -134,3 +134,51 @@ def test_a_released_claim_is_pending_again_and_release_moves_nothing_else(claim_
     done.finish()
     done.release()
     assert done.state is LoadState.DONE
+
+
+def test_a_written_load_can_be_finished_abandoned_or_given_back(claim_ops):
+    """WRITTEN: claimed, and the row will not change any more. The scheduler may abandon it
+    (its thread is still loading other blocks), which it may not while copying."""
+    load = AbandonableLoad()
+    assert load.claim()
+    load.written()
+    assert load.state is LoadState.WRITTEN and not load.abandoned
+    load.finish()
+    assert load.state is LoadState.DONE
+    load.written()
+    assert load.state is LoadState.DONE, "written moves only a load being copied"
+
+    late = AbandonableLoad()
+    assert late.claim()
+    assert not late.abandon(), "copying: ask again later"
+    late.written()
+    assert late.abandon() and late.abandoned
+    late.finish()
+    late.release()
+    assert late.state is LoadState.ABANDONED, "an abandoned load stays abandoned"
+
+    failed = AbandonableLoad()
+    assert failed.claim()
+    failed.written()
+    failed.release()  # its check failed: another source may claim the row
+    assert failed.state is LoadState.PENDING and failed.claim()
+
+
+@pytest.mark.skipif(abandonable._CLAIM_OPS is None, reason="kvtier.native._recordread is not built")
+def test_the_native_reader_leaves_its_load_written(tmp_path):
+    """The reader moves the claim on once it stops writing the row."""
+    from kvtier.format import HEADER_BYTES
+    from kvtier.native import claiming_reader
+    from tests.support.store import aligned_buffer
+
+    path = tmp_path / "record"
+    path.write_bytes(bytes(HEADER_BYTES) + b"x" * 8192)
+    path.chmod(0o600)
+    header, bounce, out = (aligned_buffer(n) for n in (HEADER_BYTES, 8192, 8192))
+    load = AbandonableLoad()
+    read = claiming_reader()
+    assert read is not None
+    into, status, *_ = read(str(path).encode(), header, bounce, out, load.native_cell, False, True)
+    assert status == 0 and into in (1, 3)
+    assert bytes(out) == b"x" * 8192
+    assert load.state is LoadState.WRITTEN

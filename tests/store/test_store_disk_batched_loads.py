@@ -89,7 +89,7 @@ def test_a_list_of_loads_is_read_in_one_call_each_as_its_own_load_would_be(
     assert answers == [True, True, True, False, False, True, False]
     for n in (0, 1, 2, 5):
         assert bytes(outs[n]) == payload_of(n)
-        assert loads[n].state is LoadState.COPYING, "claimed; the tier finishes it"
+        assert loads[n].state is LoadState.WRITTEN, "claimed and written; the tier finishes it"
     assert not any(bytes(outs[4])), "a load abandoned before its turn is never written"
     assert (io.list_calls, io.one_calls) == (1, 0)
     stats = store.stats()
@@ -166,7 +166,7 @@ def test_a_refused_nowait_read_in_a_list_is_read_again_the_other_way(
     )
     assert answers == [True] * 3
     assert [bytes(o) for o in outs] == [payload_of(n) for n in range(3)]
-    assert all(load.state is LoadState.COPYING for load in loads)
+    assert all(load.state is LoadState.WRITTEN for load in loads)
     assert store.stats().misses == 0
 
 
@@ -183,3 +183,31 @@ def test_the_native_list_read_refuses_lists_that_do_not_match() -> None:
         read_many([b"/a", b"/b"], headers, bounce, rows(2), [bytearray(2)] * 2, False, True)
     with pytest.raises(TypeError):
         read_many(["/a"], headers[:HEADER_BYTES], bounce, rows(1), [bytearray(4)], False, True)
+
+
+def test_a_load_abandoned_after_its_row_was_written_is_neither_served_nor_checked(
+    open_disk: OpenDisk,
+) -> None:
+    """The scheduler may abandon a written load while its thread reads the rest of the list;
+    the row is then vLLM's again (maybe reused already), so the store reads it no more: no
+    hit, and no verdict on the record from bytes that may no longer be its own."""
+    io = CountingIO()
+    store = open_disk(records=16, io=io)
+    paths = fill(store, range(2))
+    damage(paths[0])
+    loads = [AbandonableLoad() for _ in range(2)]
+    real = io._claiming_many
+
+    def abandoned_meanwhile(*args):  # type: ignore[no-untyped-def]
+        answers = real(*args)
+        assert loads[0].state is LoadState.WRITTEN and loads[0].abandon()
+        return answers
+
+    io._claiming_many = abandoned_meanwhile
+    outs = rows(2)
+    answers = store.get_many_into_when(
+        [key_of(0), key_of(1)], outs, loads, aligned_buffer(PAYLOAD_BYTES)
+    )
+    assert answers == [False, True]
+    assert store.stats().corrupt == {} and store.contains(key_of(0))
+    assert store.stats().hits == 1

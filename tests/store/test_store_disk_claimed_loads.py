@@ -189,7 +189,7 @@ def test_an_abandonable_load_is_claimed_by_the_reader_in_its_one_call(
     assert store.get_into_when(key_of(1), row, load, bounce)
     assert bytes(row) == payload_of(1)
     assert not any(bytes(bounce)), "read straight into the row"
-    assert load.state is LoadState.COPYING, "claimed; the tier finishes it"
+    assert load.state is LoadState.WRITTEN, "claimed and written; the tier finishes it"
     assert (store.stats().hits, store.stats().page_cache_hits) == (1, 1)
 
 
@@ -226,7 +226,7 @@ def test_an_abandonable_load_of_a_record_the_page_cache_lacks_is_claimed_after_i
     load = AbandonableLoad()
     assert store.get_into_when(key_of(1), row, load, bounce)
     assert bytes(row) == payload_of(1) and bytes(bounce) == payload_of(1)
-    assert load.state is LoadState.COPYING
+    assert load.state is LoadState.WRITTEN
     assert (store.stats().hits, store.stats().page_cache_hits) == (1, 0)
     bounce[:] = bytes(PAYLOAD_BYTES)
     row[:] = bytes(PAYLOAD_BYTES)
@@ -246,7 +246,7 @@ def test_a_damaged_record_the_page_cache_lacks_is_a_quarantined_miss_in_one_call
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     load = AbandonableLoad()
     assert not store.get_into_when(key_of(1), row, load, bounce)
-    assert load.state is LoadState.COPYING, "claimed, so the tier reports the load failed"
+    assert load.state is LoadState.WRITTEN, "claimed, so the tier reports the load failed"
     assert store.stats().corrupt == {"checksum": 1}
     assert not store.contains(key_of(1))
 
@@ -321,7 +321,7 @@ def test_a_refused_nowait_read_gives_the_claim_back_and_reads_through_the_bounce
     load = AbandonableLoad()
     assert store.get_into_when(key_of(1), row, load, bounce)
     assert bytes(row) == payload_of(1)
-    assert load.state is LoadState.COPYING, "claimed again after the bounce read"
+    assert load.state is LoadState.WRITTEN, "claimed again after the bounce read, and written"
     assert io.refused == 1 and not io.reads_resident_into(row)
     stats = store.stats()
     assert (stats.hits, stats.misses, stats.corrupt) == (1, 0, {})

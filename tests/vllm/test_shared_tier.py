@@ -227,7 +227,7 @@ def test_a_resident_local_copy_is_read_by_the_local_stores_one_call(tmp_path):
     load = AbandonableLoad()
     assert store.get_into_when(key_of(1), row, load, bounce)
     assert bytes(row) == payload_of(1) and not any(bytes(bounce))
-    assert load.state is LoadState.COPYING
+    assert load.state is LoadState.WRITTEN
     assert local.stats().page_cache_hits == 1 and shared.stats().hits == 0
     store.close()
 
@@ -248,7 +248,7 @@ def test_a_damaged_local_copy_gives_its_claim_back_so_the_shared_copy_serves(tmp
     assert store.get_into_when(key_of(1), row, load, bounce)
     assert bytes(row) == payload_of(1), "served from the shared copy"
     assert local.stats().corrupt == {"checksum": 1}
-    assert load.state is LoadState.COPYING
+    assert load.state is LoadState.WRITTEN
     abandoned = AbandonableLoad()
     assert abandoned.abandon()
     row[:] = bytes(PAYLOAD_BYTES)
@@ -283,5 +283,5 @@ def test_a_list_read_takes_the_local_copies_in_one_call_and_the_rest_from_the_sh
     assert calls == [2], "the two local copies in one native call"
     assert local.stats().corrupt == {"checksum": 1}
     assert shared.stats().hits == 2, "the damaged copy and the missing one"
-    assert all(load.state is LoadState.COPYING for load in loads)
+    assert all(load.state is LoadState.WRITTEN for load in loads)
     store.close()

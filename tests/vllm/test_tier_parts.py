@@ -278,6 +278,32 @@ def test_a_thread_held_by_a_late_share_is_counted_once_as_stuck():
         table.shutdown()
 
 
+def test_a_share_stalled_after_writing_a_block_is_still_abandoned_at_its_deadline():
+    """The share wrote its first block (written: the row will not change) and stalls on its
+    second: at the deadline both are abandoned and the job reported. A block it is done with
+    must not keep the whole job waiting for the stalled read."""
+    clock = FakeClock()
+    table = JobTable(thread_prefix="kvtier-test", io_threads=1, clock=clock, label="t")
+    release, stalled = threading.Event(), threading.Event()
+
+    def load(ks: list[bytes], rows: list[int], loads: list[AbandonableLoad]) -> list[bool]:
+        assert loads[0].claim()
+        loads[0].written()
+        stalled.set()
+        release.wait(10)
+        return [True, loads[1].claim()]
+
+    try:
+        table.submit_loads(1, [key(1), key(2)], [0, 1], load, deadline=lambda: clock.now + 1)
+        assert stalled.wait(10)
+        clock.now += 2
+        (done,) = table.finished()
+        assert done.abandoned == [key(1), key(2)] and done.outcomes == [False, False]
+    finally:
+        release.set()
+        table.shutdown()
+
+
 def test_shares_that_never_started_end_their_blocks_at_shutdown():
     """Shutdown cancels queued shares; their blocks must end too, or a drain would wait
     for them for ever."""

@@ -6,12 +6,17 @@ stuck in the kernel (a stalled disk, a hung server) that later completed straigh
 row would overwrite someone else's KV: a wrong byte served. So an abandonable load reads into
 a private buffer of its thread and copies into the row only after claiming it:
 
-    PENDING --claim (I/O thread)--> COPYING --finish--> DONE
-    PENDING --abandon (scheduler)--> ABANDONED   (the late read is dropped)
-    COPYING --release (I/O thread, its read failed)--> PENDING   (another source may claim)
+    PENDING --claim (I/O thread)--> COPYING --written--> WRITTEN --finish--> DONE
+    PENDING or WRITTEN --abandon (scheduler)--> ABANDONED   (the late read is dropped)
+    COPYING or WRITTEN --release (I/O thread, its read failed)--> PENDING   (another source
+                                                                             may claim)
 
 ``abandon`` fails while a copy is under way (a memcpy of one row: it ends in microseconds to
-milliseconds); the caller asks again at its next step. The private copy costs one memcpy per
+milliseconds); the caller asks again at its next step. A store moves a load to WRITTEN as soon
+as it stops writing the row (``written``; ``finish`` from COPYING says the same), so a thread
+that loads several blocks in turn never holds one it is done with out of the scheduler's
+reach while it reads the next: a WRITTEN load abandoned at the deadline is reported failed
+and its row freed, unread. The private copy costs one memcpy per
 block (measured in docs/benchmarks.md); it buys the guarantee above.
 
 A store may claim before reading when its read cannot wait: the disk store reads a record the
@@ -38,10 +43,17 @@ class LoadState(enum.Enum):
     COPYING = "copying"
     DONE = "done"
     ABANDONED = "abandoned"
+    WRITTEN = "written"
 
 
 #: The states in the order of their numbers in a claim cell (kvtier/native/recordread.h).
-_STATES = (LoadState.PENDING, LoadState.COPYING, LoadState.DONE, LoadState.ABANDONED)
+_STATES = (
+    LoadState.PENDING,
+    LoadState.COPYING,
+    LoadState.DONE,
+    LoadState.ABANDONED,
+    LoadState.WRITTEN,
+)
 _NUMBER = {state: number for number, state in enumerate(_STATES)}
 _CLAIM_OPS = native.claim_ops()
 #: Where the native reader is not built nothing but Python moves a cell: a lock serves.
@@ -83,21 +95,34 @@ class AbandonableLoad:
 
     __call__ = claim
 
+    def written(self) -> None:
+        """I/O thread: the row will not be written again (a no-op unless copying)."""
+        self._move(LoadState.COPYING, LoadState.WRITTEN)
+
     def finish(self) -> None:
-        self._move(LoadState.COPYING, LoadState.DONE)
+        if not self._move(LoadState.WRITTEN, LoadState.DONE):
+            self._move(LoadState.COPYING, LoadState.DONE)
 
     def release(self) -> None:
         """I/O thread: give back a claim whose read failed, so that another source may claim
-        the row later (a no-op unless copying). The row may hold part of the failed read; it
-        is not written again unless claimed again, and a load abandoned meanwhile is freed
-        unread like any failed one."""
-        self._move(LoadState.COPYING, LoadState.PENDING)
+        the row later (a no-op unless copying or written). The row may hold part of the
+        failed read; it is not written again unless claimed again, and a load abandoned
+        meanwhile is freed unread like any failed one."""
+        if not self._move(LoadState.WRITTEN, LoadState.PENDING):
+            self._move(LoadState.COPYING, LoadState.PENDING)
 
     def abandon(self) -> bool:
-        """Scheduler: True if the load will never touch its row; False while it is copying
-        (ask again later) or when it already finished."""
+        """Scheduler: True if the load will never touch its row again; False while it is
+        copying (ask again later) or when it already finished."""
         if self._move(LoadState.PENDING, LoadState.ABANDONED):
             return True
+        if self._move(LoadState.WRITTEN, LoadState.ABANDONED):
+            return True
+        return self.state is LoadState.ABANDONED
+
+    @property
+    def abandoned(self) -> bool:
+        """True once abandoned: whatever its row holds is not this load's to report."""
         return self.state is LoadState.ABANDONED
 
 

@@ -460,6 +460,7 @@ int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, u
         if (!kvtier_claim_move(cell, KVTIER_CLAIM_PENDING, KVTIER_CLAIM_COPYING))
             return KVTIER_READ_NOT_CLAIMED;
         memcpy(out, bounce, payload_len);
+        kvtier_claim_move(cell, KVTIER_CLAIM_COPYING, KVTIER_CLAIM_WRITTEN);
         return KVTIER_COPIED_INTO_OUT;
     }
     if (!kvtier_claim_move(cell, KVTIER_CLAIM_PENDING, KVTIER_CLAIM_COPYING)) {
@@ -467,5 +468,6 @@ int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, u
         return KVTIER_ABANDONED;
     }
     kvtier_read_resident(fd, header, header_len, out, payload_len, checksum, result);
+    kvtier_claim_move(cell, KVTIER_CLAIM_COPYING, KVTIER_CLAIM_WRITTEN);
     return KVTIER_INTO_OUT;
 }

@@ -80,6 +80,10 @@ enum kvtier_claim_state {
     KVTIER_CLAIM_COPYING = 1,
     KVTIER_CLAIM_DONE = 2,
     KVTIER_CLAIM_ABANDONED = 3,
+    /* Claimed and written; no byte of the row changes any more. The reader leaves its loads
+     * here, so a list read (read_claiming_many) does not hold a load it is done with in
+     * COPYING, which the scheduler cannot abandon, while it reads the next ones. */
+    KVTIER_CLAIM_WRITTEN = 4,
 };
 
 /* Move *cell from state from to state to; 1 if it was in from, else 0 (nothing changed). */
@@ -103,7 +107,7 @@ enum kvtier_claimed_read {
  * made in Python costs two. Each hand-over can wait up to the interpreter's switch interval
  * while another thread runs Python (an engine's scheduler), so per block the count matters
  * more than the work. The payload is verified after the claim: a bad record leaves out
- * written and its load failed. */
+ * written and its load failed. Once it stops writing out, it moves the claim to WRITTEN. */
 int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, uint8_t *bounce,
                          uint8_t *out, size_t payload_len, int32_t *cell, int direct,
                          int checksum, struct kvtier_read_result *result);

@@ -196,6 +196,7 @@ class BlockStore(abc.ABC):
         if not claim():
             return False
         copy_into(out, bounce)
+        mark_written(claim)
         return True
 
     def get_many_into_when(
@@ -228,3 +229,12 @@ class BlockStore(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def mark_written(claim: Callable[[], bool] | None) -> None:
+    """Tell a claim that can hear it (``AbandonableLoad.written``) that its row will not be
+    written again, as soon as that is so: a thread loading several blocks in turn must not
+    hold a finished one where the scheduler cannot abandon it."""
+    written = getattr(claim, "written", None)
+    if written is not None:
+        written()

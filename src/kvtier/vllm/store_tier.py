@@ -564,8 +564,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             ]
         finally:
             for load in loads:
-                if load.state is LoadState.COPYING:
-                    load.finish()
+                load.finish()  # a no-op unless claimed (copying or written)
 
     def _read_gathered(
         self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad

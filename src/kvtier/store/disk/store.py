@@ -77,7 +77,7 @@ from kvtier.format.record import (
 )
 from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import DISK_MIN_CAPACITY_BYTES
-from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats, mark_written
 from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.access_times import AccessTimes
@@ -430,7 +430,10 @@ class DiskStore(BlockStore):
             if not claim():
                 os.close(opened)
                 return False
-            resident = self._io.read_resident(opened, path, out, checksum)
+            try:
+                resident = self._io.read_resident(opened, path, out, checksum)
+            finally:
+                mark_written(claim)
             return None if resident is None else _Read(out, *resident, True)
 
         return self._settle(key, name, entry, out, claim, read)
@@ -475,6 +478,10 @@ class DiskStore(BlockStore):
                 return self._missed()
             if isinstance(landed, bool):
                 return False  # abandoned: out untouched
+            if landed.into is out and getattr(claim, "abandoned", False):
+                # Written, then abandoned at the deadline: the row is vLLM's again (it may be
+                # reused already), so it is neither served nor checked.
+                return False
             header = decode_header(landed.header, self._digest, key, entry.payload_len)
             if self._sealer is None:
                 verify_payload(header, landed.into, landed.payload_checksum)
@@ -519,6 +526,7 @@ class DiskStore(BlockStore):
         if not claim():
             return False
         copy_into(out, landed.into)
+        mark_written(claim)
         return True
 
     def contains(self, key: bytes) -> bool:

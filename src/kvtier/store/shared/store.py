@@ -78,7 +78,7 @@ from kvtier.format.record import (
 )
 from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import SharedTierSettings
-from kvtier.store.base import BlockStore, Problem, StoreAbilities
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, mark_written
 from kvtier.store.shared import readinto, startup
 from kvtier.store.shared.breaker import CircuitBreaker
 from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue
@@ -443,6 +443,7 @@ class SharedStore(BlockStore):
                 return self._miss()
         elif payload is not dest:
             copy_into(dest, memoryview(payload).cast("B"))
+        mark_written(claim)
         self._remember(key, block_key)
         with self._lock:
             self._stats.hits += 1
