@@ -371,6 +371,54 @@ def test_a_load_past_its_deadline_is_abandoned_and_never_writes_its_row(tmp_path
         tier.shutdown()
 
 
+class StallsOnOneKey(MemoryStore):
+    """A MemoryStore whose load of one key hangs until released; the others load at once."""
+
+    def __init__(self, stalled: bytes) -> None:
+        super().__init__(1 << 20)
+        self.stalled = stalled
+        self.release = threading.Event()
+        self.reading = threading.Event()
+
+    def get_into(self, key, out):
+        if key == self.stalled:
+            self.reading.set()
+            self.release.wait(30)
+        return super().get_into(key, out)
+
+
+def test_a_share_stalled_after_loading_a_block_is_reported_at_its_deadline(tmp_path, pool):
+    """One read thread loads the job's blocks in turn: the first is written into its row, the
+    second stalls. At the deadline the job is reported all the same (the written block, not
+    yet reported, as failed) and the stalled read never writes its row."""
+    init_none_hash(sha256)
+    clock = FakeClock()
+    store = StallsOnOneKey(key(4))
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), io_threads=1,
+        store_factory=lambda settings, namespace: store, clock=clock,
+        load_deadline_s=lambda nbytes: 2.0,
+    )
+    try:
+        wait_open(tier)
+        pool[0], pool[1] = 7, 8
+        assert run(tier, 1, [key(3), key(4)], [0, 1], False).success
+        tier.submit_load(TransferJob(2, [key(3), key(4)], np.array([5, 6], np.int32), True, CTX))
+        assert store.reading.wait(10)
+        assert (pool[5] == 7).all(), "the first block was loaded before the stall"
+        clock.now += 2.5
+        (result,) = tier.get_finished_jobs()
+        assert not result.success and not result.successful_keys
+        pool[6] = 11  # vLLM reuses the rows
+        store.release.set()
+        tier.shutdown()
+        assert (pool[6] == 11).all(), "the late read overwrote a reused row"
+    finally:
+        store.release.set()
+        tier.shutdown()
+
+
 @pytest.mark.parametrize("row", [ROWS, ROWS + 3, -1])
 def test_a_store_from_a_row_outside_the_pool_fails_and_writes_nothing(tier, pool, row):
     wait_open(tier)
@@ -443,3 +491,36 @@ def test_shutdown_behind_a_stalled_disk_returns_within_its_drain_deadline(tmp_pa
         assert tier.counters.dropped_at_shutdown == ROWS - 2, "queued stores are dropped"
     finally:
         stalled.release.set()
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_a_read_into_a_record_buffer_leaves_the_load_claimed_until_its_row_is_written(
+    tmp_path, resident
+):
+    """Rows gathered from slices are read into the thread's record buffer and then scattered
+    into the row: the store may claim the load, but only the scatter may mark it written
+    (a written load may be abandoned, and its row reused, at once)."""
+    from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
+    from kvtier.store import DiskStore, RecordIO
+    from kvtier.vllm.store_tier import _ClaimForBuffer
+    from tests.support.store import (
+        PAYLOAD_BYTES,
+        aligned_buffer,
+        disk_capacity,
+        key_of,
+        make_namespace,
+        payload_of,
+    )
+
+    io = RecordIO(fsync="data", direct_writes=not resident, drop_written_pages=not resident)
+    store = DiskStore(tmp_path, make_namespace(), disk_capacity(4), free_space_floor_bytes=0, io=io)
+    try:
+        assert store.put(key_of(1), payload_of(1))
+        load = AbandonableLoad()
+        record, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
+        assert store.get_into_when(key_of(1), record, _ClaimForBuffer(load), bounce)
+        assert bytes(record) == payload_of(1)
+        assert load.state is LoadState.COPYING
+        assert not load.abandon(), "claimed, row not written yet: not abandoned"
+    finally:
+        store.close()

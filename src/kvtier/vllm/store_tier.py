@@ -572,7 +572,25 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         """A block whose record is gathered from slices of its row: read into this thread's
         record buffer, then scattered into the row (claimed: the row is this load's)."""
         record = self._gathered.get()
-        if not store.get_into_when(key, record, load, self._bounce.get()):
+        if not store.get_into_when(key, record, _ClaimForBuffer(load), self._bounce.get()):
             return False
         self._layout.scatter(record, self._row(row))
+        load.written()
         return True
+
+
+class _ClaimForBuffer:
+    """A load's claim for a read into a buffer of the thread's, not into the row: the store
+    claims (and may give the claim back), but cannot mark the load written, since the row is
+    written only afterwards (the scatter); nor make the claim itself (no ``native_cell``)."""
+
+    __slots__ = ("_load",)
+
+    def __init__(self, load: AbandonableLoad) -> None:
+        self._load = load
+
+    def __call__(self) -> bool:
+        return self._load.claim()
+
+    def release(self) -> None:
+        self._load.release()
