@@ -211,3 +211,30 @@ def test_a_load_abandoned_after_its_row_was_written_is_neither_served_nor_checke
     assert answers == [False, True]
     assert store.stats().corrupt == {} and store.contains(key_of(0))
     assert store.stats().hits == 1
+
+
+def test_a_record_read_for_a_load_abandoned_during_its_read_is_not_checked_in_a_list(
+    open_disk: OpenDisk,
+) -> None:
+    """In a list read the bounce buffer serves every record in turn: a record left there for a
+    load abandoned during its read (claim refused after the read) is overwritten by the next
+    ones before the store could check it, so it is not judged from those bytes."""
+    io = CountingIO()
+    store = open_disk(records=16, io=io)
+    fill(store, range(2))
+    loads = [AbandonableLoad() for _ in range(2)]
+    real = io._claiming_many
+
+    def abandoned_during_the_first_read(paths, headers, bounce, outs, cells, direct, checksum):  # type: ignore[no-untyped-def]
+        answers = real(paths, headers, bounce, outs, cells, direct, checksum)
+        bounce[:] = b"\xa5" * len(bounce)  # the next record's bytes, as far as record 0 knows
+        _, status, error, detail, detail2, refused, nowait, _ = answers[0]
+        answers[0] = (4, status, error, detail, detail2, refused, nowait, None)
+        return answers
+
+    io._claiming_many = abandoned_during_the_first_read
+    answers = store.get_many_into_when(
+        [key_of(0), key_of(1)], rows(2), loads, aligned_buffer(PAYLOAD_BYTES)
+    )
+    assert answers == [False, True]
+    assert store.stats().corrupt == {} and store.contains(key_of(0))

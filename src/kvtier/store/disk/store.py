@@ -380,7 +380,12 @@ class DiskStore(BlockStore):
                 settled += 1  # _settle unpins, whatever it raises
                 try:
                     answers[i] = self._settle(
-                        keys[i], name, entry, outs[i], claims[i], lambda read=read: _outcome(read)
+                        keys[i],
+                        name,
+                        entry,
+                        outs[i],
+                        claims[i],
+                        lambda read=read, out=outs[i]: _outcome(read, only_into=out),
                     )
                 except NowaitRefused:
                     refused.append(i)
@@ -818,14 +823,19 @@ class _Read(NamedTuple):
     from_page_cache: bool
 
 
-def _outcome(read: ClaimedRead | Exception | None) -> _Read | bool | None:
+def _outcome(
+    read: ClaimedRead | Exception | None, only_into: memoryview | None = None
+) -> _Read | bool | None:
     """A claimed read (``RecordIO.read_claiming``) as ``DiskStore._settle`` takes it: raises
-    what the read raised; False when the load was no longer pending (nothing read)."""
+    what the read raised; False when the load was no longer pending (nothing read). With
+    ``only_into`` (a list read, whose later records went through the same bounce buffer), a
+    record that landed anywhere else (the bounce buffer, for a load abandoned after its read)
+    is False too: its bytes are gone, so it is not checked."""
     if isinstance(read, Exception):
         raise read
     if read is None:
         return None
-    if read.into is None:
+    if read.into is None or (only_into is not None and read.into is not only_into):
         return False
     return _Read(read.into, read.header, read.payload_checksum, read.from_page_cache)
 
