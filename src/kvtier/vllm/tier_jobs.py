@@ -2,14 +2,14 @@
 
 One job is one vLLM transfer (a list of blocks). Each block of a store is one task on the
 tier's write pool; a load is split into one task per read thread, each loading its share of
-the blocks in one go (a disk store reads them in one native call: one GIL hand-over per share
-instead of one per block, each of which can wait out the interpreter's switch interval while
-the engine's loop runs Python). The pools' threads run at background I/O priority. The table
-keeps the jobs until they are reported: ``finished`` returns the jobs whose tasks all ended
-and the load jobs past their deadline whose unfinished blocks could all be abandoned
-(``kvtier.dataplane.abandonable``: an abandoned block never writes its row, which vLLM reuses
-at once). A block being copied into its row cannot be abandoned; its job is asked again at
-the next step (a copy ends within milliseconds).
+the blocks (every n-th) in one go (a disk store reads them in one native call: one GIL
+hand-over per share instead of one per block, each of which can wait out the interpreter's
+switch interval while the engine's loop runs Python). The pools' threads run at background
+I/O priority. The table keeps the jobs until they are reported: ``finished`` returns the jobs
+whose tasks all ended and the load jobs past their deadline whose unfinished blocks could all
+be abandoned (``kvtier.dataplane.abandonable``: an abandoned block never writes its row, which
+vLLM reuses at once). A block being copied into its row cannot be abandoned; its job is asked
+again at the next step (a copy ends within milliseconds).
 
 Stores beyond ``max_queued_blocks`` waiting blocks are dropped (a slow tier never holds the
 host pool), and reported as failed. Draining waits for every task; it never cancels a copy
@@ -167,16 +167,23 @@ class JobTable:
         deadline: Callable[[], float],
         ticket: Any = None,
     ) -> None:
-        """Queue one abandonable load per block, in one task per read thread (each a
-        contiguous share of the blocks); ``deadline()`` (tier clock) is asked once the tasks
-        are queued, so the job's time starts when its reads may."""
+        """Queue one abandonable load per block, in one task per read thread; ``deadline()``
+        (tier clock) is asked once the tasks are queued, so the job's time starts when its
+        reads may.
+
+        Thread ``t`` of ``n`` takes blocks ``t, t + n, t + 2n, ...``: the threads go through
+        the prefix side by side, as one task per block did, so at a deadline the blocks
+        loaded are the prefix's front (what a request can use) and a run of slower records
+        is shared out rather than left to one thread."""
         keys, rows = list(keys), list(rows)
         loads = [AbandonableLoad() for _ in keys]
         futures: list[Future[bool]] = [Future() for _ in keys]
-        step = -(-len(keys) // self.io_threads) if keys else 1
+        threads = min(self.io_threads, len(keys))
         shares = [
-            self._submit(self._read_pool, _load_share, task, keys, rows, loads, futures, i, step)
-            for i in range(0, len(keys), step)
+            self._submit(
+                self._read_pool, _load_share, task, keys, rows, loads, futures, t, threads
+            )
+            for t in range(threads)
         ]
         for share in shares:
             share.add_done_callback(_cancel_blocks_if_cancelled(futures))
@@ -281,11 +288,11 @@ def _load_share(
     loads: list[AbandonableLoad],
     futures: list[Future[bool]],
     first: int,
-    count: int,
+    stride: int,
 ) -> None:
-    """Run ``task`` on blocks ``first`` .. ``first + count - 1`` and settle their futures (a
+    """Run ``task`` on blocks ``first``, ``first + stride``, ... and settle their futures (a
     raising task fails them all: ``_succeeded`` logs it)."""
-    picked = range(first, min(first + count, len(keys)))
+    picked = range(first, len(keys), stride)
     for i in picked:
         futures[i].set_running_or_notify_cancel()
     try:
