@@ -238,3 +238,14 @@ def mark_written(claim: Callable[[], bool] | None) -> None:
     written = getattr(claim, "written", None)
     if written is not None:
         written()
+
+
+def release_claim(claim: Callable[[], bool]) -> bool:
+    """Give back a claim a failed read took (``AbandonableLoad.release``), so the row can be
+    claimed again: by another source, or by the same store reading another way. False when
+    the claim cannot be given back (a plain function): then it is spent."""
+    release = getattr(claim, "release", None)
+    if release is None:
+        return False
+    release()
+    return True

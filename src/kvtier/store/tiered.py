@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from kvtier.format.checksum import Buffer
-from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats, release_claim
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class LocalThenShared(BlockStore):
         if self.local.contains(key):
             if self.local.get_into_when(key, out, claim, bounce):
                 return True
-            _release(claim)
+            release_claim(claim)
         return self._from_shared(key, out, claim, bounce)
 
     def get_many_into_when(
@@ -115,7 +115,7 @@ class LocalThenShared(BlockStore):
         for i, ok in zip(local, found, strict=True):
             loaded[i] = ok
             if not ok:
-                _release(claims[i])
+                release_claim(claims[i])
         for i, key in enumerate(keys):
             if not loaded[i]:
                 loaded[i] = self._from_shared(key, outs[i], claims[i], bounce)
@@ -198,10 +198,3 @@ class LocalThenShared(BlockStore):
         self.local.close()
         self.shared.close()
 
-
-def _release(claim: Callable[[], bool]) -> None:
-    """Give back a claim a failed local read may have taken (``AbandonableLoad.release``), so
-    the shared store can still claim the row; a plain function has nothing to give back."""
-    release = getattr(claim, "release", None)
-    if release is not None:
-        release()

@@ -77,7 +77,14 @@ from kvtier.format.record import (
 )
 from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import DISK_MIN_CAPACITY_BYTES
-from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats, mark_written
+from kvtier.store.base import (
+    BlockStore,
+    Problem,
+    StoreAbilities,
+    StoreStats,
+    mark_written,
+    release_claim,
+)
 from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.access_times import AccessTimes
@@ -334,8 +341,18 @@ class DiskStore(BlockStore):
             try:
                 return self._load(key, out, claim, bounce)
             except NowaitRefused:
-                if not _give_back(claim):
-                    return self._missed()
+                return self._read_refused_again(key, out, claim, bounce)
+        return super().get_into_when(key, out, claim, bounce)
+
+    def _read_refused_again(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+    ) -> bool:
+        """After ``NowaitRefused`` (claimed, nothing read; the reader takes the bounce buffer
+        from now on): give the claim back and read the record that way, rather than lose the
+        load. On tmpfs every record is resident, so every load in flight meets the refusal
+        once. A claim that cannot be given back was spent: a miss."""
+        if not release_claim(claim):
+            return self._missed()
         return super().get_into_when(key, out, claim, bounce)
 
     def get_many_into_when(
@@ -392,11 +409,8 @@ class DiskStore(BlockStore):
         finally:
             for _, name, _ in batch[settled:]:
                 self._unpin(name)
-        for i in refused:  # claimed, nothing read: read that one as the reader now does
-            if _give_back(claims[i]):
-                answers[i] = super().get_into_when(keys[i], outs[i], claims[i], bounce)
-            else:
-                self._missed()
+        for i in refused:
+            answers[i] = self._read_refused_again(keys[i], outs[i], claims[i], bounce)
         return answers
 
     def _load(
@@ -420,17 +434,17 @@ class DiskStore(BlockStore):
         if claim is not None and bounce is not None and bounce.nbytes == out.nbytes:
             cell = getattr(claim, "native_cell", None) if self._io.claims_into(out) else None
 
-        def read() -> _Read | bool | None:
+        def read() -> ClaimedRead | bool | None:
             if claim is None or bounce is None:
                 header_bytes, payload_checksum, cached = self._io.read_checked(
                     path, out, checksum
                 )
-                return _Read(out, header_bytes, payload_checksum, cached)
+                return ClaimedRead(out, header_bytes, payload_checksum, cached)
             if cell is not None:  # the native reader claims, in the same call as its read
                 return _outcome(self._io.read_claiming(path, bounce, out, cell, checksum))
             opened = self._io.read_unless_resident(path, bounce, checksum)
             if not isinstance(opened, int):
-                return _Read(bounce, *opened, False)
+                return ClaimedRead(bounce, *opened, False)
             # Resident: nothing read yet; read straight into out once claimed.
             if not claim():
                 os.close(opened)
@@ -439,7 +453,7 @@ class DiskStore(BlockStore):
                 resident = self._io.read_resident(opened, path, out, checksum)
             finally:
                 mark_written(claim)
-            return None if resident is None else _Read(out, *resident, True)
+            return None if resident is None else ClaimedRead(out, *resident, True)
 
         return self._settle(key, name, entry, out, claim, read)
 
@@ -471,7 +485,7 @@ class DiskStore(BlockStore):
         entry: _Entry,
         out: memoryview,
         claim: Callable[[], bool] | None,
-        read: Callable[[], _Read | bool | None],
+        read: Callable[[], ClaimedRead | bool | None],
     ) -> bool:
         """Run ``read`` (a pinned record's read: what it read, False when the load was
         abandoned before anything was read, None when a page left the page cache during a
@@ -812,20 +826,9 @@ class DiskStore(BlockStore):
                 setattr(self._stats, name, getattr(self._stats, name) + value)
 
 
-class _Read(NamedTuple):
-    """What a load read: where the payload landed (``out``, or the bounce buffer), the
-    header's bytes, the payload's XXH3-64 when the reader computed it, and whether it came
-    from the page cache."""
-
-    into: memoryview
-    header: memoryview
-    payload_checksum: int | None
-    from_page_cache: bool
-
-
 def _outcome(
     read: ClaimedRead | Exception | None, only_into: memoryview | None = None
-) -> _Read | bool | None:
+) -> ClaimedRead | bool | None:
     """A claimed read (``RecordIO.read_claiming``) as ``DiskStore._settle`` takes it: raises
     what the read raised; False when the load was no longer pending (nothing read). With
     ``only_into`` (a list read, whose later records went through the same bounce buffer), a
@@ -837,15 +840,5 @@ def _outcome(
         return None
     if read.into is None or (only_into is not None and read.into is not only_into):
         return False
-    return _Read(read.into, read.header, read.payload_checksum, read.from_page_cache)
+    return read
 
-
-def _give_back(claim: Callable[[], bool]) -> bool:
-    """After ``NowaitRefused`` (claimed, nothing read): give the claim back so the record can
-    be read the other way; False when this claim cannot be given back (then it was spent).
-    On tmpfs every record is resident, so every load in flight meets the refusal once."""
-    release = getattr(claim, "release", None)
-    if release is None:
-        return False
-    release()
-    return True
