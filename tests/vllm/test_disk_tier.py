@@ -12,9 +12,12 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
-from kvtier.store import MemoryStore
+from kvtier.store import DiskStore, MemoryStore, RecordIO
 from kvtier.vllm.disk_tier import REFRESH_INTERVAL_S, KvtierDiskTier
+from kvtier.vllm.store_tier import _ClaimForBuffer
+from tests.support import store as stores
 from tests.support.tiers import offloading_config as tier_config
 
 ROWS, ROW_BYTES = 8, 8192
@@ -500,26 +503,16 @@ def test_a_read_into_a_record_buffer_leaves_the_load_claimed_until_its_row_is_wr
     """Rows gathered from slices are read into the thread's record buffer and then scattered
     into the row: the store may claim the load, but only the scatter may mark it written
     (a written load may be abandoned, and its row reused, at once)."""
-    from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
-    from kvtier.store import DiskStore, RecordIO
-    from kvtier.vllm.store_tier import _ClaimForBuffer
-    from tests.support.store import (
-        PAYLOAD_BYTES,
-        aligned_buffer,
-        disk_capacity,
-        key_of,
-        make_namespace,
-        payload_of,
-    )
-
     io = RecordIO(fsync="data", direct_writes=not resident, drop_written_pages=not resident)
-    store = DiskStore(tmp_path, make_namespace(), disk_capacity(4), free_space_floor_bytes=0, io=io)
+    store = DiskStore(
+        tmp_path, stores.make_namespace(), stores.disk_capacity(4), free_space_floor_bytes=0, io=io
+    )
     try:
-        assert store.put(key_of(1), payload_of(1))
+        assert store.put(stores.key_of(1), stores.payload_of(1))
         load = AbandonableLoad()
-        record, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
-        assert store.get_into_when(key_of(1), record, _ClaimForBuffer(load), bounce)
-        assert bytes(record) == payload_of(1)
+        record, bounce = (stores.aligned_buffer(stores.PAYLOAD_BYTES) for _ in range(2))
+        assert store.get_into_when(stores.key_of(1), record, _ClaimForBuffer(load), bounce)
+        assert bytes(record) == stores.payload_of(1)
         assert load.state is LoadState.COPYING
         assert not load.abandon(), "claimed, row not written yet: not abandoned"
     finally:
