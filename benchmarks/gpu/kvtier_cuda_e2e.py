@@ -21,7 +21,10 @@ prompt resumed from the engine's own prefix cache.
   join the folder's evidence.
 * c: a fresh process with the decision on, starting from the evidence a and b left: per
   length, the decision's verdict (``kvtier:restore_decisions``; ``unmeasured`` would mean it
-  restored unweighed) and its TTFT next to cold (a) and the disk restore (b). The verdict is
+  restored unweighed) and its TTFT next to cold (a) and the disk restore (b), and next to a
+  new prompt of the same length prefilled cold right after it in the same process ("cold
+  here": a ratio free of the few milliseconds two processes differ by;
+  ``KVTIER_E2E_COLD_BESIDE=0`` skips it). The verdict is
   read from this process's prometheus_client, which the engine core's counters do not reach
   under 0.25.1's offline ``LLM`` ("none counted"): there, whether it restored or recomputed
   is told by the engine's cached tokens.
@@ -450,6 +453,11 @@ def phase_b() -> bool:
     return ok
 
 
+#: Phase c also prefills a new prompt of each length cold right after each decided one
+#: (``KVTIER_E2E_COLD_BESIDE=0``: not).
+COLD_BESIDE = os.environ.get("KVTIER_E2E_COLD_BESIDE", "1") != "0"
+
+
 def phase_c() -> bool:
     before = json.loads((WORK / "a.json").read_text())
     disk = json.loads((WORK / "b.json").read_text()) if (WORK / "b.json").exists() else {}
@@ -468,10 +476,18 @@ def phase_c() -> bool:
             print(f"c calibration {n}: cold {ttft:.3f}s", flush=True)
     decided: dict[str, float] = {}
     ratios: dict[str, float] = {}
-    for n, (_, ids) in prompts().items():
+    beside: dict[str, float] = {}
+    rng = random.Random(13)
+    for n, (length, ids) in prompts().items():
         counted = decisions()
         ttft, cached, tokens = run(llm, ids)
         verdict = verdict_of(counted, decisions())
+        if COLD_BESIDE:
+            # A prompt never stored, of the same length, right after: cold prefill in this
+            # very process, so the ratio carries no process-to-process difference.
+            cold_here = run(llm, [rng.randrange(1000, 120000) for _ in range(length)])[0]
+            beside[n] = ttft / cold_here
+            print(f"c {n}: cold here (a new prompt) {cold_here:.3f}s", flush=True)
         equal = tokens == before[n]["oracle"]
         ok &= equal and "unmeasured" not in verdict
         did = "restored" if cached > 0 else "recomputed"
@@ -489,6 +505,8 @@ def phase_c() -> bool:
     print("c medians: decision on " + medians(decided), flush=True)
     # Each prompt against its own cold prefill and disk restore, then the median per length.
     print("c medians: decision on / the better of the two " + medians(ratios, "x"), flush=True)
+    if beside:
+        print("c medians: decision on / cold here " + medians(beside, "x"), flush=True)
     return ok
 
 
