@@ -1,9 +1,11 @@
-"""Fixtures of the shared-tier tests: throw-away Redis servers on loopback.
+"""Fixtures of the shared-tier tests: throw-away servers on loopback.
 
-Session-scoped servers (one standalone, one 3-master Cluster) serve the tests that do not harm
-them; each test uses its own namespace there, so tests never see each other's keys. Tests that
-kill, freeze, fill or reconfigure a server get their own through ``fresh_server``. Everything
-is skipped, with the reason, only when no redis-server binary is installed.
+Every test here runs once per server kind (``SERVER_KINDS``: the distribution's redis-server and
+the Valkey releases scripts/valkey-server.sh fetches); a kind whose binary is not installed is
+skipped, with the reason. Session-scoped servers (one standalone, one 3-master Cluster) serve
+the tests that do not harm them; each test uses its own namespace there, so tests never see
+each other's keys. Tests that kill, freeze, fill or reconfigure a server get their own through
+``fresh_server``.
 """
 
 from __future__ import annotations
@@ -16,60 +18,73 @@ import pytest
 
 from kvtier.format import Namespace
 from tests.support.redis_servers import (
+    SERVER_KINDS,
     RedisClusterServers,
     RedisServer,
-    cli_binary,
-    server_binary,
+    kind_binaries,
     start_cluster,
     start_standalone,
 )
 from tests.support.store import make_namespace
 
-_NO_SERVER = "no redis-server on PATH (run scripts/redis-server.sh, or set KVTIER_REDIS_SERVER)"
+_NO_CLI = "no redis-cli or valkey-cli to create a Cluster (run scripts/redis-server.sh)"
 
 
-def _need_server() -> None:
-    if server_binary() is None:
-        pytest.skip(_NO_SERVER)
+@pytest.fixture(scope="session", params=SERVER_KINDS)
+def server_binaries(request: pytest.FixtureRequest) -> tuple[str, str | None]:
+    """(server binary, cli binary or None) of this run's server kind."""
+    found = kind_binaries(request.param)
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
 
 
 @pytest.fixture(scope="session")
-def redis_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    _need_server()
-    server = start_standalone(tmp_path_factory.mktemp("redis-standalone"))
+def redis_standalone(
+    server_binaries: tuple[str, str | None], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    server = start_standalone(
+        tmp_path_factory.mktemp("redis-standalone"), binary=server_binaries[0]
+    )
     yield server
     server.kill()
 
 
 @pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
-    _need_server()
-    if cli_binary() is None:
-        pytest.skip("no redis-cli on PATH to create a Cluster (run scripts/redis-server.sh)")
-    cluster = start_cluster(tmp_path_factory.mktemp("redis-cluster"))
+def redis_cluster(
+    server_binaries: tuple[str, str | None], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisClusterServers]:
+    binary, cli = server_binaries
+    if cli is None:
+        pytest.skip(_NO_CLI)
+    cluster = start_cluster(tmp_path_factory.mktemp("redis-cluster"), binary=binary, cli=cli)
     yield cluster
     cluster.stop()
 
 
 @pytest.fixture
-def fresh_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
+def fresh_cluster(
+    server_binaries: tuple[str, str | None], tmp_path: Path
+) -> Iterator[RedisClusterServers]:
     """A 3-master Cluster private to one test (which may kill nodes or move slots); stopped
     after. Costs the ~3 s of cluster set-up."""
-    _need_server()
-    if cli_binary() is None:
-        pytest.skip("no redis-cli on PATH to create a Cluster (run scripts/redis-server.sh)")
-    cluster = start_cluster(tmp_path / "cluster")
+    binary, cli = server_binaries
+    if cli is None:
+        pytest.skip(_NO_CLI)
+    cluster = start_cluster(tmp_path / "cluster", binary=binary, cli=cli)
     yield cluster
     cluster.stop()
 
 
 @pytest.fixture
-def fresh_server(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+def fresh_server(
+    server_binaries: tuple[str, str | None], tmp_path: Path
+) -> Iterator[Callable[..., RedisServer]]:
     """Factory for servers private to one test (options as ``RedisServer``); killed after."""
-    _need_server()
     started: list[RedisServer] = []
 
     def start(**options: object) -> RedisServer:
+        options.setdefault("binary", server_binaries[0])
         server = start_standalone(tmp_path / f"server{len(started)}", **options)
         started.append(server)
         return server

@@ -87,6 +87,8 @@ class RedisServer:
     extra_args: Sequence[str] = ()
     #: TLS arguments; when set, the plain port is closed and ``port`` speaks TLS only.
     tls_args: Sequence[str] = ()
+    #: The server binary (redis-server or valkey-server); None: ``server_binary()``.
+    binary: str | None = None
     #: The running process, if any.
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -102,7 +104,7 @@ class RedisServer:
         return self.process.pid
 
     def command_line(self) -> list[str]:
-        binary = server_binary()
+        binary = self.binary or server_binary()
         if binary is None:
             raise RuntimeError("no redis-server on PATH; run scripts/redis-server.sh")
         ports = (
@@ -132,14 +134,18 @@ class RedisServer:
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited at start-up:\n{self.log_tail()}")
+                raise RuntimeError(f"{self._name} exited at start-up:\n{self.log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self
             except OSError:
                 time.sleep(0.02)
         self.kill()
-        raise RuntimeError(f"redis-server on port {self.port} not ready:\n{self.log_tail()}")
+        raise RuntimeError(f"{self._name} on port {self.port} not ready:\n{self.log_tail()}")
+
+    @property
+    def _name(self) -> str:
+        return Path(self.binary or server_binary() or "redis-server").name
 
     def log_tail(self, lines: int = 20) -> str:
         log = self.folder / "server.log"
@@ -218,9 +224,15 @@ def start_standalone(folder: Path, **options: object) -> RedisServer:
     raise AssertionError("unreachable")
 
 
-def start_cluster(folder: Path, maxmemory_bytes: int = 128 * 1024 * 1024) -> RedisClusterServers:
-    """Start three masters and join them with ``redis-cli --cluster create``."""
-    cli = cli_binary()
+def start_cluster(
+    folder: Path,
+    maxmemory_bytes: int = 128 * 1024 * 1024,
+    binary: str | None = None,
+    cli: str | None = None,
+) -> RedisClusterServers:
+    """Start three masters (``binary``; None: ``server_binary()``) and join them with
+    ``redis-cli --cluster create`` (``cli``; None: ``cli_binary()``)."""
+    cli = cli or cli_binary()
     if cli is None:
         raise RuntimeError("no redis-cli on PATH; run scripts/redis-server.sh")
     cluster_args = [
@@ -235,7 +247,7 @@ def start_cluster(folder: Path, maxmemory_bytes: int = 128 * 1024 * 1024) -> Red
         for i in range(3):
             nodes.append(
                 start_standalone(folder / f"node{i}", maxmemory_bytes=maxmemory_bytes,
-                                 extra_args=cluster_args)
+                                 extra_args=cluster_args, binary=binary)
             )  # fmt: skip
         subprocess.run(
             [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
