@@ -154,9 +154,14 @@ def _versions(url: str) -> dict[str, str]:
 
     client = plain_client(url)
     try:
-        server = str(client.info("server").get("redis_version", "?"))
+        info = client.info("server")
     finally:
         client.close()
+    # Valkey reports a Redis-compatible redis_version (7.2.4) beside its own release.
+    if "valkey_version" in info:
+        server = f"Valkey {info['valkey_version']}"
+    else:
+        server = f"Redis {info.get('redis_version', '?')}"
     return {"redis-py": redis.__version__, "hiredis": hiredis.__version__, "server": server}
 
 

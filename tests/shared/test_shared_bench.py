@@ -1,0 +1,32 @@
+"""``kvtier bench shared`` on each server kind: every row measured, the report names the server
+it ran on (Valkey reports a Redis-compatible ``redis_version`` of its own: not that)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from kvtier.bench import shared_bench
+from tests.support.redis_servers import RedisClusterServers, RedisServer
+
+
+def test_the_bench_measures_every_row_and_names_the_server(
+    redis_standalone: RedisServer,
+    redis_cluster: RedisClusterServers,
+    server_binaries: tuple[str, str | None],
+    tmp_path: Path,
+) -> None:
+    results = shared_bench.run(
+        tmp_path, redis_standalone.url, redis_cluster.url, sizes=(shared_bench.MIB // 2,), passes=1
+    )
+    assert [row["topology"] for row in results["rows"]] == ["standalone", "cluster"]
+    for row in results["rows"]:
+        assert all(runs and min(runs) > 0 for runs in row["gbps"].values()), row
+    version = subprocess.run(
+        [server_binaries[0], "--version"], capture_output=True, text=True, check=True
+    ).stdout  # "Redis server v=7.0.15 ..." or "Valkey server v=9.1.2 ..."
+    product, release = version.split()[0], version.split("v=")[1].split()[0]
+    assert results["versions"]["server"] == f"{product} {release}"
+    assert f"server {product} {release}" in (tmp_path / "shared.md").read_text()
+    assert json.loads((tmp_path / "shared.json").read_text())["versions"] == results["versions"]
