@@ -72,6 +72,19 @@ def plain_client(url: str) -> redis.Redis | RedisCluster:
     return redis.Redis(host=host, port=port)
 
 
+def server_release(url: str) -> str:
+    """The server's product and release from its ``INFO``: "Redis 7.0.15", "Valkey 9.1.2"
+    (Valkey answers a Redis-compatible ``redis_version`` of 7.2.4 beside its own release)."""
+    client = redis.Redis(*parse_url(url).hosts[0])  # one node speaks for a Cluster
+    try:
+        info = client.info("server")
+    finally:
+        client.close()
+    if "valkey_version" in info:
+        return f"Valkey {info['valkey_version']}"
+    return f"Redis {info.get('redis_version', '?')}"
+
+
 def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
 
@@ -152,17 +165,11 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
 def _versions(url: str) -> dict[str, str]:
     import hiredis
 
-    client = plain_client(url)
-    try:
-        info = client.info("server")
-    finally:
-        client.close()
-    # Valkey reports a Redis-compatible redis_version (7.2.4) beside its own release.
-    if "valkey_version" in info:
-        server = f"Valkey {info['valkey_version']}"
-    else:
-        server = f"Redis {info.get('redis_version', '?')}"
-    return {"redis-py": redis.__version__, "hiredis": hiredis.__version__, "server": server}
+    return {
+        "redis-py": redis.__version__,
+        "hiredis": hiredis.__version__,
+        "server": server_release(url),
+    }
 
 
 def run(

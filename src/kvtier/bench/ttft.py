@@ -161,6 +161,15 @@ def copy_values(source_url: str, target_url: str) -> int:
         target.close()
 
 
+def server_releases(urls: dict[str, str]) -> dict[str, str]:
+    """Each topology's server product and release ("Valkey 9.1.2"), for the report."""
+    if not urls:
+        return {}
+    from kvtier.bench.shared_bench import server_release
+
+    return {topology: server_release(url) for topology, url in urls.items()}
+
+
 def evicted_keys(url: str) -> int:
     """Keys the server (every node of a Cluster) evicted since it started: a shared row whose
     server evicted keys restored less than the tier could."""
@@ -292,8 +301,10 @@ def _run(
                     engine.reset_prefix_cache(reset_connector=True)
                     record(n, f"{topology}_warm{suffix}", *engine.generate_one(prompt))
     evicted = {topology: evicted_keys(url) for topology, url in urls.items()}
+    releases = server_releases(urls)
     bench.config.update(
         shared_servers=urls,
+        shared_server_releases=releases,
         shared_server_evicted_keys=evicted,
         shared_seeded_by_copy=seeded,
         lengths=lengths,
@@ -320,6 +331,7 @@ def _run(
             for t, n in evicted.items()
             if n
         )
+        + "".join(f"\n\nShared {t} server: {r}." for t, r in releases.items())
         + shared_read_lines(through_tier)
         + verdict_lines(verdicts)
     )
