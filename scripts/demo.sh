@@ -14,8 +14,8 @@ case " $* " in
       echo "[kvtier demo] could not install redis-server (see above)" >&2
     if [ -z "${KVTIER_REDIS_SERVER:-}" ] && ! command -v redis-server >/dev/null 2>&1 &&
         ! command -v valkey-server >/dev/null 2>&1; then
-      bash "$repo/scripts/valkey-server.sh" "$venv/bin/python"
-      valkey=${KVTIER_CACHE_DIR:-$HOME/.cache/kvtier}/valkey/valkey-9.1.2/valkey-server
+      bash "$repo/scripts/server-binaries.sh" "$venv/bin/python"
+      valkey=${KVTIER_CACHE_DIR:-$HOME/.cache/kvtier}/servers/valkey-9.1.2/valkey-server
       if [ -x "$valkey" ]; then export KVTIER_REDIS_SERVER=$valkey; fi
     fi ;;
 esac

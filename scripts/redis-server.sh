@@ -10,7 +10,7 @@ fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "redis-server.sh: no redis-server on PATH; install redis-server and redis-tools" \
          "(until then the shared-tier tests' Redis runs are skipped, and demo --shared uses" \
-         "Valkey from scripts/valkey-server.sh)" >&2
+         "Valkey from scripts/server-binaries.sh)" >&2
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive

@@ -5,7 +5,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=$(bash "$repo/scripts/setup.sh")
 bash "$repo/scripts/redis-server.sh"  # the shared-tier tests need redis-server on PATH
-bash "$repo/scripts/valkey-server.sh" "$venv/bin/python"  # ... and run against Valkey too
+bash "$repo/scripts/server-binaries.sh" "$venv/bin/python"  # ... and Valkey and Redis 6.2
 cd "$repo"
 export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1

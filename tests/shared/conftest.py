@@ -1,11 +1,11 @@
 """Fixtures of the shared-tier tests: throw-away servers on loopback.
 
-Every test here runs once per server kind (``SERVER_KINDS``: the distribution's redis-server and
-the Valkey releases scripts/valkey-server.sh fetches); a kind whose binary is not installed is
-skipped, with the reason. Session-scoped servers (one standalone, one 3-master Cluster) serve
-the tests that do not harm them; each test uses its own namespace there, so tests never see
-each other's keys. Tests that kill, freeze, fill or reconfigure a server get their own through
-``fresh_server``.
+Every test here runs once per server kind (``SERVER_KINDS``: the distribution's redis-server
+and the Valkey and Redis releases scripts/server-binaries.sh fetches); a kind whose binary is
+not installed is skipped, with the reason. Session-scoped servers (one standalone, one 3-master
+Cluster) serve the tests that do not harm them; each test uses its own namespace there, so
+tests never see each other's keys. Tests that kill, freeze, fill or reconfigure a server get
+their own through ``fresh_server``.
 """
 
 from __future__ import annotations
@@ -21,70 +21,87 @@ from tests.support.redis_servers import (
     SERVER_KINDS,
     RedisClusterServers,
     RedisServer,
-    kind_binaries,
+    kind_binary,
     start_cluster,
     start_standalone,
 )
 from tests.support.store import make_namespace
 
-_NO_CLI = "no redis-cli or valkey-cli to create a Cluster (run scripts/redis-server.sh)"
-
 
 @pytest.fixture(scope="session", params=SERVER_KINDS)
-def server_binaries(request: pytest.FixtureRequest) -> tuple[str, str | None]:
-    """(server binary, cli binary or None) of this run's server kind."""
-    found = kind_binaries(request.param)
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
+def server_of_kind(request: pytest.FixtureRequest) -> str:
+    """The server binary of this run's server kind."""
+    try:
+        return kind_binary(request.param)
+    except LookupError as missing:
+        pytest.skip(str(missing))
+
+
+class _SessionServers:
+    """One standalone server and one Cluster per server kind, each started on first use and
+    kept until the session ends. A session fixture parametrized by kind would be torn down and
+    started again at every switch of kind, which pytest makes in every file (a Cluster costs
+    about 2 s: a master reports ``cluster_state:ok`` no sooner than 2 s after it starts)."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._standalone: dict[str, RedisServer] = {}
+        self._clusters: dict[str, RedisClusterServers] = {}
+
+    def standalone(self, binary: str) -> RedisServer:
+        if binary not in self._standalone:
+            folder = self._folder / f"standalone{len(self._standalone)}"
+            self._standalone[binary] = start_standalone(folder, binary=binary)
+        return self._standalone[binary]
+
+    def cluster(self, binary: str) -> RedisClusterServers:
+        if binary not in self._clusters:
+            folder = self._folder / f"cluster{len(self._clusters)}"
+            self._clusters[binary] = start_cluster(folder, binary=binary)
+        return self._clusters[binary]
+
+    def stop(self) -> None:
+        for server in self._standalone.values():
+            server.kill()
+        for cluster in self._clusters.values():
+            cluster.stop()
 
 
 @pytest.fixture(scope="session")
-def redis_standalone(
-    server_binaries: tuple[str, str | None], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RedisServer]:
-    server = start_standalone(
-        tmp_path_factory.mktemp("redis-standalone"), binary=server_binaries[0]
-    )
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(
-    server_binaries: tuple[str, str | None], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RedisClusterServers]:
-    binary, cli = server_binaries
-    if cli is None:
-        pytest.skip(_NO_CLI)
-    cluster = start_cluster(tmp_path_factory.mktemp("redis-cluster"), binary=binary, cli=cli)
-    yield cluster
-    cluster.stop()
+def session_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SessionServers]:
+    servers = _SessionServers(tmp_path_factory.mktemp("session-servers"))
+    yield servers
+    servers.stop()
 
 
 @pytest.fixture
-def fresh_cluster(
-    server_binaries: tuple[str, str | None], tmp_path: Path
-) -> Iterator[RedisClusterServers]:
+def redis_standalone(server_of_kind: str, session_servers: _SessionServers) -> RedisServer:
+    """This kind's standalone server, shared by the tests that do not harm it."""
+    return session_servers.standalone(server_of_kind)
+
+
+@pytest.fixture
+def redis_cluster(server_of_kind: str, session_servers: _SessionServers) -> RedisClusterServers:
+    """This kind's 3-master Cluster, shared by the tests that do not harm it."""
+    return session_servers.cluster(server_of_kind)
+
+
+@pytest.fixture
+def fresh_cluster(server_of_kind: str, tmp_path: Path) -> Iterator[RedisClusterServers]:
     """A 3-master Cluster private to one test (which may kill nodes or move slots); stopped
-    after. Costs the ~3 s of cluster set-up."""
-    binary, cli = server_binaries
-    if cli is None:
-        pytest.skip(_NO_CLI)
-    cluster = start_cluster(tmp_path / "cluster", binary=binary, cli=cli)
+    after."""
+    cluster = start_cluster(tmp_path / "cluster", binary=server_of_kind)
     yield cluster
     cluster.stop()
 
 
 @pytest.fixture
-def fresh_server(
-    server_binaries: tuple[str, str | None], tmp_path: Path
-) -> Iterator[Callable[..., RedisServer]]:
+def fresh_server(server_of_kind: str, tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     """Factory for servers private to one test (options as ``RedisServer``); killed after."""
     started: list[RedisServer] = []
 
     def start(**options: object) -> RedisServer:
-        options.setdefault("binary", server_binaries[0])
+        options.setdefault("binary", server_of_kind)
         server = start_standalone(tmp_path / f"server{len(started)}", **options)
         started.append(server)
         return server

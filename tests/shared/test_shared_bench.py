@@ -15,7 +15,7 @@ from tests.support.redis_servers import RedisClusterServers, RedisServer
 def test_the_bench_measures_every_row_and_names_the_server(
     redis_standalone: RedisServer,
     redis_cluster: RedisClusterServers,
-    server_binaries: tuple[str, str | None],
+    server_of_kind: str,
     tmp_path: Path,
 ) -> None:
     results = shared_bench.run(
@@ -24,7 +24,7 @@ def test_the_bench_measures_every_row_and_names_the_server(
     assert [row["topology"] for row in results["rows"]] == ["standalone", "cluster"]
     for row in results["rows"]:
         assert all(runs and min(runs) > 0 for runs in row["gbps"].values()), row
-    named = _release_of(server_binaries[0])
+    named = _release_of(server_of_kind)
     assert results["versions"]["server"] == named
     assert f"server {named}" in (tmp_path / "shared.md").read_text()
     assert json.loads((tmp_path / "shared.json").read_text())["versions"] == results["versions"]
@@ -33,10 +33,10 @@ def test_the_bench_measures_every_row_and_names_the_server(
 def test_the_ttft_bench_names_each_topologys_server(
     redis_standalone: RedisServer,
     redis_cluster: RedisClusterServers,
-    server_binaries: tuple[str, str | None],
+    server_of_kind: str,
 ) -> None:
     urls = {"standalone": redis_standalone.url, "cluster": redis_cluster.url}
-    named = _release_of(server_binaries[0])
+    named = _release_of(server_of_kind)
     assert server_releases(urls) == {"standalone": named, "cluster": named}
     assert server_releases({}) == {}
 

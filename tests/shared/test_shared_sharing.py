@@ -14,8 +14,8 @@ from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
 
 @pytest.fixture(params=["standalone", "cluster"])
-def url(request: pytest.FixtureRequest, server_binaries: tuple[str, str | None]) -> str:
-    # server_binaries (parametrized by server kind) is named so that the kind is part of the
+def url(request: pytest.FixtureRequest, server_of_kind: str) -> str:
+    # server_of_kind (parametrized by server kind) is named so that the kind is part of the
     # test's parameters; the servers below are looked up by name.
     if request.param == "standalone":
         server: RedisServer = request.getfixturevalue("redis_standalone")

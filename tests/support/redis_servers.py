@@ -13,7 +13,6 @@ from kvtier.bench.redis_servers import (
     SERVER_ENV,
     RedisClusterServers,
     RedisServer,
-    cli_binary,
     free_port,
     server_binary,
     start_cluster,
@@ -21,44 +20,43 @@ from kvtier.bench.redis_servers import (
 )
 
 __all__ = [
+    "FETCHED",
     "SERVER_ENV",
     "SERVER_KINDS",
     "RedisClusterServers",
     "RedisServer",
-    "cli_binary",
+    "fetched_servers",
     "free_port",
-    "kind_binaries",
+    "kind_binary",
     "server_binary",
     "start_cluster",
     "start_standalone",
 ]
 
 #: The servers every test of tests/shared runs against: the distribution's redis-server, and
-#: the Valkey releases scripts/valkey-server.sh fetches (folders under its cache).
-SERVER_KINDS = ("redis", "valkey-9.1", "valkey-8.1")
-_VALKEY_FOLDERS = {"valkey-9.1": "valkey-9.1.2", "valkey-8.1": "valkey-8.1.8"}
+#: the releases scripts/server-binaries.sh fetches (kind -> its folder under that cache).
+FETCHED = {"valkey-9.1": "valkey-9.1.2", "valkey-8.1": "valkey-8.1.8", "redis-6.2": "redis-6.2.14"}
+SERVER_KINDS = ("redis", *FETCHED)
 
 
-def _valkey_cache() -> Path:
+def fetched_servers() -> Path:
+    """Where scripts/server-binaries.sh puts the releases it fetches."""
     root = os.environ.get("KVTIER_CACHE_DIR") or str(Path.home() / ".cache" / "kvtier")
-    return Path(root) / "valkey"
+    return Path(root) / "servers"
 
 
-def kind_binaries(kind: str) -> tuple[str, str | None] | str:
-    """(server binary, cli binary or None) of a server kind of ``SERVER_KINDS``, or why there
-    is none here (the reason a test skips with)."""
+def kind_binary(kind: str) -> str:
+    """The server binary of a server kind of ``SERVER_KINDS``; raises ``LookupError`` saying
+    why there is none here (the reason a test skips with)."""
     if kind == "redis":
         server = server_binary()
         if server is None:
-            return f"no redis-server on PATH (run scripts/redis-server.sh, or set {SERVER_ENV})"
-        return server, cli_binary()
-    folder = _valkey_cache() / _VALKEY_FOLDERS[kind]
-    server = folder / "valkey-server"
+            raise LookupError(
+                f"no redis-server on PATH (run scripts/redis-server.sh, or set {SERVER_ENV})"
+            )
+        return server
+    release = FETCHED[kind]
+    server = fetched_servers() / release / f"{release.split('-')[0]}-server"
     if not os.access(server, os.X_OK):
-        return f"no {server} (run scripts/valkey-server.sh)"
-    # Its own valkey-cli where the release ships one, else any that can create a Cluster.
-    own_cli, bundled_cli = folder / "valkey-cli", _valkey_cache() / "valkey-8.1.8" / "valkey-cli"
-    if os.access(own_cli, os.X_OK):
-        return str(server), str(own_cli)
-    fallback = str(bundled_cli) if os.access(bundled_cli, os.X_OK) else None
-    return str(server), cli_binary() or fallback
+        raise LookupError(f"no {server} (run scripts/server-binaries.sh)")
+    return str(server)

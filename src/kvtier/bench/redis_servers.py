@@ -1,9 +1,10 @@
-"""Throw-away Redis servers for the shared-tier tests and bench: standalone and a 3-master Cluster.
+"""Throw-away Redis / Valkey servers for the shared-tier tests and bench: standalone and a
+3-master Cluster (joined with the server's own commands: no redis-cli needed).
 
 Every server binds 127.0.0.1 only, keeps nothing on disk (``--save '' --appendonly no``), runs
 in its own temporary folder and is stopped with SIGKILL by PID. Ports are picked at random in
 [20000, 55535] and checked free together with port + 10000, because a Cluster node's bus
-listens there (a port above 55535 has no bus port and ``--cluster create`` fails).
+listens there (a port above 55535 has no bus port, and the node cannot join a Cluster).
 
 Fault helpers act on one server process: ``pause`` (SIGSTOP: a hung server), ``resume``
 (SIGCONT), ``kill`` (SIGKILL) and ``restart`` (same port, same folder: a Cluster node keeps its
@@ -35,11 +36,6 @@ def server_binary() -> str | None:
     if named:
         return named if shutil.which(named) else None
     return shutil.which("redis-server") or shutil.which("valkey-server")
-
-
-def cli_binary() -> str | None:
-    """Path of redis-cli (or valkey-cli), needed to create a Cluster."""
-    return shutil.which("redis-cli") or shutil.which("valkey-cli")
 
 
 def _port_free(port: int) -> bool:
@@ -211,6 +207,32 @@ def _info(port: int) -> bytes:
         return b""
 
 
+#: Hash slots of a Cluster.
+_SLOTS = 16384
+
+
+def join(nodes: Sequence[RedisServer]) -> None:
+    """Make fresh cluster-enabled nodes one Cluster of masters, as ``redis-cli --cluster
+    create`` does but without a cli binary and its one-second polls: a distinct config epoch
+    each, an equal share of the slots each, and every node met by the first. The caller waits
+    for ``cluster_state:ok`` (``RedisClusterServers.wait_ok``)."""
+    share = _SLOTS // len(nodes)
+    for i, node in enumerate(nodes):
+        first = i * share
+        last = _SLOTS - 1 if i == len(nodes) - 1 else first + share - 1
+        _ok(node.port, "CLUSTER", "SET-CONFIG-EPOCH", str(i + 1))
+        # ADDSLOTS, not ADDSLOTSRANGE: the range form is Redis >= 7.0 only.
+        _ok(node.port, "CLUSTER", "ADDSLOTS", *(str(s) for s in range(first, last + 1)))
+    for node in nodes[1:]:
+        _ok(nodes[0].port, "CLUSTER", "MEET", "127.0.0.1", str(node.port))
+
+
+def _ok(port: int, *args: str) -> None:
+    reply = _send(port, *args, timeout_s=5.0)
+    if not reply.startswith(b"+OK"):
+        raise RuntimeError(f"{' '.join(args[:2])} on port {port}: {reply[:200]!r}")
+
+
 def start_standalone(folder: Path, **options: object) -> RedisServer:
     """Start a standalone server in ``folder`` on a free port (retried on a port race)."""
     for attempt in range(5):
@@ -225,16 +247,10 @@ def start_standalone(folder: Path, **options: object) -> RedisServer:
 
 
 def start_cluster(
-    folder: Path,
-    maxmemory_bytes: int = 128 * 1024 * 1024,
-    binary: str | None = None,
-    cli: str | None = None,
+    folder: Path, maxmemory_bytes: int = 128 * 1024 * 1024, binary: str | None = None
 ) -> RedisClusterServers:
-    """Start three masters (``binary``; None: ``server_binary()``) and join them with
-    ``redis-cli --cluster create`` (``cli``; None: ``cli_binary()``)."""
-    cli = cli or cli_binary()
-    if cli is None:
-        raise RuntimeError("no redis-cli on PATH; run scripts/redis-server.sh")
+    """Start three masters (``binary``; None: ``server_binary()``) and join them into one
+    Cluster (``join``)."""
     cluster_args = [
         "--cluster-enabled", "yes",
         "--cluster-config-file", "nodes.conf",
@@ -249,11 +265,7 @@ def start_cluster(
                 start_standalone(folder / f"node{i}", maxmemory_bytes=maxmemory_bytes,
                                  extra_args=cluster_args, binary=binary)
             )  # fmt: skip
-        subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+        join(nodes)
         cluster = RedisClusterServers(nodes)
         cluster.wait_ok()
         return cluster

