@@ -104,8 +104,11 @@ def tls_server(
                 "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]  # fmt: skip
     try:
         server = fresh_server(tls_args=tls_args)
-    except RuntimeError as exc:
-        pytest.skip(f"this redis-server cannot run TLS: {str(exc)[-200:]}")
+    except RuntimeError as exc:  # the wheels' Valkey and Redis 6.2 builds have no TLS
+        said = str(exc).strip().splitlines()[-1].split(" # ")[-1]  # the log's last word
+        if said.endswith(":"):  # no log: it refused the options before opening one
+            said = "it exited at start-up with the TLS options"
+        pytest.skip(f"this server build cannot run TLS ({said})")
     return server, ca
 
 
