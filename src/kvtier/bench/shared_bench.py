@@ -40,6 +40,7 @@ from kvtier.bench.report import environment_line, markdown_table, median, median
 from kvtier.dataplane.abandonable import BounceBuffers
 from kvtier.format import Namespace
 from kvtier.store.shared import SharedStore, parse_url
+from kvtier.store.shared.startup import release_of
 
 MIB = 2**20
 #: Record payload sizes measured by default: a large-model block and a small one.
@@ -73,16 +74,12 @@ def plain_client(url: str) -> redis.Redis | RedisCluster:
 
 
 def server_release(url: str) -> str:
-    """The server's product and release from its ``INFO``: "Redis 7.0.15", "Valkey 9.1.2"
-    (Valkey answers a Redis-compatible ``redis_version`` of 7.2.4 beside its own release)."""
+    """The server's product and release from its ``INFO``: "Redis 7.0.15", "Valkey 9.1.2"."""
     client = redis.Redis(*parse_url(url).hosts[0])  # one node speaks for a Cluster
     try:
-        info = client.info("server")
+        return " ".join(release_of(client.info("server")))
     finally:
         client.close()
-    if "valkey_version" in info:
-        return f"Valkey {info['valkey_version']}"
-    return f"Redis {info.get('redis_version', '?')}"
 
 
 def _gbps(nbytes: int, seconds: float) -> float:

@@ -24,6 +24,10 @@ log = logging.getLogger("kvtier.store.shared")
 FALLBACK_MAX_RECORD_BYTES = 64 * 2**20
 #: Server settings read at start-up (where CONFIG is permitted).
 SETTINGS = ("maxmemory", "maxmemory-policy", "proto-max-bulk-len")
+#: The oldest Redis release the shared tier is tested on (any Valkey release is newer).
+OLDEST_TESTED_REDIS = (6, 2)
+#: Said wherever a server is too old or untested.
+SUPPORTED_SERVERS = "Redis >= 6.2 or Valkey >= 7.2 (tested: Redis 6.2 and 7.0, Valkey 8.1 and 9.1)"
 
 
 def scrub(text: str, config: SharedTierSettings) -> str:
@@ -48,7 +52,10 @@ def connect(config: SharedTierSettings) -> redis.Redis | RedisCluster:
         ) from None
     except Exception as exc:  # anything else at start-up: unreachable or misconfigured
         text = scrub(str(exc), config)
-        if any(w in text for w in ("SSL", "certificate", "TLS", "tls")):
+        if "unknown command" in text and "HELLO" in text.upper():
+            # redis-py opens every connection with HELLO 3 (RESP3), which Redis has since 6.0.
+            fix = f"the server is older than Redis 6.0; use {SUPPORTED_SERVERS}"
+        elif any(w in text for w in ("SSL", "certificate", "TLS", "tls")):
             fix = "check tls_ca_file/tls_cert_file/tls_key_file and that the server speaks TLS"
         elif "AUTH" in text or "HELLO" in text:
             fix = "give the username/password options the server expects"
@@ -57,6 +64,36 @@ def connect(config: SharedTierSettings) -> redis.Redis | RedisCluster:
         raise ConfigError(
             f"shared tier: cannot use url={where} ({type(exc).__name__}: {text:.300}); {fix}"
         ) from None
+
+
+def warn_if_untested(client: redis.Redis | RedisCluster, config: SharedTierSettings) -> None:
+    """Log a warning when a master runs a Redis release older than the tested ones (one that
+    speaks RESP3 but predates 6.2); say nothing when INFO is not permitted (an ACL user)."""
+    try:
+        releases = {release_of(master.info("server")) for master in masters(client)}
+    except Exception:
+        return
+    for product, release in sorted(releases):
+        if product == "Redis" and _numbers(release) < OLDEST_TESTED_REDIS:
+            log.warning(
+                "shared tier: %s runs Redis %s, older than any release kvtier is tested on; "
+                "use %s",
+                config.server.redacted,
+                release,
+                SUPPORTED_SERVERS,
+            )
+
+
+def release_of(info: dict[str, Any]) -> tuple[str, str]:
+    """("Valkey", "9.1.2") or ("Redis", "7.0.15") from INFO server (Valkey also answers a
+    Redis-compatible ``redis_version``)."""
+    if "valkey_version" in info:
+        return "Valkey", str(info["valkey_version"])
+    return "Redis", str(info.get("redis_version", "0"))
+
+
+def _numbers(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split(".")[:2] if part.isdigit())
 
 
 def masters(client: redis.Redis | RedisCluster) -> list[Any]:

@@ -159,6 +159,7 @@ class SharedStore(BlockStore):
         self._breakers: dict[str, CircuitBreaker] = {}
         self._closed = False
         self._client: redis.Redis | RedisCluster = startup.connect(self.config)
+        startup.warn_if_untested(self._client, self.config)
         found = startup.server_settings(self._client, self.config)
         #: Largest record (header + payload) ``put`` sends; bigger puts return False.
         self.max_record_bytes = startup.record_cap(found, self.config, namespace.block_bytes)
