@@ -8,6 +8,8 @@ without a C compiler the build warns and goes on, and kvtier uses its Python pat
   without it, ``memmove`` per page).
 * ``kvtier.native._recordread``: the disk tier's record read (open, checks, read, checksum) in
   one GIL-free call per block (Linux; without it, the same steps in Python).
+* ``kvtier.native._sockread``: the shared tier's receive of one record's value in one GIL-free
+  call (POSIX; without it, a Python ``recv_into`` loop).
 """
 
 import filecmp
@@ -64,8 +66,17 @@ recordread = Extension(
     optional=True,
 )
 
+sockread = Extension(
+    "kvtier.native._sockread",
+    sources=[f"{NATIVE}/sockread_module.c"],
+    define_macros=[("Py_LIMITED_API", "0x030B0000")],
+    py_limited_api=True,
+    extra_compile_args=COMPILE_ARGS,
+    optional=True,
+)
+
 setup(
-    ext_modules=[streamcopy, recordread],
+    ext_modules=[streamcopy, recordread, sockread],
     cmdclass={"build_ext": ReplacingBuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )

@@ -218,6 +218,30 @@ def bench_disk_read(
     print_result(out, "disk-read")
 
 
+@app.command("shared-busy")
+def bench_shared_busy(
+    out: OutOption = Path("bench-out"),
+    sizes: Annotated[str, typer.Option(help="Payload bytes per record, comma separated.")] = (
+        "5872025,16384"
+    ),
+    passes: Annotated[int, typer.Option(help="Passes per case and round.")] = 3,
+    rounds: Annotated[int, typer.Option(help="Rounds (every case once each).")] = 2,
+    url: Annotated[
+        str | None, typer.Option(help="A standalone server (default: a throw-away one).")
+    ] = None,
+) -> None:
+    """The shared tier's reads beside a busy Python thread: native receive vs a Python loop.
+
+    Example: python -m benchmarks shared-busy --out bench-out
+    """
+    from benchmarks import shared_busy
+    from kvtier.bench.console import print_result, progress
+
+    with progress("shared-busy") as report:
+        shared_busy.run(out, [int(s) for s in sizes.split(",")], passes, rounds, report, url)
+    print_result(out, "shared-busy")
+
+
 @app.command("store")
 def bench_store(
     folder: Annotated[

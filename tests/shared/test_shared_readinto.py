@@ -17,6 +17,7 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 
+from kvtier import native
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.format.record import encode_header, make_header
 from kvtier.store.shared import KEY_PREFIX, SharedStore
@@ -151,6 +152,27 @@ def test_hits_through_out_and_through_the_bounce_buffer_are_read_directly(
     assert restore(store, key_of(1), out) and out == payload_of(1)
     stats = store.stats()
     assert stats.hits == 2 and stats.direct_hits == 2 and stats.errors == {}
+
+
+@pytest.mark.parametrize("built", [True, False], ids=["native", "python-loop"])
+def test_a_value_is_received_in_one_native_call_where_built_and_alike_without(
+    store: SharedStore, monkeypatch: pytest.MonkeyPatch, built: bool
+) -> None:
+    real = native.socket_receiver()
+    if built and real is None:
+        pytest.skip("kvtier.native._sockread is not built")
+    calls: list[int] = []
+
+    def spy(fd: int, buffers: tuple[memoryview | bytearray, ...], timeout_ms: int):  # type: ignore[no-untyped-def]
+        calls.append(len(buffers))
+        return real(fd, buffers, timeout_ms)  # type: ignore[misc]
+
+    monkeypatch.setattr(native, "socket_receiver", lambda: spy if built else None)
+    assert store.put(key_of(1), payload_of(1))
+    out = bytearray(PAYLOAD_BYTES)
+    assert store.get_into(key_of(1), memoryview(out)) and out == payload_of(1)
+    assert calls == ([2] if built else [])  # the payload and its trailer, in one call
+    assert store.stats().direct_hits == 1
 
 
 def test_without_a_bounce_buffer_the_claimed_load_uses_the_clients_bytes(

@@ -49,7 +49,8 @@ DEFAULT_SIZES = (int(5.6 * MIB), MIB // 2)
 BYTES_PER_PASS = 96 * MIB
 
 
-def _namespace(block_bytes: int) -> Namespace:
+def bench_namespace(block_bytes: int) -> Namespace:
+    """A namespace of its own for one bench run's records of ``block_bytes``."""
     return Namespace(
         model=f"bench/shared/{uuid.uuid4().hex}",
         weights_fingerprint="",
@@ -92,7 +93,8 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
     payload = memoryview(bytearray(os.urandom(payload_len)))
     out = memoryview(bytearray(payload_len))
     bounce = BounceBuffers(payload_len).get()
-    store = SharedStore.from_options({"url": url, "op_timeout_s": 10.0}, _namespace(payload_len))
+    options = {"url": url, "op_timeout_s": 10.0}
+    store = SharedStore.from_options(options, bench_namespace(payload_len))
     plain = plain_client(url)
     keys = [i.to_bytes(32, "big") + bytes(4) for i in range(count)]
     plain_keys = [b"bench:plain:" + k.hex().encode() for k in keys]

@@ -1,9 +1,10 @@
 """Small native helpers, compiled when kvtier is built (never at run time); Python fallbacks.
 
-``_streamcopy`` (the host pool's page copier) and ``_recordread`` (the disk tier's one-call
-record read) are C extensions built by setup.py: by ``pip install`` (wheel or sdist) or, for a
+``_streamcopy`` (the host pool's page copier), ``_recordread`` (the disk tier's one-call
+record read) and ``_sockread`` (the shared tier's one-call receive of a value) are C extensions
+built by setup.py: by ``pip install`` (wheel or sdist) or, for a
 clone, by scripts/setup.sh (``setup.py build_ext --inplace``, ignored by git). Nothing here runs
-a compiler. Both are optional: when one is missing (no C compiler when kvtier was built, not
+a compiler. Each is optional: when one is missing (no C compiler when kvtier was built, not
 x86-64 for the copier) or fails to load, callers get ``None``, keep their Python path, and the
 log says so once per process.
 """
@@ -163,3 +164,26 @@ def residency_probe() -> str | None:
     ``"cachestat"`` or ``"mincore"`` (kernels before 6.5); None where it is not built."""
     module = _reader_module()
     return None if module is None else str(module.residency_probe())
+
+
+#: Signature of ``recv_exactly(fd, buffers, timeout_ms) -> (status, received, errno)``: see
+#: sockread_module.c (status 0 full, 1 the peer closed, 2 timed out, 3 errno).
+SocketReceiver = Callable[[int, tuple[memoryview | bytearray, ...], int], tuple[int, int, int]]
+
+_SOCKET_MODULE = "kvtier.native._sockread"
+
+
+@functools.cache
+def socket_receiver() -> SocketReceiver | None:
+    """The shared tier's one-call receive of a value (releases the GIL once per value), or
+    None where it was not built. Cached per process, like ``page_copier``."""
+    module = _load(
+        _SOCKET_MODULE,
+        "native socket reader unavailable; the shared tier receives each value in a Python "
+        "loop, which waits for the GIL after every chunk. It is compiled when kvtier is "
+        "installed with a C compiler.",
+    )
+    if module is None:
+        return None
+    receiver: SocketReceiver = module.recv_exactly
+    return receiver

@@ -17,6 +17,12 @@ exactly what a plain GET would. Every byte read is either in the caller's buffer
 matched) or given to the parser; none is dropped or kept aside, and no recv asks for more than
 the expected value still lacks, so nothing of a later reply is ever read into the buffers.
 
+The value and its trailer are received in one GIL-free native call where the socket is a plain
+one (``kvtier.native.socket_receiver``; a TLS socket decrypts in Python, and goes through the
+``recv_into`` loop): a loop takes the GIL back after every chunk the kernel hands over, and
+beside a busy Python thread (an engine's loop) each of those can wait out the interpreter's
+switch interval (measured: a 5.6 MiB value at 0.21 GB/s instead of 2.8).
+
 A short read (EOF) raises redis-py's ``ConnectionError``, a bad trailer ``InvalidResponse``;
 socket errors and timeouts propagate for the connection to map (and disconnect). The buffers
 then hold part of a value: the caller must only land values where a partial write is harmless.
@@ -24,11 +30,16 @@ then hold part of a value: the caller must only land values where a partial writ
 
 from __future__ import annotations
 
+import math
+import os
+import socket
 from collections.abc import Callable
 from typing import Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
+
+from kvtier import native
 
 #: Keyword argument of ``execute_command("GET", key, ...)`` carrying the ``ReadInto``; redis-py
 #: hands command options down to the connection's ``send_command`` unchanged.
@@ -81,12 +92,30 @@ def read_reply_into(
         if view[:seen] != line[:seen]:
             feed(buffer, got)
             return False
-    _recv_exactly(sock, request.payload)
     trailer = bytearray(2)
-    _recv_exactly(sock, memoryview(trailer))
+    _recv_value(sock, request.payload, trailer)
     if trailer != b"\r\n":
         raise InvalidResponse(f"Protocol Error: bulk string ends in {bytes(trailer)!r}")
     return True
+
+
+def _recv_value(sock: _Socket, payload: memoryview, trailer: bytearray) -> None:
+    """Fill ``payload`` then ``trailer`` from ``sock``: in one native call where it is a plain
+    socket, else by ``recv_into``; the same exceptions either way."""
+    receive = native.socket_receiver()
+    if receive is None or type(sock) is not socket.socket:  # TLS, or a test's stand-in
+        _recv_exactly(sock, payload)
+        _recv_exactly(sock, memoryview(trailer))
+        return
+    timeout = sock.gettimeout()
+    timeout_ms = -1 if timeout is None else math.ceil(timeout * 1000)
+    status, _, error = receive(sock.fileno(), (payload, trailer), timeout_ms)
+    if status == 1:
+        raise RedisConnectionError(_CLOSED)
+    if status == 2:
+        raise TimeoutError("timed out")  # what a plain socket's recv_into raises
+    if status == 3:
+        raise OSError(error, os.strerror(error))
 
 
 def _recv_exactly(sock: _Socket, view: memoryview) -> None:

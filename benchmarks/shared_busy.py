@@ -1,0 +1,140 @@
+"""The shared tier's reads beside a busy Python thread: native receive vs a ``recv_into`` loop.
+
+An engine's scheduler loop runs Python without pause while a request waits for its restore, so
+every time one of kvtier's I/O threads gives the GIL up (a socket call, a checksum, a copy) it
+may wait out the interpreter's switch interval (5 ms) to get it back. This measures what that
+costs ``SharedStore.get_into`` per record, side by side in one run on one throw-away loopback
+server: quiet and with a spinning Python thread beside the reader, with the value received in
+one GIL-free native call (``kvtier.native.socket_receiver``) and with the Python ``recv_into``
+loop, rounds alternating. Figures: milliseconds per record and payload GB/s, medians of the
+passes of every round.
+
+Run: ``python -m benchmarks shared-busy --out bench-out``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from kvtier import native
+from kvtier.bench.redis_servers import start_standalone
+from kvtier.bench.report import environment_line, markdown_table
+from kvtier.bench.shared_bench import bench_namespace, server_release
+from kvtier.store.shared import SharedStore
+from kvtier.store.shared.startup import FALLBACK_MAX_RECORD_BYTES
+
+MIB = 2**20
+RECORDS = 16
+
+
+@contextmanager
+def _spinning(on: bool) -> Iterator[None]:
+    stop = threading.Event()
+
+    def spin() -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+
+    spinner = threading.Thread(target=spin, daemon=True) if on else None
+    if spinner is not None:
+        spinner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if spinner is not None:
+            spinner.join()
+
+
+def _receiving(kind: str) -> Any:
+    """The receive path of ``kind``: the native call as built, or none (the Python loop)."""
+    real = native.socket_receiver()
+    if kind == "native" and real is None:
+        raise SystemExit("kvtier.native._sockread is not built: run scripts/setup.sh")
+    return mock.patch.object(native, "socket_receiver", lambda: real if kind == "native" else None)
+
+
+def measure(
+    store: SharedStore, size: int, passes: int, rounds: int, report: Callable[[str], None]
+) -> dict[str, list[float]]:
+    """Seconds per record of each (receive, thread) case, every pass of every round."""
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    keys = [i.to_bytes(8, "big") * 4 for i in range(RECORDS)]
+    for key in keys:
+        if not store.put(key, payload):
+            raise SystemExit(f"the server refused a record of {size} bytes")
+    out = memoryview(bytearray(size))
+    seconds: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for kind in ("native", "python"):
+            for busy in (False, True):
+                case = f"{kind} {'busy' if busy else 'quiet'}"
+                with _receiving(kind), _spinning(busy):
+                    for _ in range(passes):
+                        started = time.perf_counter()
+                        for key in keys:
+                            if not store.get_into(key, out):
+                                raise SystemExit(f"a read of {size} bytes missed")
+                        seconds.setdefault(case, []).append(
+                            (time.perf_counter() - started) / RECORDS
+                        )
+                if out.tobytes() != payload:
+                    raise SystemExit("a read returned other bytes")
+        report(f"{size} bytes: round done")
+    return seconds
+
+
+def run(
+    out: Path,
+    sizes: Sequence[int],
+    passes: int,
+    rounds: int,
+    report: Callable[[str], None],
+    url: str | None = None,
+) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"environment": environment_line(), "rows": []}
+    with tempfile.TemporaryDirectory(prefix="kvtier-shared-busy-") as tmp:
+        server = None
+        if url is None:
+            server = start_standalone(Path(tmp) / "server", maxmemory_bytes=1024 * MIB)
+            url = server.url
+        try:
+            results["server"] = server_release(url)
+            for size in sizes:
+                cap = max(size * 2, FALLBACK_MAX_RECORD_BYTES)
+                options = {"url": url, "max_record_bytes": cap}
+                store = SharedStore.from_options(options, bench_namespace(size))
+                try:
+                    seconds = measure(store, size, passes, rounds, report)
+                finally:
+                    store.close()
+                results["rows"].append({"payload_bytes": size, "seconds_per_record": seconds})
+        finally:
+            if server is not None:
+                server.kill()
+    rows = []
+    for row in results["rows"]:
+        size, seconds = row["payload_bytes"], row["seconds_per_record"]
+        for case, runs in seconds.items():
+            median = statistics.median(runs)
+            gbps = size / median / 1e9  # small records: well under 0.1
+            rows.append([f"{size / MIB:.2f} MiB", case, f"{median * 1e3:.2f}", f"{gbps:.3f}"])
+    table = markdown_table(["record", "receive, beside", "ms per record", "GB/s"], rows)
+    markdown = (
+        f"{table}\n\nMedians of {passes} passes x {rounds} rounds of {RECORDS} records each, "
+        f"one reader thread; server {results['server']}; {results['environment']}"
+    )
+    (out / "shared-busy.json").write_text(json.dumps(results, indent=2))
+    (out / "shared-busy.md").write_text(markdown + "\n")
+    return results
