@@ -59,7 +59,6 @@ import mmap
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import busy_thread
 from benchmarks.store_bench import namespace
 from kvtier import native
 from kvtier.bench.report import drop_page_cache, environment_line, markdown_table, median
@@ -121,12 +121,6 @@ def _make_resident(paths: list[Path], scratch: memoryview) -> bool:
             while f.readinto(scratch):
                 pass
     return all(native.resident(path) for path in paths)
-
-
-def _spin(stop: threading.Event) -> None:
-    count = 0
-    while not stop.is_set():
-        count += 1
 
 
 def run(
@@ -259,40 +253,37 @@ def run(
         list(readers.map(lambda i: one("tier", i), range(blocks)))
     # An engine's scheduler loop stands in for: a thread running Python without pause, so every
     # reader that gives up the GIL for a system call waits for it to come back.
-    busy = threading.Event()
-    if busy_python_thread:
-        threading.Thread(target=_spin, args=(busy,), daemon=True).start()
-    scratch = memoryview(bytearray(1 << 20))
-    resident = True
-    # Timed reads per kvtier kind that came from the page cache.
-    from_cache = dict.fromkeys(loads, 0)
-    for n_pass in range(passes):
-        order = kinds if n_pass % 2 == 0 else kinds[::-1]
-        for count, readers in pools.items():
-            for kind in order:
-                host[:] = 0
-                if warm:
-                    resident &= _make_resident(paths, scratch)
-                else:
-                    dropped &= drop_page_cache()
-                using = loads[kind][0] if kind in loads and kind != "reader" else None
-                hits_before = using.stats().page_cache_hits if using is not None else 0
-                reader_hits.clear()
-                start = time.perf_counter()
-                read_all(kind, readers, count)
-                seconds = time.perf_counter() - start
-                if using is not None:
-                    from_cache[kind] += using.stats().page_cache_hits - hits_before
-                elif kind == "reader":
-                    from_cache[kind] += len(reader_hits)
-                if not np.array_equal(host, written):
-                    raise RuntimeError(f"{kind} on {count} threads read the wrong bytes")
-                results[kind][count].append(total / seconds / 1e9)
-            progress(
-                f"pass {n_pass + 1}, {count} threads: "
-                + ", ".join(f"{k} {results[k][count][-1]:.2f} GB/s" for k in kinds)
-            )
-    busy.set()
+    with busy_thread.spinning(busy_python_thread):
+        scratch = memoryview(bytearray(1 << 20))
+        resident = True
+        # Timed reads per kvtier kind that came from the page cache.
+        from_cache = dict.fromkeys(loads, 0)
+        for n_pass in range(passes):
+            order = kinds if n_pass % 2 == 0 else kinds[::-1]
+            for count, readers in pools.items():
+                for kind in order:
+                    host[:] = 0
+                    if warm:
+                        resident &= _make_resident(paths, scratch)
+                    else:
+                        dropped &= drop_page_cache()
+                    using = loads[kind][0] if kind in loads and kind != "reader" else None
+                    hits_before = using.stats().page_cache_hits if using is not None else 0
+                    reader_hits.clear()
+                    start = time.perf_counter()
+                    read_all(kind, readers, count)
+                    seconds = time.perf_counter() - start
+                    if using is not None:
+                        from_cache[kind] += using.stats().page_cache_hits - hits_before
+                    elif kind == "reader":
+                        from_cache[kind] += len(reader_hits)
+                    if not np.array_equal(host, written):
+                        raise RuntimeError(f"{kind} on {count} threads read the wrong bytes")
+                    results[kind][count].append(total / seconds / 1e9)
+                progress(
+                    f"pass {n_pass + 1}, {count} threads: "
+                    + ", ".join(f"{k} {results[k][count][-1]:.2f} GB/s" for k in kinds)
+                )
     for readers in pools.values():
         readers.shutdown()
     for each in stores:

@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from benchmarks import busy_thread
 from kvtier import native
 from kvtier.bench.redis_servers import start_standalone
 from kvtier.bench.report import environment_line, markdown_table
@@ -34,26 +33,6 @@ from kvtier.store.shared.startup import FALLBACK_MAX_RECORD_BYTES
 
 MIB = 2**20
 RECORDS = 16
-
-
-@contextmanager
-def _spinning(on: bool) -> Iterator[None]:
-    stop = threading.Event()
-
-    def spin() -> None:
-        count = 0
-        while not stop.is_set():
-            count += 1
-
-    spinner = threading.Thread(target=spin, daemon=True) if on else None
-    if spinner is not None:
-        spinner.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        if spinner is not None:
-            spinner.join()
 
 
 def _receiving(kind: str) -> Any:
@@ -79,7 +58,7 @@ def measure(
         for kind in ("native", "python"):
             for busy in (False, True):
                 case = f"{kind} {'busy' if busy else 'quiet'}"
-                with _receiving(kind), _spinning(busy):
+                with _receiving(kind), busy_thread.spinning(busy):
                     for _ in range(passes):
                         started = time.perf_counter()
                         for key in keys:
