@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import Callable
 from types import ModuleType
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -167,23 +168,46 @@ def residency_probe() -> str | None:
 
 
 #: Signature of ``recv_exactly(fd, buffers, timeout_ms) -> (status, received, errno)``: see
-#: sockread_module.c (status 0 full, 1 the peer closed, 2 timed out, 3 errno).
+#: sockread_module.c; the statuses are ``SocketStatuses``' fields.
 SocketReceiver = Callable[[int, tuple[memoryview | bytearray, ...], int], tuple[int, int, int]]
 
+
+class SocketStatuses(NamedTuple):
+    """What ``recv_exactly`` says, as the C module numbers it."""
+
+    done: int
+    peer_closed: int
+    timed_out: int
+    error: int
+
+
 _SOCKET_MODULE = "kvtier.native._sockread"
+
+
+@functools.cache
+def _socket_module() -> ModuleType | None:
+    return _load(
+        _SOCKET_MODULE,
+        "native socket reader unavailable; the shared tier receives each value in a Python "
+        "loop, which waits for the GIL after every chunk. It is compiled when kvtier is "
+        "installed with a C compiler.",
+    )
 
 
 @functools.cache
 def socket_receiver() -> SocketReceiver | None:
     """The shared tier's one-call receive of a value (releases the GIL once per value), or
     None where it was not built. Cached per process, like ``page_copier``."""
-    module = _load(
-        _SOCKET_MODULE,
-        "native socket reader unavailable; the shared tier receives each value in a Python "
-        "loop, which waits for the GIL after every chunk. It is compiled when kvtier is "
-        "installed with a C compiler.",
-    )
+    module = _socket_module()
     if module is None:
         return None
     receiver: SocketReceiver = module.recv_exactly
     return receiver
+
+
+def socket_statuses() -> SocketStatuses | None:
+    """``socket_receiver``'s statuses by name, or None where it was not built."""
+    module = _socket_module()
+    if module is None:
+        return None
+    return SocketStatuses(module.RECV_DONE, module.RECV_EOF, module.RECV_TIMEOUT, module.RECV_ERROR)

@@ -122,4 +122,15 @@ static struct PyModuleDef module = {
     NULL,
 };
 
-PyMODINIT_FUNC PyInit__sockread(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__sockread(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* The statuses, by name, for the Python side (kvtier.store.shared.readinto). */
+    if (m != NULL && (PyModule_AddIntConstant(m, "RECV_DONE", RECV_DONE) != 0 ||
+                      PyModule_AddIntConstant(m, "RECV_EOF", RECV_EOF) != 0 ||
+                      PyModule_AddIntConstant(m, "RECV_TIMEOUT", RECV_TIMEOUT) != 0 ||
+                      PyModule_AddIntConstant(m, "RECV_ERROR", RECV_ERROR) != 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -102,19 +102,19 @@ def read_reply_into(
 def _recv_value(sock: _Socket, payload: memoryview, trailer: bytearray) -> None:
     """Fill ``payload`` then ``trailer`` from ``sock``: in one native call where it is a plain
     socket, else by ``recv_into``; the same exceptions either way."""
-    receive = native.socket_receiver()
-    if receive is None or type(sock) is not socket.socket:  # TLS, or a test's stand-in
+    receive, said = native.socket_receiver(), native.socket_statuses()
+    if receive is None or said is None or type(sock) is not socket.socket:  # TLS, a stand-in
         _recv_exactly(sock, payload)
         _recv_exactly(sock, memoryview(trailer))
         return
     timeout = sock.gettimeout()
     timeout_ms = -1 if timeout is None else math.ceil(timeout * 1000)
     status, _, error = receive(sock.fileno(), (payload, trailer), timeout_ms)
-    if status == 1:
+    if status == said.peer_closed:
         raise RedisConnectionError(_CLOSED)
-    if status == 2:
+    if status == said.timed_out:
         raise TimeoutError("timed out")  # what a plain socket's recv_into raises
-    if status == 3:
+    if status == said.error:
         raise OSError(error, os.strerror(error))
 
 
