@@ -35,11 +35,6 @@
 #include "recordread.h"
 #include "xxh3.h"
 
-/* kvtier.format.record: byte 12 of the header is the payload checksum's algorithm id, and
- * XXH3-64 is id 1 (kvtier.format.checksum). */
-#define HEADER_CHECKSUM_ALG_OFFSET 12
-#define CHECKSUM_XXH3_64 1
-
 /* cachestat(2) (Linux >= 6.5) has number 451 on x86-64 and arm64 alike; its structs are
  * declared here, named apart, as libc headers may not have them yet. */
 #if defined(__x86_64__) || defined(__aarch64__)
@@ -232,20 +227,6 @@ static int check_open_file(int fd, uint64_t total, struct kvtier_read_result *re
     return 0;
 }
 
-/* Whether the header names the checksum this file computes (little-endian hosts only). */
-static int hashes_payload(const uint8_t *header, size_t header_len, size_t payload_len) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    return header_len > HEADER_CHECKSUM_ALG_OFFSET &&
-           header[HEADER_CHECKSUM_ALG_OFFSET] == CHECKSUM_XXH3_64 &&
-           payload_len >= KVTIER_XXH3_LONG_MIN;
-#else
-    (void)header;
-    (void)header_len;
-    (void)payload_len;
-    return 0;
-#endif
-}
-
 /* Each reader thread's staging buffer for buffered reads: one chunk, reused for every chunk of
  * every record, so it stays in the CPU cache. Freed when the thread ends. */
 static pthread_key_t staging_key;
@@ -282,7 +263,7 @@ static void read_buffered_hashing(int fd, uint8_t *header, size_t header_len, ui
                                   struct kvtier_read_result *result) {
     ssize_t got = read_span(fd, header, header_len, 0, nowait);
     int hashing = checksum && got == (ssize_t)header_len &&
-                  hashes_payload(header, header_len, payload_len);
+                  kvtier_record_hashes_payload(header, header_len, payload_len);
     struct kvtier_xxh3_stream stream;
     if (hashing)
         kvtier_xxh3_stream_init(&stream);
@@ -371,7 +352,7 @@ static void read_checked_file(int fd, uint8_t *header, size_t header_len, uint8_
     result->status = KVTIER_READ_OK;
     result->detail = (uint64_t)got;
     if (checksum && (size_t)got == header_len + payload_len &&
-        hashes_payload(header, header_len, payload_len)) {
+        kvtier_record_hashes_payload(header, header_len, payload_len)) {
         result->payload_checksum = kvtier_xxh3_64_long(payload, payload_len);
         result->checksummed = 1;
     }
@@ -440,12 +421,6 @@ void kvtier_read_resident(int fd, uint8_t *header, size_t header_len, uint8_t *p
     read_buffered_hashing(fd, header, header_len, payload, payload_len, checksum, 1, result);
     close(fd);
 }
-
-int kvtier_claim_move(int32_t *cell, int32_t from, int32_t to) {
-    return __atomic_compare_exchange_n(cell, &from, to, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-
-int32_t kvtier_claim_state(const int32_t *cell) { return __atomic_load_n(cell, __ATOMIC_ACQUIRE); }
 
 int kvtier_read_claiming(const char *path, uint8_t *header, size_t header_len, uint8_t *bounce,
                          uint8_t *out, size_t payload_len, int32_t *cell, int direct,

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "claim.h"
+
 /* What kvtier_read_record found; kvtier.store.disk.io maps each to the Python path's error. */
 enum kvtier_read_status {
     KVTIER_READ_OK = 0,          /* read; detail = bytes read (the caller checks the length) */
@@ -71,25 +73,6 @@ int kvtier_read_unless_resident(const char *path, uint8_t *header, size_t header
  * the GIL. */
 void kvtier_read_resident(int fd, uint8_t *header, size_t header_len, uint8_t *payload,
                           size_t payload_len, int checksum, struct kvtier_read_result *result);
-
-/* A claim cell: the state of one abandonable load (kvtier.dataplane.abandonable), an aligned
- * int32 that the loading thread's native read and the scheduler's Python code both move, only
- * by compare-and-swap, so a load is claimed (and its row written) only while still pending. */
-enum kvtier_claim_state {
-    KVTIER_CLAIM_PENDING = 0,
-    KVTIER_CLAIM_COPYING = 1,
-    KVTIER_CLAIM_DONE = 2,
-    KVTIER_CLAIM_ABANDONED = 3,
-    /* Claimed and written; no byte of the row changes any more. The reader leaves its loads
-     * here, so a list read (read_claiming_many) does not hold a load it is done with in
-     * COPYING, which the scheduler cannot abandon, while it reads the next ones. */
-    KVTIER_CLAIM_WRITTEN = 4,
-};
-
-/* Move *cell from state from to state to; 1 if it was in from, else 0 (nothing changed). */
-int kvtier_claim_move(int32_t *cell, int32_t from, int32_t to);
-/* The state *cell is in now. */
-int32_t kvtier_claim_state(const int32_t *cell);
 
 /* Where kvtier_read_claiming put the record. */
 enum kvtier_claimed_read {

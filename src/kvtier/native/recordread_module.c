@@ -113,16 +113,6 @@ static PyObject *read_resident(PyObject *self, PyObject *args) {
                          PyBool_FromLong(result.nowait_refused), payload_checksum);
 }
 
-/* The claim cell in a writable buffer (kvtier.dataplane.abandonable), or NULL with an error
- * set when the buffer is too short or not aligned for atomic access. */
-static int32_t *claim_cell(Py_buffer *cell) {
-    if (cell->len < (Py_ssize_t)sizeof(int32_t) || (uintptr_t)cell->buf % sizeof(int32_t)) {
-        PyErr_SetString(PyExc_ValueError, "a claim cell is an aligned buffer of at least 4 bytes");
-        return NULL;
-    }
-    return (int32_t *)cell->buf;
-}
-
 PyDoc_STRVAR(read_claiming_doc,
              "read_claiming(path, header, bounce, out, cell, direct, checksum)\n"
              "    -> (into, status, errno, detail, detail2, direct_refused, nowait_refused,\n"
@@ -143,7 +133,7 @@ static PyObject *read_claiming(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "yw*w*w*w*pp", &path, &header, &bounce, &out, &cell, &direct,
                           &checksum))
         return NULL;
-    int32_t *state = claim_cell(&cell);
+    int32_t *state = kvtier_claim_cell(&cell);
     if (state != NULL && bounce.len != out.len) {
         PyErr_SetString(PyExc_ValueError, "bounce and out must be of one length");
         state = NULL;
@@ -223,7 +213,7 @@ static PyObject *read_claiming_many(PyObject *self, PyObject *args) {
         if (PyObject_GetBuffer(PyList_GetItem(cells_list, i), &cells[i], PyBUF_WRITABLE) < 0)
             goto done;
         got_cells++;
-        if (claim_cell(&cells[i]) == NULL)
+        if (kvtier_claim_cell(&cells[i]) == NULL)
             goto done;
         if (outs[i].len != bounce.len) {
             PyErr_SetString(PyExc_ValueError, "bounce and every out must be of one length");
@@ -283,7 +273,7 @@ static PyObject *claim_move(PyObject *self, PyObject *args) {
     int from, to;
     if (!PyArg_ParseTuple(args, "w*ii", &cell, &from, &to))
         return NULL;
-    int32_t *state = claim_cell(&cell);
+    int32_t *state = kvtier_claim_cell(&cell);
     int moved = state != NULL && kvtier_claim_move(state, from, to);
     PyBuffer_Release(&cell);
     if (state == NULL)
@@ -298,7 +288,7 @@ static PyObject *claim_state(PyObject *self, PyObject *args) {
     Py_buffer cell;
     if (!PyArg_ParseTuple(args, "w*", &cell))
         return NULL;
-    int32_t *state = claim_cell(&cell);
+    int32_t *state = kvtier_claim_cell(&cell);
     int32_t now = state != NULL ? kvtier_claim_state(state) : 0;
     PyBuffer_Release(&cell);
     if (state == NULL)

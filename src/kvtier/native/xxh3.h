@@ -41,4 +41,25 @@ void kvtier_xxh3_stream_copy(struct kvtier_xxh3_stream *stream, uint8_t *dst, co
 uint64_t kvtier_xxh3_stream_digest(struct kvtier_xxh3_stream *stream, const uint8_t *data,
                                    size_t len);
 
+/* kvtier.format.record: byte 12 of a record's header is the payload checksum's algorithm id,
+ * and XXH3-64 is id 1 (kvtier.format.checksum). */
+#define KVTIER_HEADER_CHECKSUM_ALG_OFFSET 12
+#define KVTIER_CHECKSUM_XXH3_64 1
+
+/* Whether a record's header names the checksum computed here (little-endian hosts only), for a
+ * payload long enough for kvtier_xxh3_64_long. */
+static inline int kvtier_record_hashes_payload(const uint8_t *header, size_t header_len,
+                                               size_t payload_len) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return header_len > KVTIER_HEADER_CHECKSUM_ALG_OFFSET &&
+           header[KVTIER_HEADER_CHECKSUM_ALG_OFFSET] == KVTIER_CHECKSUM_XXH3_64 &&
+           payload_len >= KVTIER_XXH3_LONG_MIN;
+#else
+    (void)header;
+    (void)header_len;
+    (void)payload_len;
+    return 0;
+#endif
+}
+
 #endif
