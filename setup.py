@@ -8,8 +8,9 @@ without a C compiler the build warns and goes on, and kvtier uses its Python pat
   without it, ``memmove`` per page).
 * ``kvtier.native._recordread``: the disk tier's record read (open, checks, read, checksum) in
   one GIL-free call per block (Linux; without it, the same steps in Python).
-* ``kvtier.native._sockread``: the shared tier's receive of one record's value in one GIL-free
-  call (POSIX; without it, a Python ``recv_into`` loop).
+* ``kvtier.native._sockread``: the shared tier's receive of one record's value, and of a
+  thread's share of a load's records, in one GIL-free call (POSIX; without it, a Python
+  ``recv_into`` loop and a GET per record).
 """
 
 import filecmp
@@ -59,7 +60,7 @@ streamcopy = Extension(
 recordread = Extension(
     "kvtier.native._recordread",
     sources=[f"{NATIVE}/recordread.c", f"{NATIVE}/xxh3.c", f"{NATIVE}/recordread_module.c"],
-    depends=[f"{NATIVE}/recordread.h", f"{NATIVE}/xxh3.h"],
+    depends=[f"{NATIVE}/recordread.h", f"{NATIVE}/claim.h", f"{NATIVE}/xxh3.h"],
     define_macros=[("Py_LIMITED_API", "0x030B0000")],
     py_limited_api=True,
     extra_compile_args=COMPILE_ARGS,
@@ -68,7 +69,8 @@ recordread = Extension(
 
 sockread = Extension(
     "kvtier.native._sockread",
-    sources=[f"{NATIVE}/sockread_module.c"],
+    sources=[f"{NATIVE}/sockread.c", f"{NATIVE}/xxh3.c", f"{NATIVE}/sockread_module.c"],
+    depends=[f"{NATIVE}/sockread.h", f"{NATIVE}/claim.h", f"{NATIVE}/xxh3.h"],
     define_macros=[("Py_LIMITED_API", "0x030B0000")],
     py_limited_api=True,
     extra_compile_args=COMPILE_ARGS,

@@ -1,7 +1,7 @@
 """Small native helpers, compiled when kvtier is built (never at run time); Python fallbacks.
 
 ``_streamcopy`` (the host pool's page copier), ``_recordread`` (the disk tier's one-call
-record read) and ``_sockread`` (the shared tier's one-call receive of a value) are C extensions
+record read) and ``_sockread`` (the shared tier's one-call receives) are C extensions
 built by setup.py: by ``pip install`` (wheel or sdist) or, for a
 clone, by scripts/setup.sh (``setup.py build_ext --inplace``, ignored by git). Nothing here runs
 a compiler. Each is optional: when one is missing (no C compiler when kvtier was built, not
@@ -173,12 +173,21 @@ SocketReceiver = Callable[[int, tuple[memoryview | bytearray, ...], int], tuple[
 
 
 class SocketStatuses(NamedTuple):
-    """What ``recv_exactly`` says, as the C module numbers it."""
+    """What ``recv_exactly`` and ``exchange_claiming`` say, as the C module numbers it."""
 
     done: int
     peer_closed: int
     timed_out: int
     error: int
+    #: ``exchange_claiming`` only: a reply is not the expected bulk string.
+    other_reply: int
+    #: ``exchange_claiming`` only: a bulk string does not end in ``\r\n``.
+    bad_trailer: int
+    #: What became of one GET of ``exchange_claiming`` (the first of its answer's pair): its
+    #: value claimed and copied into its out; its value, not claimed (out untouched); a nil.
+    get_copied: int
+    get_not_claimed: int
+    get_nil: int
 
 
 _SOCKET_MODULE = "kvtier.native._sockread"
@@ -210,4 +219,44 @@ def socket_statuses() -> SocketStatuses | None:
     module = _socket_module()
     if module is None:
         return None
-    return SocketStatuses(module.RECV_DONE, module.RECV_EOF, module.RECV_TIMEOUT, module.RECV_ERROR)
+    return SocketStatuses(
+        module.RECV_DONE,
+        module.RECV_EOF,
+        module.RECV_TIMEOUT,
+        module.RECV_ERROR,
+        module.RECV_OTHER_REPLY,
+        module.RECV_BAD_TRAILER,
+        module.GET_COPIED,
+        module.GET_NOT_CLAIMED,
+        module.GET_NIL,
+    )
+
+
+#: Signature of ``exchange_claiming(fd, requests, lines, headers, bounce, outs, cells, window,
+#: checksum, timeout_ms) -> (status, sent, settled, errno, unparsed, answers)``, ``answers``
+#: holding ``(landed, payload_checksum)`` per reply received whole: see sockread_module.c.
+SocketExchanger = Callable[
+    [
+        int,
+        list[bytes],
+        list[bytes],
+        memoryview,
+        memoryview,
+        list[memoryview],
+        list[bytearray],
+        int,
+        bool,
+        int,
+    ],
+    tuple[int, int, int, int, bytes, list[tuple[int, int | None]]],
+]
+
+
+def socket_exchanger() -> SocketExchanger | None:
+    """The shared tier's one-call exchange of a thread's share of GETs (sent, received,
+    hashed, claimed and copied without the GIL), or None where it was not built."""
+    module = _socket_module()
+    if module is None:
+        return None
+    exchanger: SocketExchanger = module.exchange_claiming
+    return exchanger

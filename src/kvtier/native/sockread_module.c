@@ -1,62 +1,18 @@
-/* kvtier.native._sockread: receive exactly n bytes from a socket into a buffer, without the GIL.
+/* kvtier.native._sockread: the Python binding of the shared tier's GIL-free socket receives
+ * (sockread.c says why they are native).
  *
- * Built like _recordread (setup.py; the stable ABI). The shared tier receives each record's
- * value with it: a Python recv_into loop takes the GIL back after every chunk the kernel hands
- * over (64 KiB to a few hundred KiB on loopback), and beside a busy Python thread (an engine's
- * loop) each of those can wait out the interpreter's switch interval: measured, a 5.6 MiB value
- * then arrived at 0.21 GB/s instead of 2.8. Here the GIL is released once for the whole value.
- *
- * The socket may be non-blocking (Python sockets with a timeout are): each wait for data is a
- * poll() bounded by timeout_ms, as Python's own recv_into bounds each call.
+ * Built like _recordread (setup.py; the stable ABI). recv_exactly receives one value into
+ * buffers; exchange_claiming sends a thread's share of GETs and lands their values in the
+ * loads' rows under their claims. Each waits for data with poll() bounded by timeout_ms, as
+ * Python's own socket calls bound each call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <errno.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/types.h>
+#include <stdint.h>
 
-/* Statuses of recv_exactly, as the Python side maps them. */
-enum { RECV_DONE = 0, RECV_EOF = 1, RECV_TIMEOUT = 2, RECV_ERROR = 3 };
-
-/* Receive into buf until len bytes arrived, the peer closed, a wait for data lasted timeout_ms
- * (negative: no bound), or an error; *got is what arrived, *error the errno of RECV_ERROR. */
-static int recv_all(int fd, char *buf, size_t len, int timeout_ms, size_t *got, int *error) {
-    size_t pos = 0;
-    int status = RECV_DONE;
-    while (pos < len) {
-        ssize_t n = recv(fd, buf + pos, len - pos, 0);
-        if (n > 0) {
-            pos += (size_t)n;
-            continue;
-        }
-        if (n == 0) {
-            status = RECV_EOF;
-            break;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            *error = errno;
-            status = RECV_ERROR;
-            break;
-        }
-        struct pollfd waiting = {.fd = fd, .events = POLLIN};
-        int ready = poll(&waiting, 1, timeout_ms);
-        if (ready == 0) {
-            status = RECV_TIMEOUT;
-            break;
-        }
-        if (ready < 0 && errno != EINTR) {
-            *error = errno;
-            status = RECV_ERROR;
-            break;
-        }
-    }
-    *got = pos;
-    return status;
-}
+#include "claim.h"
+#include "sockread.h"
 
 PyDoc_STRVAR(recv_exactly_doc,
              "recv_exactly(fd, buffers, timeout_ms) -> (status, received, errno)\n\n"
@@ -93,10 +49,11 @@ static PyObject *recv_exactly(PyObject *self, PyObject *args) {
         return NULL;
     }
     size_t total = 0, got = 0;
-    int error = 0, status = RECV_DONE;
+    int error = 0, status = KVTIER_SOCK_DONE;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < count && status == RECV_DONE; i++) {
-        status = recv_all(fd, views[i].buf, (size_t)views[i].len, timeout_ms, &got, &error);
+    for (Py_ssize_t i = 0; i < count && status == KVTIER_SOCK_DONE; i++) {
+        status = kvtier_recv_all(fd, views[i].buf, (size_t)views[i].len, timeout_ms, &got,
+                                 &error);
         total += got;
     }
     Py_END_ALLOW_THREADS
@@ -105,8 +62,121 @@ static PyObject *recv_exactly(PyObject *self, PyObject *args) {
     return Py_BuildValue("ini", status, (Py_ssize_t)total, error);
 }
 
+PyDoc_STRVAR(exchange_claiming_doc,
+             "exchange_claiming(fd, requests, lines, headers, bounce, outs, cells, window,\n"
+             "                  checksum, timeout_ms)\n"
+             "    -> (status, sent, settled, errno, unparsed, answers)\n\n"
+             "Send each packed GET of the list requests, at most window awaiting a reply, and\n"
+             "receive the replies in turn, in one call without the GIL. A reply whose first\n"
+             "line is lines[i] has its first len(headers) // n bytes put in headers (back to\n"
+             "back) and the rest, len(outs[i]) bytes, received into bounce, then copied into\n"
+             "outs[i] once the claim cell cells[i] moved from pending to copying (then on to\n"
+             "written). It stops at the first reply of another form (status RECV_OTHER_REPLY:\n"
+             "unparsed holds the bytes read of it) or a socket fault. answers: per reply\n"
+             "received whole, (GET_COPIED, GET_NOT_CLAIMED or GET_NIL, the payload's XXH3-64\n"
+             "or None).");
+
+static PyObject *exchange_claiming(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd, window, checksum, timeout_ms;
+    PyObject *requests, *lines, *outs_list, *cells_list;
+    Py_buffer headers, bounce;
+    if (!PyArg_ParseTuple(args, "iO!O!w*w*O!O!ipi", &fd, &PyList_Type, &requests, &PyList_Type,
+                          &lines, &headers, &bounce, &PyList_Type, &outs_list, &PyList_Type,
+                          &cells_list, &window, &checksum, &timeout_ms))
+        return NULL;
+    Py_ssize_t n = PyList_Size(requests);
+    PyObject *answer = NULL;
+    struct kvtier_get *gets = NULL;
+    Py_buffer *outs = NULL, *cells = NULL;
+    Py_ssize_t got_outs = 0, got_cells = 0;
+    if (n == 0 || PyList_Size(lines) != n || PyList_Size(outs_list) != n ||
+        PyList_Size(cells_list) != n || headers.len % n || window < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "requests, lines, outs, cells and headers must match; window >= 1");
+        goto done;
+    }
+    size_t header_len = (size_t)(headers.len / n);
+    gets = PyMem_Calloc((size_t)n, sizeof(struct kvtier_get));
+    outs = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    cells = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    if (!gets || !outs || !cells) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *request = PyList_GetItem(requests, i), *line = PyList_GetItem(lines, i);
+        if (!PyBytes_Check(request) || !PyBytes_Check(line) || PyBytes_Size(line) < 3 ||
+            PyBytes_Size(line) > KVTIER_LINE_MAX) {
+            PyErr_SetString(PyExc_TypeError, "requests and lines are bytes (lines: 3-32 bytes)");
+            goto done;
+        }
+        if (PyObject_GetBuffer(PyList_GetItem(outs_list, i), &outs[i], PyBUF_WRITABLE) < 0)
+            goto done;
+        got_outs++;
+        if (PyObject_GetBuffer(PyList_GetItem(cells_list, i), &cells[i], PyBUF_WRITABLE) < 0)
+            goto done;
+        got_cells++;
+        int32_t *cell = kvtier_claim_cell(&cells[i]);
+        if (cell == NULL)
+            goto done;
+        if (outs[i].len > bounce.len) {
+            PyErr_SetString(PyExc_ValueError, "bounce must hold every out");
+            goto done;
+        }
+        /* The bytes objects stay alive: the list holds them, and the caller holds the list. */
+        gets[i] = (struct kvtier_get){
+            .request = (const uint8_t *)PyBytes_AsString(request),
+            .request_len = (size_t)PyBytes_Size(request),
+            .line = (const uint8_t *)PyBytes_AsString(line),
+            .line_len = (size_t)PyBytes_Size(line),
+            .header = (uint8_t *)headers.buf + header_len * (size_t)i,
+            .out = outs[i].buf,
+            .payload_len = (size_t)outs[i].len,
+            .cell = cell,
+        };
+    }
+    struct kvtier_exchange result;
+    Py_BEGIN_ALLOW_THREADS
+    kvtier_exchange_gets(fd, gets, (size_t)n, header_len, bounce.buf, (size_t)window, checksum,
+                         timeout_ms, &result);
+    Py_END_ALLOW_THREADS
+    PyObject *answers = PyList_New((Py_ssize_t)result.settled);
+    if (answers == NULL)
+        goto done;
+    for (size_t i = 0; i < result.settled; i++) {
+        PyObject *payload_checksum =
+            gets[i].checksummed ? PyLong_FromUnsignedLongLong(gets[i].payload_checksum)
+                                : Py_NewRef(Py_None);
+        PyObject *item = payload_checksum == NULL
+                             ? NULL
+                             : Py_BuildValue("iN", gets[i].landed, payload_checksum);
+        if (item == NULL) {
+            Py_DECREF(answers);
+            goto done;
+        }
+        PyList_SetItem(answers, (Py_ssize_t)i, item);
+    }
+    answer = Py_BuildValue("innNy#N", result.status, (Py_ssize_t)result.sent,
+                           (Py_ssize_t)result.settled, PyLong_FromLong(result.error),
+                           (const char *)result.unparsed, (Py_ssize_t)result.unparsed_len,
+                           answers);
+done:
+    for (Py_ssize_t i = 0; i < got_outs; i++)
+        PyBuffer_Release(&outs[i]);
+    for (Py_ssize_t i = 0; i < got_cells; i++)
+        PyBuffer_Release(&cells[i]);
+    PyMem_Free(gets);
+    PyMem_Free(outs);
+    PyMem_Free(cells);
+    PyBuffer_Release(&headers);
+    PyBuffer_Release(&bounce);
+    return answer;
+}
+
 static PyMethodDef methods[] = {
     {"recv_exactly", recv_exactly, METH_VARARGS, recv_exactly_doc},
+    {"exchange_claiming", exchange_claiming, METH_VARARGS, exchange_claiming_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -125,10 +195,16 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__sockread(void) {
     PyObject *m = PyModule_Create(&module);
     /* The statuses, by name, for the Python side (kvtier.store.shared.readinto). */
-    if (m != NULL && (PyModule_AddIntConstant(m, "RECV_DONE", RECV_DONE) != 0 ||
-                      PyModule_AddIntConstant(m, "RECV_EOF", RECV_EOF) != 0 ||
-                      PyModule_AddIntConstant(m, "RECV_TIMEOUT", RECV_TIMEOUT) != 0 ||
-                      PyModule_AddIntConstant(m, "RECV_ERROR", RECV_ERROR) != 0)) {
+    if (m != NULL &&
+        (PyModule_AddIntConstant(m, "RECV_DONE", KVTIER_SOCK_DONE) != 0 ||
+         PyModule_AddIntConstant(m, "RECV_EOF", KVTIER_SOCK_EOF) != 0 ||
+         PyModule_AddIntConstant(m, "RECV_TIMEOUT", KVTIER_SOCK_TIMEOUT) != 0 ||
+         PyModule_AddIntConstant(m, "RECV_ERROR", KVTIER_SOCK_ERROR) != 0 ||
+         PyModule_AddIntConstant(m, "RECV_OTHER_REPLY", KVTIER_SOCK_OTHER_REPLY) != 0 ||
+         PyModule_AddIntConstant(m, "RECV_BAD_TRAILER", KVTIER_SOCK_BAD_TRAILER) != 0 ||
+         PyModule_AddIntConstant(m, "GET_NOT_CLAIMED", KVTIER_GET_NOT_CLAIMED) != 0 ||
+         PyModule_AddIntConstant(m, "GET_COPIED", KVTIER_GET_COPIED) != 0 ||
+         PyModule_AddIntConstant(m, "GET_NIL", KVTIER_GET_NIL) != 0)) {
         Py_DECREF(m);
         return NULL;
     }

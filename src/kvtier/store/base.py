@@ -240,6 +240,13 @@ def mark_written(claim: Callable[[], bool] | None) -> None:
         written()
 
 
+def was_abandoned(claim: Callable[[], bool]) -> bool:
+    """Whether a claim's load was abandoned (``AbandonableLoad.abandoned``): whatever its row
+    holds is no longer this load's, and may be another load's already. False for a claim
+    that cannot be abandoned (a plain function)."""
+    return bool(getattr(claim, "abandoned", False))
+
+
 def release_claim(claim: Callable[[], bool]) -> bool:
     """Give back a claim a failed read took (``AbandonableLoad.release``), so the row can be
     claimed again: by another source, or by the same store reading another way. False when

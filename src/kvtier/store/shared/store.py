@@ -45,11 +45,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
+from redis.connection import ConnectionPool
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
@@ -78,8 +79,8 @@ from kvtier.format.record import (
 )
 from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import SharedTierSettings
-from kvtier.store.base import BlockStore, Problem, StoreAbilities, mark_written
-from kvtier.store.shared import readinto, startup
+from kvtier.store.base import BlockStore, Problem, StoreAbilities, mark_written, was_abandoned
+from kvtier.store.shared import batch, readinto, startup
 from kvtier.store.shared.breaker import CircuitBreaker
 from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue
 from kvtier.store.shared.stats import SharedStoreStats
@@ -252,16 +253,22 @@ class SharedStore(BlockStore):
             raise _Unavailable
         try:
             result = op()
-        except OutOfMemoryError:
+        except Exception as exc:
+            self._failed(node, breaker, exc)
+        breaker.success()
+        return result
+
+    def _failed(self, node: str, breaker: CircuitBreaker, exc: Exception) -> NoReturn:
+        """Count and log what an operation on ``node`` ran into, tell its breaker whether the
+        server answered, and raise ``_Unavailable``."""
+        if isinstance(exc, OutOfMemoryError):
             breaker.success()
             self._count_error("oom")
-            raise _Unavailable from None
-        except (NoPermissionError, AuthenticationError, AuthorizationError) as exc:
+        elif isinstance(exc, (NoPermissionError, AuthenticationError, AuthorizationError)):
             breaker.success()
             self._count_error("permission")
             log.warning("shared tier: %s refused an operation: %s", node, self._scrubbed(str(exc)))
-            raise _Unavailable from None
-        except _UNREACHABLE as exc:
+        elif isinstance(exc, _UNREACHABLE):
             was_open = breaker.is_open
             breaker.failure()
             kind = "timeout" if isinstance(exc, (RedisTimeoutError, TimeoutError)) else "connection"
@@ -274,15 +281,13 @@ class SharedStore(BlockStore):
                     self._scrubbed(str(exc))[:200],
                     self.config.breaker_base_s,
                 )
-            raise _Unavailable from None
-        except ResponseError as exc:
+        elif isinstance(exc, ResponseError):
             breaker.success()
             self._count_error("response")
             log.warning(
                 "shared tier: %s replied with an error: %s", node, self._scrubbed(str(exc))[:200]
             )
-            raise _Unavailable from None
-        except Exception as exc:  # a client bug must not reach the engine either
+        else:  # a client bug must not reach the engine either
             breaker.failure()
             self._count_error("unexpected")
             log.warning(
@@ -291,9 +296,7 @@ class SharedStore(BlockStore):
                 node,
                 self._scrubbed(str(exc))[:200],
             )
-            raise _Unavailable from None
-        breaker.success()
-        return result
+        raise _Unavailable from None
 
     def _miss(self) -> bool:
         with self._lock:
@@ -449,6 +452,127 @@ class SharedStore(BlockStore):
         with self._lock:
             self._stats.hits += 1
             self._stats.direct_hits += direct
+            self._stats.bytes_read += header.payload_len
+        return True
+
+    def get_many_into_when(
+        self,
+        keys: Sequence[bytes],
+        outs: Sequence[memoryview],
+        claims: Sequence[Callable[[], bool]],
+        bounce: memoryview,
+    ) -> list[bool]:
+        """``get_into_when`` of each key; a thread's share exchanged with each server in one
+        GIL-free native call (``batch``: sent, received, hashed, claimed and copied), where
+        every claim carries a claim cell and records are plain. Keys whose reply is not the
+        expected value (another length, an error such as MOVED) get a GET of their own, as do
+        all keys where no exchange can run (sealed records, TLS, no native module)."""
+        outs = [memoryview(out).cast("B") for out in outs]
+        cells = [getattr(claim, "native_cell", None) for claim in claims]
+        if (
+            len(keys) < 2
+            or self._sealer is not None  # opened in the bounce buffer before its claim
+            or self._closed
+            or not batch.available()
+            or any(cell is None for cell in cells)
+            or any(out.readonly or out.nbytes > bounce.nbytes for out in outs)
+        ):
+            return super().get_many_into_when(keys, outs, claims, bounce)
+        answers = [False] * len(keys)
+        alone: list[int] = []  # keys left to a GET of their own
+        groups: dict[str, tuple[ConnectionPool, list[int]]] = {}
+        for i, key in enumerate(keys):
+            check_key(key)
+            known = self._view.payload_len(key)
+            if known is not None and known != outs[i].nbytes:
+                self._miss()
+                continue
+            try:
+                node, pool = self._pool_of(self._server_key(key))
+            except Exception:  # slot map being rebuilt: the GET finds the node
+                alone.append(i)
+                continue
+            groups.setdefault(node, (pool, []))[1].append(i)
+        for node, (pool, indices) in groups.items():
+            breaker = self._breaker(node)
+            while indices:
+                share, indices = indices[: batch.MAX_GETS], indices[batch.MAX_GETS :]
+                if not breaker.allow():
+                    with self._lock:
+                        self._stats.breaker_skips += len(share)
+                        self._stats.misses += len(share)
+                    continue
+                done = batch.exchange(
+                    pool,
+                    [self._server_key(keys[i]) for i in share],
+                    [outs[i] for i in share],
+                    [cells[i] for i in share],  # type: ignore[misc]
+                    bounce,
+                    checksum=True,
+                )
+                if done is None:
+                    alone.extend(share)
+                    continue
+                for i, landed in zip(share, done.landed, strict=False):
+                    answers[i] = self._land(keys[i], outs[i], claims[i], landed)
+                replied = share[len(done.landed) : done.answered]
+                for i, reply in zip(replied, done.replies, strict=True):
+                    if reply is None:
+                        self._view.forget(keys[i])
+                        self._miss()
+                    else:
+                        alone.append(i)
+                unanswered = share[done.answered :]
+                if done.fault is None:
+                    breaker.success()
+                    indices = unanswered + indices  # not sent yet: the next exchange
+                    continue
+                with contextlib.suppress(_Unavailable):
+                    self._failed(node, breaker, done.fault)
+                with self._lock:
+                    self._stats.misses += len(unanswered)
+        for i in sorted(alone):
+            answers[i] = self._get(keys[i], outs[i], claims[i], bounce)
+        return answers
+
+    def _pool_of(self, server_key: bytes) -> tuple[str, ConnectionPool]:
+        """The node that holds ``server_key`` and its connection pool."""
+        if isinstance(self._client, RedisCluster):
+            node = self._client.get_node_from_key(server_key)
+            return str(node.name), self._client.get_redis_connection(node).connection_pool
+        return self._node_of(server_key), self._client.connection_pool
+
+    def _land(
+        self, key: bytes, out: memoryview, claim: Callable[[], bool], landed: batch.Landed
+    ) -> bool:
+        """Check a value an exchange copied into ``out`` (header, length, checksum); True
+        when it is the record of ``key`` and its load was not abandoned meanwhile."""
+        if not landed.found:
+            self._view.forget(key)
+            return self._miss()
+        if not landed.copied:
+            return False  # the load was abandoned before the copy: out untouched
+        try:
+            header = decode_header(landed.header, self._digest, key)
+            if header.payload_len != out.nbytes:
+                raise CorruptRecordError(
+                    "length",
+                    f"value holds {out.nbytes} payload bytes, header says {header.payload_len}",
+                )
+            # With the checksum computed during the receive the row is not read again; else
+            # it is, and a row abandoned meanwhile may hold another load's bytes by then.
+            verify_payload(header, out, landed.payload_checksum)
+        except CorruptRecordError as exc:
+            if not was_abandoned(claim):
+                self._drop_corrupt(key, self._server_key(key), exc)
+            return self._miss()
+        if was_abandoned(claim):
+            return False  # reported failed by the scheduler; its row is vLLM's again
+        self._view.remember(key, header.payload_len)
+        with self._lock:
+            self._stats.hits += 1
+            self._stats.direct_hits += 1
+            self._stats.batched_hits += 1
             self._stats.bytes_read += header.payload_len
         return True
 
