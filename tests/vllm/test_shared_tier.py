@@ -285,3 +285,32 @@ def test_a_list_read_takes_the_local_copies_in_one_call_and_the_rest_from_the_sh
     assert shared.stats().hits == 2, "the damaged copy and the missing one"
     assert all(load.state is LoadState.WRITTEN for load in loads)
     store.close()
+
+
+class _AbandonedOnReturn(FakeRemoteStore):
+    """A shared store whose loads are abandoned by the scheduler the moment they return: the
+    deadline struck between the store's copy into the row and the composite's write-back."""
+
+    def get_many_into_when(self, keys, outs, claims, bounce):
+        loaded = super().get_many_into_when(keys, outs, claims, bounce)
+        for claim in claims:
+            assert claim.abandon()  # WRITTEN -> ABANDONED: vLLM may reuse the row now
+        return loaded
+
+
+@pytest.mark.parametrize("abandoned", [False, True], ids=["finished", "abandoned"])
+def test_a_row_is_written_back_only_when_its_load_was_not_abandoned_before_the_copy(abandoned):
+    local = MemoryStore(1 << 20)
+    shared = _AbandonedOnReturn() if abandoned else FakeRemoteStore()
+    store = LocalThenShared(local, shared)
+    for n in (1, 2):
+        shared.put_from_another_replica(key_of(n), payload_of(n))
+    rows = [memoryview(bytearray(PAYLOAD_BYTES)) for _ in range(2)]
+    loads = [AbandonableLoad(), AbandonableLoad()]
+    bounce = memoryview(bytearray(PAYLOAD_BYTES))
+    assert store.get_many_into_when([key_of(1), key_of(2)], rows, loads, bounce) == [True] * 2
+    store.wait_write_back()
+    # An abandoned load's row may hold another block's bytes by the time it is copied: never
+    # stored under this key.
+    assert local.contains(key_of(1)) is not abandoned and store.written_back == 2 * (not abandoned)
+    store.close()

@@ -29,7 +29,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from kvtier.format.checksum import Buffer
-from kvtier.store.base import BlockStore, Problem, StoreAbilities, StoreStats, release_claim
+from kvtier.store.base import (
+    BlockStore,
+    Problem,
+    StoreAbilities,
+    StoreStats,
+    release_claim,
+    was_abandoned,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +123,16 @@ class LocalThenShared(BlockStore):
             loaded[i] = ok
             if not ok:
                 release_claim(claims[i])
-        for i, key in enumerate(keys):
-            if not loaded[i]:
-                loaded[i] = self._from_shared(key, outs[i], claims[i], bounce)
+        rest = [i for i in range(len(keys)) if not loaded[i]]
+        if not rest:
+            return loaded
+        fetched = self.shared.get_many_into_when(
+            [keys[i] for i in rest], [outs[i] for i in rest], [claims[i] for i in rest], bounce
+        )
+        for i, ok in zip(rest, fetched, strict=True):
+            loaded[i] = ok
+            if ok:
+                self._write_back_copy(keys[i], outs[i], claims[i])
         return loaded
 
     def _from_shared(
@@ -126,8 +140,17 @@ class LocalThenShared(BlockStore):
     ) -> bool:
         fetched = self.shared.get_into_when(key, out, claim, bounce)
         if fetched:
-            self._queue_write_back(key, bytes(out))
+            self._write_back_copy(key, out, claim)
         return fetched
+
+    def _write_back_copy(self, key: bytes, out: memoryview, claim: Callable[[], bool]) -> None:
+        """Queue a copy of a row the shared store filled, taken before the load is finished:
+        a load abandoned meanwhile has its row freed and maybe reused, so a copy is kept only
+        when the load was still not abandoned once it was taken (vLLM reuses a row only after
+        the abandon)."""
+        payload = bytes(out)
+        if not was_abandoned(claim):
+            self._queue_write_back(key, payload)
 
     def _queue_write_back(self, key: bytes, payload: bytes) -> None:
         with self._lock:
