@@ -2,7 +2,8 @@
 
 Every test here runs once per server kind (``SERVER_KINDS``: the distribution's redis-server
 and the Valkey and Redis releases scripts/server-binaries.sh fetches); a kind whose binary is
-not installed is skipped, with the reason. Session-scoped servers (one standalone, one 3-master
+not installed is skipped, with the reason. Tests marked ``client_side`` (what kvtier's client
+does with a cut or stalled reply, a dead server) run on the first kind installed only. Session-scoped servers (one standalone, one 3-master
 Cluster) serve the tests that do not harm them; each test uses its own namespace there, so
 tests never see each other's keys. Tests that kill, freeze, fill or reconfigure a server get
 their own through ``fresh_server``.
@@ -35,6 +36,33 @@ def server_of_kind(request: pytest.FixtureRequest) -> str:
         return kind_binary(request.param)
     except LookupError as missing:
         pytest.skip(str(missing))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``client_side`` check what kvtier's client does with what reaches it (a
+    reply cut or stalled part-way, a server gone), which no server release changes: they run
+    on the first server kind installed here only, and are deselected for the others."""
+    first = next((kind for kind in SERVER_KINDS if _installed(kind)), None)
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        kind = callspec.params.get("server_of_kind") if callspec is not None else None
+        if item.get_closest_marker("client_side") and kind not in (None, first):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _installed(kind: str) -> bool:
+    try:
+        kind_binary(kind)
+    except LookupError:
+        return False
+    return True
 
 
 class _SessionServers:

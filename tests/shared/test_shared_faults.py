@@ -60,6 +60,7 @@ def test_unreachable_server_at_start_up_raises_config_error_naming_the_url() -> 
         open_shared(f"redis://127.0.0.1:{port}", make_namespace(), connect_timeout_s=0.3)
 
 
+@pytest.mark.client_side
 def test_killed_server_turns_every_op_into_a_miss_in_bounded_time(
     fresh_server: Callable[..., RedisServer], open_store: Callable[[str], SharedStore]
 ) -> None:
@@ -96,6 +97,7 @@ def test_restarted_empty_server_misses_then_takes_puts_with_the_same_store(
     assert store.get(key_of(2)) == payload_of(2)
 
 
+@pytest.mark.client_side
 def test_restart_after_breaker_opened_recovers_without_a_new_store(
     fresh_server: Callable[..., RedisServer], open_store: Callable[[str], SharedStore]
 ) -> None:
@@ -110,6 +112,7 @@ def test_restart_after_breaker_opened_recovers_without_a_new_store(
     assert store.stats().reconnects == 1
 
 
+@pytest.mark.client_side
 def test_frozen_server_times_out_opens_the_breaker_and_recovers_after_sigcont(
     fresh_server: Callable[..., RedisServer], open_store: Callable[[str], SharedStore]
 ) -> None:

@@ -289,6 +289,7 @@ CUTS = [3, HEADER_BYTES // 2, HEADER_BYTES + PAYLOAD_BYTES // 2]
 
 
 @pytest.mark.parametrize("cut", CUTS)
+@pytest.mark.client_side
 def test_reply_cut_part_way_is_a_connection_miss_and_the_pool_serves_the_next_get(
     proxied: Callable[..., tuple[SharedStore, FaultyProxy]], cut: int
 ) -> None:
@@ -306,6 +307,7 @@ def test_reply_cut_part_way_is_a_connection_miss_and_the_pool_serves_the_next_ge
 
 
 @pytest.mark.parametrize("cut", CUTS)
+@pytest.mark.client_side
 def test_reply_stalled_part_way_times_out_within_the_op_timeout_and_recovers(
     proxied: Callable[..., tuple[SharedStore, FaultyProxy]], cut: int
 ) -> None:
@@ -324,6 +326,7 @@ def test_reply_stalled_part_way_times_out_within_the_op_timeout_and_recovers(
     assert store.stats().corrupt == {}
 
 
+@pytest.mark.client_side
 def test_with_a_retry_a_cut_reply_is_read_again_on_a_new_connection(
     proxied: Callable[..., tuple[SharedStore, FaultyProxy]],
 ) -> None:
