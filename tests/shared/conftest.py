@@ -3,10 +3,10 @@
 Every test here runs once per server kind (``SERVER_KINDS``: the distribution's redis-server
 and the Valkey and Redis releases scripts/server-binaries.sh fetches); a kind whose binary is
 not installed is skipped, with the reason. Tests marked ``client_side`` (what kvtier's client
-does with a cut or stalled reply, a dead server) run on the first kind installed only. Session-scoped servers (one standalone, one 3-master
-Cluster) serve the tests that do not harm them; each test uses its own namespace there, so
-tests never see each other's keys. Tests that kill, freeze, fill or reconfigure a server get
-their own through ``fresh_server``.
+does with a cut or stalled reply, a dead server) run on the first kind installed only.
+Session-scoped servers (one standalone, one 3-master Cluster) serve the tests that do not harm
+them; each test uses its own namespace there, so tests never see each other's keys. Tests that
+kill, freeze, fill or reconfigure a server get their own through ``fresh_server``.
 """
 
 from __future__ import annotations
