@@ -9,18 +9,23 @@ import os
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kvtier import native
+from kvtier.buffers import address_of
+from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES
 from kvtier.format.record import decode_header, encode_header
 from kvtier.format.sealing import KeyRing, MasterKey, RecordSealer
-from kvtier.store import BlockStore, DiskStore
+from kvtier.store import BlockStore, DiskStore, RecordIO
 from kvtier.store.disk.gc import collect
 from kvtier.store.disk.index import ALLOC_UNIT, charge
 from tests.support.conformance import StoreContract
 from tests.support.store import (
     PAYLOAD_BYTES,
+    aligned_buffer,
     disk_capacity,
     disk_ground_truth,
     files_under,
@@ -229,3 +234,50 @@ def test_puts_stay_page_aligned_for_direct_writes(open_disk: Callable[..., DiskS
     store = open_disk(sealer=sealer_of())
     assert store.put(key_of(1), payload_of(1))
     assert os.path.getsize(record_file(store, key_of(1))) == HEADER_BYTES + len(payload_of(1))
+
+
+class _RowWatch:
+    """Wraps a sealer's ``open`` and notes, for each call that writes into one of the watched
+    rows, the state its load was in: a row may change only while its load is claimed and
+    copying, never once written (the scheduler may abandon it then, and vLLM reuse the row)."""
+
+    def __init__(self, sealer: RecordSealer, rows: list[memoryview], loads: list[Any]) -> None:
+        self._open, self.rows, self.loads = sealer.open, rows, loads
+        self.states: list[LoadState] = []
+        sealer.open = self  # type: ignore[method-assign]
+
+    def __call__(self, header: Any, ciphertext: Any, out: memoryview) -> None:
+        target = address_of(memoryview(out))
+        for row, load in zip(self.rows, self.loads, strict=True):
+            if address_of(row) == target:
+                self.states.append(load.state)
+        self._open(header, ciphertext, out)
+
+
+@pytest.mark.skipif(native.record_reader() is None, reason="kvtier.native._recordread not built")
+@pytest.mark.parametrize("writes", ["cached", "direct"])
+@pytest.mark.parametrize("reads", ["one", "list"])
+def test_a_sealed_record_is_opened_before_its_row_is_written_never_in_the_row_after(
+    open_disk: Callable[..., DiskStore], writes: str, reads: str
+) -> None:
+    sealer = sealer_of()
+    io = None
+    if writes == "cached":  # the page cache keeps the records: read straight into the row
+        io = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    store = open_disk(sealer=sealer, **({"io": io} if io else {}))
+    for n in (1, 2):
+        assert store.put(key_of(n), payload_of(n))
+    rows = [aligned_buffer(PAYLOAD_BYTES) for _ in (1, 2)]
+    loads = [AbandonableLoad(), AbandonableLoad()]
+    watch = _RowWatch(sealer, rows, loads)
+    bounce = aligned_buffer(PAYLOAD_BYTES)
+    keys = [key_of(1), key_of(2)]
+    if reads == "one":
+        loaded = [
+            store.get_into_when(k, r, c, bounce)
+            for k, r, c in zip(keys, rows, loads, strict=True)
+        ]
+    else:
+        loaded = store.get_many_into_when(keys, rows, loads, bounce)
+    assert loaded == [True, True] and [bytes(r) for r in rows] == [payload_of(1), payload_of(2)]
+    assert all(state is LoadState.COPYING for state in watch.states), watch.states

@@ -84,6 +84,7 @@ from kvtier.store.base import (
     StoreStats,
     mark_written,
     release_claim,
+    was_abandoned,
 )
 from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
@@ -335,9 +336,13 @@ class DiskStore(BlockStore):
         holds, after reading any other into ``bounce`` (then copying it into ``out``). One GIL
         hand-over per block instead of two; each can wait out the switch interval beside a
         busy Python thread.
+
+        A sealed record is always read into ``bounce`` and opened (decrypted) there, before
+        the claim: opened in ``out`` it would be written after its load was marked written,
+        when the scheduler may already have abandoned the load and vLLM reused the row.
         """
         out = memoryview(out)
-        if self._io.reads_resident_into(out):
+        if self._sealer is None and self._io.reads_resident_into(out):
             try:
                 return self._load(key, out, claim, bounce)
             except NowaitRefused:
@@ -366,11 +371,13 @@ class DiskStore(BlockStore):
         when every claim carries a claim cell (``AbandonableLoad``): one GIL hand-over for
         the list instead of one per block, each of which can wait out the interpreter's
         switch interval beside a busy Python thread (an engine's loop). Claimed, read and
-        verified in turn, so a load abandoned meanwhile is never read into."""
+        verified in turn, so a load abandoned meanwhile is never read into. Sealed records
+        go one by one through ``get_into_when`` (opened before their claim)."""
         outs = [memoryview(out) for out in outs]
         cells = [getattr(claim, "native_cell", None) for claim in claims]
         if (
             len(keys) < 2
+            or self._sealer is not None
             or any(cell is None for cell in cells)
             or any(out.nbytes != bounce.nbytes or not self._io.claims_into(out) for out in outs)
         ):
@@ -497,7 +504,7 @@ class DiskStore(BlockStore):
                 return self._missed()
             if isinstance(landed, bool):
                 return False  # abandoned: out untouched
-            if landed.into is out and getattr(claim, "abandoned", False):
+            if landed.into is out and was_abandoned(claim):
                 # Written, then abandoned at the deadline: the row is vLLM's again (it may be
                 # reused already), so it is neither served nor checked.
                 return False
