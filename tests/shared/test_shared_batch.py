@@ -519,3 +519,34 @@ def test_a_dead_server_is_a_miss_for_every_key_without_raising(
     finally:
         store.close()
 
+
+
+@needs_native
+def test_a_share_that_cannot_be_exchanged_does_not_keep_the_breakers_probe(
+    redis_standalone: RedisServer,
+    unique_namespace: Callable[[], Namespace],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with open_shared(redis_standalone.url, unique_namespace(), breaker_base_s=0.05) as store:
+        filled(store, 3)
+        store._breaker(store._node_of(server_key(store, key_of(0)))).failure()  # opened
+        time.sleep(0.1)  # its back-off ends: the next operation is its probe
+        monkeypatch.setattr(batch, "exchange", lambda *args, **kwargs: None)
+        share = Share(3)
+        assert share.load(store) == [True] * 3  # a GET each, the first of them the probe
+        assert all(share.served(i) for i in range(3)) and store.stats().breaker_skips == 0
+
+
+@needs_native
+def test_an_error_inside_the_exchange_is_a_miss_for_its_keys_never_raised(
+    store: SharedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    filled(store, 3)
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ValueError("a bug in the exchange")
+
+    monkeypatch.setattr(batch, "exchange", broken)
+    share = Share(3)
+    assert share.load(store) == [False] * 3
+    assert store.stats().errors == {"unexpected": 1} and store.stats().misses == 3

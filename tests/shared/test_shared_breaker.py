@@ -71,3 +71,15 @@ def test_failures_of_ops_started_before_opening_do_not_extend_it() -> None:
     breaker.failure()  # a concurrent op that was already in flight
     clock.now += 0.5
     assert breaker.allow()
+
+
+def test_a_probe_that_was_not_sent_after_all_leaves_the_probe_to_the_next_op() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(1.0, 8.0, clock)
+    breaker.failure()
+    clock.now += 1.0
+    assert breaker.allow()
+    breaker.not_sent()  # e.g. a share's exchange could not run on this connection
+    assert breaker.is_open and breaker.allow()  # still open; the next op is the probe
+    breaker.success()
+    assert not breaker.is_open and breaker.recoveries == 1

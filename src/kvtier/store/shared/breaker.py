@@ -57,6 +57,12 @@ class CircuitBreaker:
             self._backoff_s = 0.0
             self._probing = False
 
+    def not_sent(self) -> None:
+        """The op let through did not reach the server after all (it could not be sent that
+        way): when it was the probe, the next op may probe instead."""
+        with self._lock:
+            self._probing = False
+
     def failure(self) -> None:
         """The op failed for want of the server (connection error, timeout)."""
         with self._lock:

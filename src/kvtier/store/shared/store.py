@@ -472,6 +472,7 @@ class SharedStore(BlockStore):
         if (
             len(keys) < 2
             or self._sealer is not None  # opened in the bounce buffer before its claim
+            or self._server.tls  # its socket decrypts in Python
             or self._closed
             or not batch.available()
             or any(cell is None for cell in cells)
@@ -502,15 +503,19 @@ class SharedStore(BlockStore):
                         self._stats.breaker_skips += len(share)
                         self._stats.misses += len(share)
                     continue
-                done = batch.exchange(
-                    pool,
-                    [self._server_key(keys[i]) for i in share],
-                    [outs[i] for i in share],
-                    [cells[i] for i in share],  # type: ignore[misc]
-                    bounce,
-                    checksum=True,
-                )
-                if done is None:
+                try:
+                    done = batch.exchange(
+                        pool,
+                        [self._server_key(keys[i]) for i in share],
+                        [outs[i] for i in share],
+                        [cells[i] for i in share],  # type: ignore[misc]
+                        bounce,
+                        checksum=True,
+                    )
+                except Exception as exc:  # a client bug must not reach the engine either
+                    done = batch.Exchanged(fault=exc)
+                if done is None:  # not this connection (see batch.exchange): a GET each
+                    breaker.not_sent()
                     alone.extend(share)
                     continue
                 for i, landed in zip(share, done.landed, strict=False):
