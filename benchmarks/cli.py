@@ -230,7 +230,7 @@ def bench_shared_busy(
         str | None, typer.Option(help="A standalone server (default: a throw-away one).")
     ] = None,
 ) -> None:
-    """The shared tier's reads beside a busy Python thread: native receive vs a Python loop.
+    """The shared tier's reads beside a busy Python thread: a share in one exchange vs a GET each.
 
     Example: python -m benchmarks shared-busy --out bench-out
     """
