@@ -550,3 +550,25 @@ def test_an_error_inside_the_exchange_is_a_miss_for_its_keys_never_raised(
     share = Share(3)
     assert share.load(store) == [False] * 3
     assert store.stats().errors == {"unexpected": 1} and store.stats().misses == 3
+
+
+@needs_native
+@pytest.mark.client_side
+def test_with_a_retry_a_cut_exchange_is_sent_again_on_a_new_connection(
+    fresh_server: Callable[..., RedisServer], unique_namespace: Callable[[], Namespace]
+) -> None:
+    proxy = FaultyProxy(fresh_server().port)
+    store = open_shared(
+        proxy.url, unique_namespace(), op_timeout_s=OP_TIMEOUT_S, connect_timeout_s=0.3,
+        retries=1,
+    )  # fmt: skip
+    try:
+        filled(store, 4)
+        share = Share(4)
+        proxy.cut_after(REPLY + 100)
+        assert share.load(store) == [True] * 4 and all(share.served(i) for i in range(4))
+        stats = store.stats()
+        assert proxy.struck == 1 and stats.batched_hits == 4 and stats.errors == {}
+    finally:
+        store.close()
+        proxy.close()

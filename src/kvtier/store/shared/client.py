@@ -181,9 +181,19 @@ class RecordPool(ConnectionPool):
         super().__init__(connection_class=swapped, **kwargs)
 
 
-def _retry(config: SharedTierSettings) -> Retry:
+def retry_pause_s(failures: int) -> float:
+    """Seconds to wait before retry number ``failures`` (1, 2, ...): the back-off every
+    operation of the shared tier retries with, a GET or a share's exchange."""
+    return _backoff().compute(failures)
+
+
+def _backoff() -> ExponentialWithJitterBackoff:
     # redis-py's default (10 retries, up to 1 s apart) turns a dead server into a 4-10 s stall.
-    return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), config.retries)
+    return ExponentialWithJitterBackoff(base=0.01, cap=0.1)
+
+
+def _retry(config: SharedTierSettings) -> Retry:
+    return Retry(_backoff(), config.retries)
 
 
 def _common_kwargs(config: SharedTierSettings) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -82,7 +83,7 @@ from kvtier.settings import SharedTierSettings
 from kvtier.store.base import BlockStore, Problem, StoreAbilities, mark_written, was_abandoned
 from kvtier.store.shared import batch, readinto, startup
 from kvtier.store.shared.breaker import CircuitBreaker
-from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue
+from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue, retry_pause_s
 from kvtier.store.shared.stats import SharedStoreStats
 from kvtier.store.shared.view import KeyView
 
@@ -99,6 +100,8 @@ _UNREACHABLE = (
     RedisClusterException,
     OSError,
 )
+# Faults an operation retries (``retries`` times), as redis-py's ``Retry`` does for a GET.
+_RETRIED = (RedisConnectionError, RedisTimeoutError, TimeoutError)
 _EXISTS_BATCH = 1024
 #: Keys ``refresh`` re-checks per call (one pipelined round trip per node).
 REFRESH_BATCH = 1024
@@ -496,6 +499,7 @@ class SharedStore(BlockStore):
             groups.setdefault(node, (pool, []))[1].append(i)
         for node, (pool, indices) in groups.items():
             breaker = self._breaker(node)
+            failures = 0  # this server's faults so far, each retried as a GET would be
             while indices:
                 share, indices = indices[: batch.MAX_GETS], indices[batch.MAX_GETS :]
                 if not breaker.allow():
@@ -531,6 +535,12 @@ class SharedStore(BlockStore):
                 if done.fault is None:
                     breaker.success()
                     indices = unanswered + indices  # not sent yet: the next exchange
+                    continue
+                if failures < self.config.retries and isinstance(done.fault, _RETRIED):
+                    failures += 1
+                    breaker.not_sent()  # a probe is decided by the retry
+                    time.sleep(retry_pause_s(failures))
+                    indices = unanswered + indices  # on a new connection (this one is closed)
                     continue
                 with contextlib.suppress(_Unavailable):
                     self._failed(node, breaker, done.fault)
