@@ -121,9 +121,14 @@ def exchange(
         except Exception as exc:
             connection.disconnect()
             return Exchanged(fault=exc)
-        return _exchange_on(
-            connection, sock, reader, exchanger, said, server_keys, outs, cells, bounce, checksum
-        )
+        try:
+            return _exchange_on(
+                connection, sock, reader, exchanger, said, server_keys, outs, cells, bounce,
+                checksum,
+            )  # fmt: skip
+        except BaseException:
+            connection.disconnect()  # replies may still be on the way: never back to the pool
+            raise
     finally:
         pool.release(connection)
 

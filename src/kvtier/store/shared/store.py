@@ -498,57 +498,75 @@ class SharedStore(BlockStore):
                 continue
             groups.setdefault(node, (pool, []))[1].append(i)
         for node, (pool, indices) in groups.items():
-            breaker = self._breaker(node)
-            failures = 0  # this server's faults so far, each retried as a GET would be
-            while indices:
-                share, indices = indices[: batch.MAX_GETS], indices[batch.MAX_GETS :]
-                if not breaker.allow():
-                    with self._lock:
-                        self._stats.breaker_skips += len(share)
-                        self._stats.misses += len(share)
-                    continue
-                try:
-                    done = batch.exchange(
-                        pool,
-                        [self._server_key(keys[i]) for i in share],
-                        [outs[i] for i in share],
-                        [cells[i] for i in share],  # type: ignore[misc]
-                        bounce,
-                        checksum=True,
-                    )
-                except Exception as exc:  # a client bug must not reach the engine either
-                    done = batch.Exchanged(fault=exc)
-                if done is None:  # not this connection (see batch.exchange): a GET each
-                    breaker.not_sent()
-                    alone.extend(share)
-                    continue
-                for i, landed in zip(share, done.landed, strict=False):
-                    answers[i] = self._land(keys[i], outs[i], claims[i], landed)
-                replied = share[len(done.landed) : done.answered]
-                for i, reply in zip(replied, done.replies, strict=True):
-                    if reply is None:
-                        self._view.forget(keys[i])
-                        self._miss()
-                    else:
-                        alone.append(i)
-                unanswered = share[done.answered :]
-                if done.fault is None:
-                    breaker.success()
-                    indices = unanswered + indices  # not sent yet: the next exchange
-                    continue
-                if failures < self.config.retries and isinstance(done.fault, _RETRIED):
-                    failures += 1
-                    breaker.not_sent()  # a probe is decided by the retry
-                    time.sleep(retry_pause_s(failures))
-                    indices = unanswered + indices  # on a new connection (this one is closed)
-                    continue
+            alone += self._exchange_with(
+                node, pool, indices, keys, outs, claims, cells, bounce, answers
+            )
+        for i in sorted(alone):
+            answers[i] = self._get(keys[i], outs[i], claims[i], bounce)
+        return answers
+
+    def _exchange_with(
+        self,
+        node: str,
+        pool: ConnectionPool,
+        indices: list[int],
+        keys: Sequence[bytes],
+        outs: Sequence[memoryview],
+        claims: Sequence[Callable[[], bool]],
+        cells: Sequence[bytearray | None],
+        bounce: memoryview,
+        answers: list[bool],
+    ) -> list[int]:
+        """Exchange the keys at ``indices`` with ``node`` (``batch.MAX_GETS`` at a time),
+        setting their ``answers``; returns the indices left to a GET of their own."""
+        alone: list[int] = []
+        breaker = self._breaker(node)
+        failures = 0  # this server's faults so far, each retried as a GET would be
+        while indices:
+            share, indices = indices[: batch.MAX_GETS], indices[batch.MAX_GETS :]
+            if not breaker.allow():
+                with self._lock:
+                    self._stats.breaker_skips += len(share)
+                    self._stats.misses += len(share)
+                continue
+            try:
+                done = batch.exchange(
+                    pool,
+                    [self._server_key(keys[i]) for i in share],
+                    [outs[i] for i in share],
+                    [cells[i] for i in share],  # type: ignore[misc]
+                    bounce,
+                    checksum=True,
+                )
+            except Exception as exc:  # a client bug must not reach the engine either
+                done = batch.Exchanged(fault=exc)
+            if done is None:  # not this connection (see batch.exchange): a GET each
+                breaker.not_sent()
+                alone += share
+                continue
+            for i, landed in zip(share, done.landed, strict=False):
+                answers[i] = self._land(keys[i], outs[i], claims[i], landed)
+            for i, reply in zip(share[len(done.landed) :], done.replies, strict=False):
+                if reply is None:
+                    self._view.forget(keys[i])
+                    self._miss()
+                else:  # another length, an error reply (MOVED...): the GET handles it
+                    alone.append(i)
+            unanswered = share[done.answered :]
+            if done.fault is None:
+                breaker.success()
+                indices = unanswered + indices  # not sent yet: the next exchange
+            elif failures < self.config.retries and isinstance(done.fault, _RETRIED):
+                failures += 1
+                breaker.not_sent()  # a probe is decided by the retry
+                time.sleep(retry_pause_s(failures))
+                indices = unanswered + indices  # on a new connection (this one is closed)
+            else:
                 with contextlib.suppress(_Unavailable):
                     self._failed(node, breaker, done.fault)
                 with self._lock:
                     self._stats.misses += len(unanswered)
-        for i in sorted(alone):
-            answers[i] = self._get(keys[i], outs[i], claims[i], bounce)
-        return answers
+        return alone
 
     def _pool_of(self, server_key: bytes) -> tuple[str, ConnectionPool]:
         """The node that holds ``server_key`` and its connection pool."""
