@@ -229,16 +229,31 @@ def bench_shared_busy(
     url: Annotated[
         str | None, typer.Option(help="A standalone server (default: a throw-away one).")
     ] = None,
+    threads: Annotated[
+        str, typer.Option(help="Reader threads sharing the records, comma separated.")
+    ] = "1",
+    spinning_processes: Annotated[
+        int, typer.Option(help="Processes spinning throughout (an engine's other processes).")
+    ] = 0,
 ) -> None:
     """The shared tier's reads beside a busy Python thread: a share in one exchange vs a GET each.
 
-    Example: python -m benchmarks shared-busy --out bench-out
+    Example: python -m benchmarks shared-busy --out bench-out --threads 1,4
     """
     from benchmarks import shared_busy
     from kvtier.bench.console import print_result, progress
 
     with progress("shared-busy") as report:
-        shared_busy.run(out, [int(s) for s in sizes.split(",")], passes, rounds, report, url)
+        shared_busy.run(
+            out,
+            [int(s) for s in sizes.split(",")],
+            passes,
+            rounds,
+            report,
+            url,
+            [int(t) for t in threads.split(",")],
+            spinning_processes,
+        )
     print_result(out, "shared-busy")
 
 

@@ -14,7 +14,11 @@ server, quiet and with a spinning Python thread beside the reader, rounds altern
   call: the store's path where no exchange can run;
 * ``get each, python``: the same with the Python ``recv_into`` loop (no native module).
 
-Figures: milliseconds per record and payload GB/s, medians of the passes of every round.
+With ``--threads 1,4`` the records are read by one thread, then shared out over four as the
+tier shares a load's blocks; ``--spinning-processes N`` keeps N processes spinning throughout,
+standing in for an engine's other busy processes (its worker, its API server) on a machine
+with few cores. Figures: milliseconds per record and payload GB/s, medians of the passes of
+every round.
 
 Run: ``python -m benchmarks shared-busy --out bench-out``.
 """
@@ -25,6 +29,7 @@ import contextlib
 import json
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,38 +67,68 @@ def _path(name: str) -> Any:
 
 
 def measure(
-    store: SharedStore, size: int, passes: int, rounds: int, report: Callable[[str], None]
+    store: SharedStore,
+    size: int,
+    passes: int,
+    rounds: int,
+    report: Callable[[str], None],
+    threads: Sequence[int] = (1,),
 ) -> dict[str, list[float]]:
-    """Seconds per record of each (path, thread) case, every pass of every round."""
+    """Seconds per record of each (path, thread, reader threads) case, every pass of every
+    round. With ``n`` reader threads each reads every ``n``-th record, as the tier shares a
+    load's blocks out."""
     payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
     keys = [i.to_bytes(8, "big") * 4 for i in range(RECORDS)]
     for key in keys:
         if not store.put(key, payload):
             raise SystemExit(f"the server refused a record of {size} bytes")
     rows = [memoryview(bytearray(size)) for _ in keys]
-    bounce = memoryview(bytearray(size))
+    bounces = [memoryview(bytearray(size)) for _ in range(max(threads))]
     seconds: dict[str, list[float]] = {}
     for _ in range(rounds):
-        for name in PATHS:
-            for busy in (False, True):
-                case = f"{name}, {'busy' if busy else 'quiet'}"
-                with _path(name), busy_thread.spinning(busy):
-                    for _ in range(passes):
-                        loads = [AbandonableLoad() for _ in keys]
-                        started = time.perf_counter()
-                        loaded = store.get_many_into_when(keys, rows, loads, bounce)
-                        seconds.setdefault(case, []).append(
-                            (time.perf_counter() - started) / RECORDS
-                        )
-                        if not all(loaded):
-                            raise SystemExit(f"a read of {size} bytes missed")
-                if any(row.tobytes() != payload for row in rows):
-                    raise SystemExit("a read returned other bytes")
+        for readers in threads:
+            for name in PATHS:
+                for busy in (False, True):
+                    case = f"{name}, {readers} thread(s), {'busy' if busy else 'quiet'}"
+                    with _path(name), busy_thread.spinning(busy):
+                        for _ in range(passes):
+                            took = _read_shares(store, keys, rows, bounces[:readers])
+                            seconds.setdefault(case, []).append(took / RECORDS)
+                    if any(row.tobytes() != payload for row in rows):
+                        raise SystemExit("a read returned other bytes")
         report(f"{size} bytes: round done")
     exchanged = store.stats().batched_hits
-    if exchanged != rounds * 2 * passes * RECORDS:
+    if exchanged != rounds * len(threads) * 2 * passes * RECORDS:
         raise SystemExit(f"the exchange case read {exchanged} records by exchange, not all")
     return seconds
+
+
+def _read_shares(
+    store: SharedStore, keys: list[bytes], rows: list[memoryview], bounces: list[memoryview]
+) -> float:
+    """Seconds for ``len(bounces)`` threads to read every record, thread ``t`` the records
+    ``t, t + n, ...`` in one ``get_many_into_when``."""
+    readers = len(bounces)
+    missed: list[int] = []
+
+    def read(t: int) -> None:
+        share = list(range(t, len(keys), readers))
+        loads = [AbandonableLoad() for _ in share]
+        loaded = store.get_many_into_when(
+            [keys[i] for i in share], [rows[i] for i in share], loads, bounces[t]
+        )
+        missed.extend(i for i, ok in zip(share, loaded, strict=True) if not ok)
+
+    workers = [threading.Thread(target=read, args=(t,)) for t in range(readers)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    took = time.perf_counter() - started
+    if missed:
+        raise SystemExit(f"{len(missed)} reads missed")
+    return took
 
 
 def run(
@@ -103,10 +138,19 @@ def run(
     rounds: int,
     report: Callable[[str], None],
     url: str | None = None,
+    threads: Sequence[int] = (1,),
+    spinning_processes: int = 0,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"environment": environment_line(), "rows": []}
-    with tempfile.TemporaryDirectory(prefix="kvtier-shared-busy-") as tmp:
+    results: dict[str, Any] = {
+        "environment": environment_line(),
+        "spinning_processes": spinning_processes,
+        "rows": [],
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="kvtier-shared-busy-") as tmp,
+        busy_thread.spinning_processes(spinning_processes),
+    ):
         server = None
         if url is None:
             server = start_standalone(Path(tmp) / "server", maxmemory_bytes=1024 * MIB)
@@ -118,7 +162,7 @@ def run(
                 options = {"url": url, "max_record_bytes": cap}
                 store = SharedStore.from_options(options, bench_namespace(size))
                 try:
-                    seconds = measure(store, size, passes, rounds, report)
+                    seconds = measure(store, size, passes, rounds, report, threads)
                 finally:
                     store.close()
                 results["rows"].append({"payload_bytes": size, "seconds_per_record": seconds})
@@ -134,8 +178,9 @@ def run(
             rows.append([f"{size / MIB:.2f} MiB", case, f"{median * 1e3:.2f}", f"{gbps:.3f}"])
     table = markdown_table(["record", "read path, beside", "ms per record", "GB/s"], rows)
     markdown = (
-        f"{table}\n\nMedians of {passes} passes x {rounds} rounds of {RECORDS} records each, "
-        f"one reader thread; server {results['server']}; {results['environment']}"
+        f"{table}\n\nMedians of {passes} passes x {rounds} rounds of {RECORDS} records each; "
+        f"{spinning_processes} spinning processes beside; server {results['server']}; "
+        f"{results['environment']}"
     )
     (out / "shared-busy.json").write_text(json.dumps(results, indent=2))
     (out / "shared-busy.md").write_text(markdown + "\n")
