@@ -33,8 +33,6 @@ import mmap
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -43,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import busy_thread
 from kvtier.bench.report import (
     drop_page_cache,
     environment_line,
@@ -369,17 +368,8 @@ def cold_read_ab(work: Path, total_mib: int, rounds: int) -> str:
 @contextmanager
 def _cpus_busy(busy: bool) -> Iterator[None]:
     """One spinning process per CPU while the block runs (if ``busy``)."""
-    spinners = (
-        [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cpus())]
-        if busy
-        else []
-    )
-    try:
+    with busy_thread.spinning_processes(usable_cpus() if busy else 0):
         yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 def _cold_read_rows(work: Path, total_mib: int, rounds: int, cpus: str) -> list[list[str]]:

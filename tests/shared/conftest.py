@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from kvtier.format import Namespace
+from kvtier.store.shared import SharedStore
 from tests.support.redis_servers import (
     SERVER_KINDS,
     RedisClusterServers,
@@ -26,6 +28,7 @@ from tests.support.redis_servers import (
     start_cluster,
     start_standalone,
 )
+from tests.support.shared_store import open_shared
 from tests.support.store import make_namespace
 
 
@@ -143,3 +146,20 @@ def fresh_server(server_of_kind: str, tmp_path: Path) -> Iterator[Callable[..., 
 def unique_namespace() -> Callable[[], Namespace]:
     """Namespaces no other test uses, so a shared server needs no flushing between tests."""
     return lambda: make_namespace(model=f"shared-test/{uuid.uuid4().hex}")
+
+
+@pytest.fixture
+def store(
+    redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]
+) -> Iterator[SharedStore]:
+    """A plain store on this kind's standalone server, in a namespace of its own."""
+    with open_shared(redis_standalone.url, unique_namespace()) as opened:
+        yield opened
+
+
+@pytest.fixture
+def raw(redis_standalone: RedisServer) -> Iterator[redis.Redis]:
+    """A plain redis-py client of this kind's standalone server (to damage values)."""
+    client = redis.Redis(port=redis_standalone.port)
+    yield client
+    client.close()

@@ -18,13 +18,6 @@ from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
 
 @pytest.fixture
-def raw(redis_standalone: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=redis_standalone.port)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def open_store(
     redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]
 ) -> Iterator[Callable[..., SharedStore]]:

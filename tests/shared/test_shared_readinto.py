@@ -127,21 +127,6 @@ def restore(store: SharedStore, key: bytes, out: bytearray) -> bool:
     return store.get_into_when(key, memoryview(out), lambda: True, bounce)
 
 
-@pytest.fixture
-def store(
-    redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]
-) -> Iterator[SharedStore]:
-    with open_shared(redis_standalone.url, unique_namespace()) as opened:
-        yield opened
-
-
-@pytest.fixture
-def raw(redis_standalone: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=redis_standalone.port)
-    yield client
-    client.close()
-
-
 def test_hits_through_out_and_through_the_bounce_buffer_are_read_directly(
     store: SharedStore,
 ) -> None:
