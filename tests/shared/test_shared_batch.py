@@ -249,24 +249,8 @@ def filled(store: SharedStore, n: int) -> SharedStore:
 
 
 @pytest.fixture
-def store(
-    redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]
-) -> Iterator[SharedStore]:
-    with open_shared(redis_standalone.url, unique_namespace()) as opened:
-        yield opened
-
-
-@pytest.fixture
-def raw(redis_standalone: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=redis_standalone.port)
-    yield client
-    client.close()
-
-
-@needs_native
-def test_a_share_lands_in_one_exchange_equal_to_what_was_stored(
-    store: SharedStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def exchanges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of GETs of each exchange made from now on."""
     calls: list[int] = []
     real = batch.exchange
 
@@ -275,6 +259,14 @@ def test_a_share_lands_in_one_exchange_equal_to_what_was_stored(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(batch, "exchange", counting)
+    return calls
+
+
+@needs_native
+def test_a_share_lands_in_one_exchange_equal_to_what_was_stored(
+    store: SharedStore, exchanges: list[int]
+) -> None:
+    calls = exchanges
     share = Share(12)
     assert share.load(filled(store, 12)) == [True] * 12
     assert all(share.served(i) for i in range(12)) and calls == [12]
@@ -287,16 +279,9 @@ def test_a_share_lands_in_one_exchange_equal_to_what_was_stored(
 def test_on_a_cluster_each_master_gets_one_exchange_for_its_keys(
     redis_cluster: RedisClusterServers,
     unique_namespace: Callable[[], Namespace],
-    monkeypatch: pytest.MonkeyPatch,
+    exchanges: list[int],
 ) -> None:
-    calls: list[int] = []
-    real = batch.exchange
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(len(args[1]))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(batch, "exchange", counting)
+    calls = exchanges
     with open_shared(redis_cluster.url, unique_namespace()) as store:
         share = Share(24)
         assert share.load(filled(store, 24)) == [True] * 24
@@ -309,7 +294,7 @@ def test_on_a_cluster_each_master_gets_one_exchange_for_its_keys(
 def test_small_windows_and_shares_split_into_exchanges_serve_the_same(
     store: SharedStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(batch, "WINDOW_BYTES", 1)  # two values in flight
+    monkeypatch.setattr(batch, "WINDOW_BYTES", 1)  # one value in flight
     monkeypatch.setattr(batch, "MAX_GETS", 3)
     share = Share(10)
     assert share.load(filled(store, 10)) == [True] * 10

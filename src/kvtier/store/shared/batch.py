@@ -15,9 +15,13 @@ of another length); the bytes it read of it go to the connection's hiredis reade
 redis-py's parser reads that reply and every later one already asked for
 (``Exchanged.replies``). GETs not sent by then are left to the caller.
 
-At most ``WINDOW_BYTES`` of values are asked for and not yet received (at least two values): a
-server builds each reply in its output buffer, whose memory it weighs against ``maxmemory``,
-so a deep pipeline of large values would make it evict keys.
+At most ``WINDOW_BYTES`` of values are asked for and not yet received (at least one value). A
+reply the socket cannot take at once waits in the server's output buffer: a copy on the
+server's one thread, memory it weighs against ``maxmemory`` (a deep pipeline of large values
+would make it evict keys). On the CPU machine four readers of 5.6 MiB records (the tier's
+default) read alike with one value in flight each and with two, and a lone reader read faster
+with two only quiet (docs/shared-tier.md): so the window is about what a loopback socket
+buffers, and small values still share a round trip.
 
 A value lands in its row only once its load is claimed (``kvtier.dataplane.abandonable``): it
 is received into the thread's bounce buffer, then claimed and copied, and the claim moved on to
@@ -49,7 +53,7 @@ from kvtier.format.record import HEADER_BYTES
 from kvtier.store.shared.client import hiredis
 
 #: Bytes of values asked for and not yet received, per exchange (see the module docstring).
-WINDOW_BYTES = 16 << 20
+WINDOW_BYTES = 4 << 20
 #: Most GETs one exchange takes (bounds the headers buffer and one call's lists).
 MAX_GETS = 64
 
@@ -148,7 +152,7 @@ def _exchange_on(
     requests = [b"".join(connection.pack_command("GET", key)) for key in server_keys]
     lines = [b"$%d\r\n" % (HEADER_BYTES + out.nbytes) for out in outs]
     headers = memoryview(bytearray(HEADER_BYTES * len(server_keys)))
-    window = max(2, WINDOW_BYTES // (HEADER_BYTES + max(out.nbytes for out in outs)))
+    window = max(1, WINDOW_BYTES // (HEADER_BYTES + max(out.nbytes for out in outs)))
     timeout = sock.gettimeout()
     timeout_ms = -1 if timeout is None else math.ceil(timeout * 1000)
     status, sent, settled, error, unparsed, answers = exchanger(
