@@ -235,6 +235,10 @@ def bench_shared_busy(
     spinning_processes: Annotated[
         int, typer.Option(help="Processes spinning throughout (an engine's other processes).")
     ] = 0,
+    windows: Annotated[
+        str,
+        typer.Option(help="Exchange windows in bytes, comma separated (default: the store's)."),
+    ] = "",
 ) -> None:
     """The shared tier's reads beside a busy Python thread: a share in one exchange vs a GET each.
 
@@ -253,6 +257,7 @@ def bench_shared_busy(
             url,
             [int(t) for t in threads.split(",")],
             spinning_processes,
+            [int(w) for w in windows.split(",") if w],
         )
     print_result(out, "shared-busy")
 

@@ -17,8 +17,9 @@ server, quiet and with a spinning Python thread beside the reader, rounds altern
 With ``--threads 1,4`` the records are read by one thread, then shared out over four as the
 tier shares a load's blocks; ``--spinning-processes N`` keeps N processes spinning throughout,
 standing in for an engine's other busy processes (its worker, its API server) on a machine
-with few cores. Figures: milliseconds per record and payload GB/s, medians of the passes of
-every round.
+with few cores; ``--windows 4194304,16777216`` runs the exchange once per window (the bytes of
+values it keeps asked for and not received; default: the store's). Figures: milliseconds per
+record and payload GB/s, medians of the passes of every round.
 
 Run: ``python -m benchmarks shared-busy --out bench-out``.
 """
@@ -42,15 +43,23 @@ from kvtier.bench.redis_servers import start_standalone
 from kvtier.bench.report import environment_line, markdown_table
 from kvtier.bench.shared_bench import bench_namespace, server_release
 from kvtier.dataplane.abandonable import AbandonableLoad
-from kvtier.store.shared import SharedStore
+from kvtier.store.shared import SharedStore, batch
 from kvtier.store.shared.startup import FALLBACK_MAX_RECORD_BYTES
 
 MIB = 2**20
 RECORDS = 16
 
 
-#: The read paths, in the order they run in each round.
-PATHS = ("exchange", "get each, native", "get each, python")
+#: The read paths besides the exchange, in the order they run in each round after it.
+GET_PATHS = ("get each, native", "get each, python")
+
+
+def _paths(windows: Sequence[int]) -> list[str]:
+    """The read paths of a round: the exchange with each window (bytes in flight), then the
+    GET per record."""
+    if not windows:
+        return ["exchange", *GET_PATHS]
+    return [*(f"exchange, window {w / MIB:g} MiB" for w in windows), *GET_PATHS]
 
 
 def _path(name: str) -> Any:
@@ -59,7 +68,10 @@ def _path(name: str) -> Any:
     if receiver is None or exchanger is None:
         raise SystemExit("kvtier.native._sockread is not built: run scripts/setup.sh")
     stack = contextlib.ExitStack()
-    if name != "exchange":
+    if name.startswith("exchange, window "):
+        window = round(float(name.removeprefix("exchange, window ").split()[0]) * MIB)
+        stack.enter_context(mock.patch.object(batch, "WINDOW_BYTES", window))
+    if name.startswith("get each"):
         stack.enter_context(mock.patch.object(native, "socket_exchanger", lambda: None))
     if name == "get each, python":
         stack.enter_context(mock.patch.object(native, "socket_receiver", lambda: None))
@@ -73,6 +85,7 @@ def measure(
     rounds: int,
     report: Callable[[str], None],
     threads: Sequence[int] = (1,),
+    windows: Sequence[int] = (),
 ) -> dict[str, list[float]]:
     """Seconds per record of each (path, thread, reader threads) case, every pass of every
     round. With ``n`` reader threads each reads every ``n``-th record, as the tier shares a
@@ -87,7 +100,7 @@ def measure(
     seconds: dict[str, list[float]] = {}
     for _ in range(rounds):
         for readers in threads:
-            for name in PATHS:
+            for name in _paths(windows):
                 for busy in (False, True):
                     case = f"{name}, {readers} thread(s), {'busy' if busy else 'quiet'}"
                     with _path(name), busy_thread.spinning(busy):
@@ -98,7 +111,8 @@ def measure(
                         raise SystemExit("a read returned other bytes")
         report(f"{size} bytes: round done")
     exchanged = store.stats().batched_hits
-    if exchanged != rounds * len(threads) * 2 * passes * RECORDS:
+    exchanges = max(1, len(windows))
+    if exchanged != rounds * len(threads) * exchanges * 2 * passes * RECORDS:
         raise SystemExit(f"the exchange case read {exchanged} records by exchange, not all")
     return seconds
 
@@ -140,6 +154,7 @@ def run(
     url: str | None = None,
     threads: Sequence[int] = (1,),
     spinning_processes: int = 0,
+    windows: Sequence[int] = (),
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
@@ -162,7 +177,7 @@ def run(
                 options = {"url": url, "max_record_bytes": cap}
                 store = SharedStore.from_options(options, bench_namespace(size))
                 try:
-                    seconds = measure(store, size, passes, rounds, report, threads)
+                    seconds = measure(store, size, passes, rounds, report, threads, windows)
                 finally:
                     store.close()
                 results["rows"].append({"payload_bytes": size, "seconds_per_record": seconds})

@@ -197,9 +197,9 @@ _SOCKET_MODULE = "kvtier.native._sockread"
 def _socket_module() -> ModuleType | None:
     return _load(
         _SOCKET_MODULE,
-        "native socket reader unavailable; the shared tier receives each value in a Python "
-        "loop, which waits for the GIL after every chunk. It is compiled when kvtier is "
-        "installed with a C compiler.",
+        "native socket reader unavailable; the shared tier reads each record with a GET of "
+        "its own and receives it in a Python loop, which waits for the GIL after every chunk. "
+        "It is compiled when kvtier is installed with a C compiler.",
     )
 
 
