@@ -71,6 +71,8 @@ class Scripted:
         self.answer_after = window if answer_after is None else answer_after
         self.replies = replies
         self.hang_up = hang_up
+        #: Called by the far end once it has read the requests, before it answers.
+        self.before_reply: Callable[[], object] | None = None
         self._answer = threading.Thread(target=self._serve, daemon=True)
         self._answer.start()
 
@@ -89,6 +91,10 @@ class Scripted:
         self.far.setblocking(True)
         #: Requests read before any reply was sent, beyond the first ``answer_after``.
         self.early = got[wanted:]
+        #: Every request read before any reply was sent.
+        self.received = got
+        if self.before_reply is not None:
+            self.before_reply()
         self.far.sendall(self.replies)
         if self.hang_up:
             self.far.shutdown(socket.SHUT_WR)
@@ -135,8 +141,8 @@ def test_values_land_in_their_rows_and_nils_are_read_whole(
     scripted: Callable[..., Scripted], nil: bytes
 ) -> None:
     pair = scripted(4, bulk(scripted_value(0)) + nil + bulk(scripted_value(2)) + nil)
-    status, sent, settled, _, _, answers = pair.run()
-    assert said is not None and (status, sent, settled) == (said.done, 4, 4)
+    status, decided, settled, _, _, answers = pair.run()
+    assert said is not None and (status, decided, settled) == (said.done, 4, 4)
     assert [landed for landed, _ in answers] == [
         said.get_copied, said.get_nil, said.get_copied, said.get_nil,
     ]  # fmt: skip
@@ -164,21 +170,38 @@ def test_at_another_reply_nothing_is_lost_and_nothing_after_it_is_kept(
 ) -> None:
     later = odd + bulk(scripted_value(2)) + b"_\r\n"
     pair = scripted(4, bulk(scripted_value(0)) + later)
-    status, sent, settled, _, unparsed, answers = pair.run()
-    assert said is not None and (status, sent, settled) == (said.other_reply, 4, 1)
-    assert [landed for landed, _ in answers] == [said.get_copied]
+    status, decided, settled, _, unparsed, answers = pair.run()
+    assert said is not None and (status, decided, settled) == (said.other_reply, 4, 1)
+    assert [landed for landed, _ in answers] == [said.get_copied] + [said.get_awaiting] * 3
     assert unparsed + pair.rest() == later
     assert bytes(pair.rows[2]) == bytes(ROW) and pair.loads[2].state is LoadState.PENDING
 
 
 @needs_native
-def test_an_abandoned_load_is_received_but_never_copied(
+def test_a_load_abandoned_before_its_turn_is_not_asked_for(
+    scripted: Callable[..., Scripted],
+) -> None:
+    pair = scripted(3, bulk(scripted_value(0)) + bulk(scripted_value(2)), answer_after=2)
+    assert pair.loads[1].abandon()
+    status, decided, settled, _, _, answers = pair.run()
+    assert said is not None and (status, decided, settled) == (said.done, 3, 3)
+    assert [landed for landed, _ in answers] == [
+        said.get_copied, said.get_not_sent, said.get_copied,
+    ]  # fmt: skip
+    assert pair.received == pair.requests[0] + pair.requests[2]
+    assert bytes(pair.rows[1]) == bytes(ROW) and bytes(pair.rows[2]) == scripted_value(2)[HEAD:]
+
+
+@needs_native
+def test_a_load_abandoned_while_its_value_arrives_is_never_copied(
     scripted: Callable[..., Scripted],
 ) -> None:
     pair = scripted(2, bulk(scripted_value(0)) + bulk(scripted_value(1)))
-    assert pair.loads[0].abandon()
+    # Pending when its GET went out, abandoned (its deadline) before the value is claimed.
+    pair.before_reply = lambda: pair.loads[0].abandon()
     status, _, settled, _, _, answers = pair.run()
     assert said is not None and (status, settled) == (said.done, 2)
+    assert pair.received == b"".join(pair.requests)
     assert [landed for landed, _ in answers] == [said.get_not_claimed, said.get_copied]
     assert bytes(pair.rows[0]) == bytes(ROW) and bytes(pair.rows[1]) == scripted_value(1)[HEAD:]
 
@@ -188,8 +211,8 @@ def test_a_window_of_one_sends_each_get_after_the_previous_reply(
     scripted: Callable[..., Scripted],
 ) -> None:
     pair = scripted(3, b"".join(bulk(scripted_value(i)) for i in range(3)), window=1)
-    status, sent, settled, _, _, _ = pair.run()
-    assert said is not None and (status, sent, settled) == (said.done, 3, 3)
+    status, decided, settled, _, _, _ = pair.run()
+    assert said is not None and (status, decided, settled) == (said.done, 3, 3)
     assert pair.early == b""  # the second GET went out only once the first was answered
     # With a window of three all go out at once (the far end still answers after the first).
     wide = scripted(3, b"".join(bulk(scripted_value(i)) for i in range(3)), answer_after=1)
@@ -366,15 +389,21 @@ def test_a_corrupt_value_fails_its_load_is_deleted_and_the_rest_are_served(
     assert store.stats().corrupt == {"checksum" if damage == "payload" else "length": 1}
 
 
+def _gets_served(raw: redis.Redis) -> int:
+    return int(raw.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+
+
 @needs_native
-def test_abandoned_loads_are_never_written_and_not_counted(
-    store: SharedStore,
+def test_loads_abandoned_before_the_exchange_are_not_asked_for_written_or_counted(
+    store: SharedStore, raw: redis.Redis
 ) -> None:
     share = Share(5)
     filled(store, 5)
     for i in (0, 3):
         assert share.loads[i].abandon()
+    before = _gets_served(raw)
     assert share.load(store) == [False, True, True, False, True]
+    assert _gets_served(raw) - before == 3  # the server served this store's three GETs
     assert share.untouched(0) and share.untouched(3)
     assert store.stats().hits == 3 and store.stats().misses == 0
 

@@ -184,10 +184,13 @@ class SocketStatuses(NamedTuple):
     #: ``exchange_claiming`` only: a bulk string does not end in ``\r\n``.
     bad_trailer: int
     #: What became of one GET of ``exchange_claiming`` (the first of its answer's pair): its
-    #: value claimed and copied into its out; its value, not claimed (out untouched); a nil.
+    #: value claimed and copied into its out; its value, not claimed (out untouched); a nil;
+    #: not sent (its load no longer pending at its turn); sent, its reply not read.
     get_copied: int
     get_not_claimed: int
     get_nil: int
+    get_not_sent: int
+    get_awaiting: int
 
 
 _SOCKET_MODULE = "kvtier.native._sockread"
@@ -229,6 +232,8 @@ def socket_statuses() -> SocketStatuses | None:
         module.GET_COPIED,
         module.GET_NOT_CLAIMED,
         module.GET_NIL,
+        module.GET_NOT_SENT,
+        module.GET_AWAITING,
     )
 
 

@@ -191,22 +191,36 @@ void kvtier_exchange_gets(int fd, struct kvtier_get *gets, size_t n, size_t head
     memset(result, 0, sizeof *result);
     if (window == 0)
         window = 1;
+    size_t in_flight = 0; /* sent, reply not received */
     int status = KVTIER_SOCK_DONE;
     for (size_t i = 0; i < n && status == KVTIER_SOCK_DONE; i++) {
-        while (result->sent < n && result->sent < i + window && status == KVTIER_SOCK_DONE) {
-            const struct kvtier_get *next = &gets[result->sent];
+        /* Every GET before i was received or passed over, so i is decided here at the latest. */
+        while (result->decided < n && in_flight < window && status == KVTIER_SOCK_DONE) {
+            struct kvtier_get *next = &gets[result->decided];
+            if (kvtier_claim_state(next->cell) != KVTIER_CLAIM_PENDING) {
+                next->landed = KVTIER_GET_NOT_SENT; /* abandoned: nothing to ask for */
+                result->decided++;
+                continue;
+            }
             status = send_all(fd, next->request, next->request_len, timeout_ms, &result->error);
-            if (status == KVTIER_SOCK_DONE)
-                result->sent++;
+            if (status == KVTIER_SOCK_DONE) {
+                next->landed = KVTIER_GET_AWAITING;
+                result->decided++;
+                in_flight++;
+            }
         }
         if (status != KVTIER_SOCK_DONE)
             break;
-        status = recv_line(fd, &gets[i], timeout_ms, result);
-        if (status == KVTIER_SOCK_DONE && gets[i].landed != KVTIER_GET_NIL)
-            status = recv_value(fd, &gets[i], header_len, bounce, checksum, timeout_ms,
-                                &result->error);
-        if (status == KVTIER_SOCK_DONE)
-            result->settled = i + 1;
+        if (gets[i].landed != KVTIER_GET_NOT_SENT) {
+            status = recv_line(fd, &gets[i], timeout_ms, result);
+            if (status == KVTIER_SOCK_DONE && gets[i].landed != KVTIER_GET_NIL)
+                status = recv_value(fd, &gets[i], header_len, bounce, checksum, timeout_ms,
+                                    &result->error);
+            if (status != KVTIER_SOCK_DONE)
+                break;
+            in_flight--;
+        }
+        result->settled = i + 1;
     }
     result->status = status;
 }

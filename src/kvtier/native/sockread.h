@@ -20,11 +20,14 @@ enum kvtier_sock_status {
  * socket may be non-blocking (Python sockets with a timeout are): each wait is a poll(). */
 int kvtier_recv_all(int fd, uint8_t *buf, size_t len, int timeout_ms, size_t *got, int *error);
 
-/* What became of one GET's reply, received whole. */
+/* What became of one GET. */
 enum kvtier_get_landed {
     KVTIER_GET_NOT_CLAIMED = 0, /* the value, but its load was no longer pending: out untouched */
     KVTIER_GET_COPIED = 1,      /* the value, claimed and copied into out */
     KVTIER_GET_NIL = 2,         /* no such key (a nil reply): out untouched */
+    KVTIER_GET_NOT_SENT = 3,    /* its load was no longer pending when its turn to be sent came:
+                                 * never asked for, out untouched */
+    KVTIER_GET_AWAITING = 4,    /* sent; its reply not read (the exchange stopped before it) */
 };
 
 /* One GET of an exchange: its command, the first line its reply has when it is the expected
@@ -38,7 +41,7 @@ struct kvtier_get {
     uint8_t *out;    /* payload_len bytes: the load's row, written only once claimed */
     size_t payload_len;
     int32_t *cell; /* the load's claim cell (claim.h) */
-    /* Set for each reply received whole: */
+    /* Set for each GET decided (sent, or not sent): */
     int landed; /* enum kvtier_get_landed */
     int checksummed;
     uint64_t payload_checksum; /* XXH3-64 of the payload, where checksum asked and applicable */
@@ -49,8 +52,8 @@ struct kvtier_get {
 struct kvtier_exchange {
     int status; /* enum kvtier_sock_status */
     int error;  /* errno of SOCK_ERROR */
-    size_t sent;    /* requests sent */
-    size_t settled; /* replies received whole (copied or not), in order */
+    size_t decided; /* GETs sent or passed over (not sent, their load no longer pending) */
+    size_t settled; /* GETs done with, in order: reply received whole, or not sent */
     /* SOCK_OTHER_REPLY: the bytes read of reply `settled`, maybe followed by later replies'
      * bytes; the rest of them are still on the socket. */
     uint8_t unparsed[KVTIER_LINE_MAX];
@@ -61,9 +64,10 @@ struct kvtier_exchange {
  * holds more than window values in its output buffers for this connection) and receive each
  * reply in turn: the expected bulk string's header into get->header and its payload into
  * bounce (hashed as it arrives, with checksum), then the load's claim, a copy of bounce into
- * out and the claim moved on to WRITTEN; or a nil reply (RESP2 or RESP3). It stops at the
- * first reply of another form (SOCK_OTHER_REPLY) or any socket fault. Touches no Python
- * object: call it without the GIL. */
+ * out and the claim moved on to WRITTEN; or a nil reply (RESP2 or RESP3). A GET whose load is
+ * no longer pending when its turn to be sent comes (abandoned at a deadline) is not sent. It
+ * stops at the first reply of another form (SOCK_OTHER_REPLY) or any socket fault. Touches no
+ * Python object: call it without the GIL. */
 void kvtier_exchange_gets(int fd, struct kvtier_get *gets, size_t n, size_t header_len,
                           uint8_t *bounce, size_t window, int checksum, int timeout_ms,
                           struct kvtier_exchange *result);

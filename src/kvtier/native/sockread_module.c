@@ -65,16 +65,17 @@ static PyObject *recv_exactly(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(exchange_claiming_doc,
              "exchange_claiming(fd, requests, lines, headers, bounce, outs, cells, window,\n"
              "                  checksum, timeout_ms)\n"
-             "    -> (status, sent, settled, errno, unparsed, answers)\n\n"
+             "    -> (status, decided, settled, errno, unparsed, answers)\n\n"
              "Send each packed GET of the list requests, at most window awaiting a reply, and\n"
-             "receive the replies in turn, in one call without the GIL. A reply whose first\n"
-             "line is lines[i] has its first len(headers) // n bytes put in headers (back to\n"
-             "back) and the rest, len(outs[i]) bytes, received into bounce, then copied into\n"
-             "outs[i] once the claim cell cells[i] moved from pending to copying (then on to\n"
+             "receive the replies in turn, in one call without the GIL. A GET whose claim cell\n"
+             "cells[i] is no longer pending when its turn to be sent comes is not sent. A reply\n"
+             "whose first line is lines[i] has its first len(headers) // n bytes put in\n"
+             "headers (back to back) and the rest, len(outs[i]) bytes, received into bounce,\n"
+             "then copied into outs[i] once cells[i] moved from pending to copying (then on to\n"
              "written). It stops at the first reply of another form (status RECV_OTHER_REPLY:\n"
-             "unparsed holds the bytes read of it) or a socket fault. answers: per reply\n"
-             "received whole, (GET_COPIED, GET_NOT_CLAIMED or GET_NIL, the payload's XXH3-64\n"
-             "or None).");
+             "unparsed holds the bytes read of it) or a socket fault. answers: per GET decided\n"
+             "(sent or not), (GET_COPIED, GET_NOT_CLAIMED, GET_NIL, GET_NOT_SENT or\n"
+             "GET_AWAITING, the payload's XXH3-64 or None); the first settled are done with.");
 
 static PyObject *exchange_claiming(PyObject *self, PyObject *args) {
     (void)self;
@@ -141,10 +142,10 @@ static PyObject *exchange_claiming(PyObject *self, PyObject *args) {
     kvtier_exchange_gets(fd, gets, (size_t)n, header_len, bounce.buf, (size_t)window, checksum,
                          timeout_ms, &result);
     Py_END_ALLOW_THREADS
-    PyObject *answers = PyList_New((Py_ssize_t)result.settled);
+    PyObject *answers = PyList_New((Py_ssize_t)result.decided);
     if (answers == NULL)
         goto done;
-    for (size_t i = 0; i < result.settled; i++) {
+    for (size_t i = 0; i < result.decided; i++) {
         PyObject *payload_checksum =
             gets[i].checksummed ? PyLong_FromUnsignedLongLong(gets[i].payload_checksum)
                                 : Py_NewRef(Py_None);
@@ -157,7 +158,7 @@ static PyObject *exchange_claiming(PyObject *self, PyObject *args) {
         }
         PyList_SetItem(answers, (Py_ssize_t)i, item);
     }
-    answer = Py_BuildValue("innNy#N", result.status, (Py_ssize_t)result.sent,
+    answer = Py_BuildValue("innNy#N", result.status, (Py_ssize_t)result.decided,
                            (Py_ssize_t)result.settled, PyLong_FromLong(result.error),
                            (const char *)result.unparsed, (Py_ssize_t)result.unparsed_len,
                            answers);
@@ -204,7 +205,9 @@ PyMODINIT_FUNC PyInit__sockread(void) {
          PyModule_AddIntConstant(m, "RECV_BAD_TRAILER", KVTIER_SOCK_BAD_TRAILER) != 0 ||
          PyModule_AddIntConstant(m, "GET_NOT_CLAIMED", KVTIER_GET_NOT_CLAIMED) != 0 ||
          PyModule_AddIntConstant(m, "GET_COPIED", KVTIER_GET_COPIED) != 0 ||
-         PyModule_AddIntConstant(m, "GET_NIL", KVTIER_GET_NIL) != 0)) {
+         PyModule_AddIntConstant(m, "GET_NIL", KVTIER_GET_NIL) != 0 ||
+         PyModule_AddIntConstant(m, "GET_NOT_SENT", KVTIER_GET_NOT_SENT) != 0 ||
+         PyModule_AddIntConstant(m, "GET_AWAITING", KVTIER_GET_AWAITING) != 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -6,7 +6,8 @@ get it back. A GET per record gives it up about four times (the send, the reply'
 the value, the check and copy): measured beside a busy Python thread, a 5.6 MiB record took
 22-25 ms instead of 2.3 (docs/shared-tier.md). ``exchange`` sends a share's GETs and receives,
 hashes, claims and copies every value in one call (``kvtier.native.socket_exchanger``): one
-hand-over per share.
+hand-over per share. A GET whose load was abandoned (its deadline passed) before its turn to be
+sent is not sent: after a deadline the thread is not held up by values nobody will use.
 
 What is read raw is what ``readinto`` reads raw, a bulk string of exactly the expected length
 (see there why any other reply differs within its first line), and a nil (a key the server
@@ -58,11 +59,20 @@ WINDOW_BYTES = 4 << 20
 MAX_GETS = 64
 
 
+class _NotSent:
+    def __repr__(self) -> str:
+        return "NOT_SENT"
+
+
+#: In ``Exchanged.replies``: a GET not sent, its load no longer pending when its turn came.
+NOT_SENT = _NotSent()
+
+
 @dataclass(frozen=True, slots=True)
 class Landed:
-    """A reply received whole: ``found`` False for a nil (no such key); else the value,
-    ``copied`` into its row (False: its load was no longer pending, and the row is
-    untouched), its header, and its payload's XXH3-64 when computed."""
+    """A GET done with: ``found`` False for a nil (no such key); else the value, ``copied``
+    into its row (False: its load was no longer pending, the row untouched, the value maybe
+    not even asked for), its header, and its payload's XXH3-64 when computed."""
 
     found: bool
     copied: bool
@@ -74,8 +84,8 @@ class Landed:
 class Exchanged:
     """What an exchange did with GETs ``0..n-1``: ``landed`` answers the first ones, in
     order; ``replies`` the next ones, as redis-py's parser returned them (None for nil, the
-    value's bytes, or the ``ResponseError`` of an error reply); the rest were not sent, or,
-    with ``fault``, sent and unanswered."""
+    value's bytes, or the ``ResponseError`` of an error reply), or ``NOT_SENT``; the rest
+    were not sent, or, with ``fault``, sent and unanswered."""
 
     landed: list[Landed] = field(default_factory=list)
     replies: list[object] = field(default_factory=list)
@@ -155,7 +165,7 @@ def _exchange_on(
     window = max(1, WINDOW_BYTES // (HEADER_BYTES + max(out.nbytes for out in outs)))
     timeout = sock.gettimeout()
     timeout_ms = -1 if timeout is None else math.ceil(timeout * 1000)
-    status, sent, settled, error, unparsed, answers = exchanger(
+    status, decided, settled, error, unparsed, answers = exchanger(
         sock.fileno(),
         requests,
         lines,
@@ -175,13 +185,16 @@ def _exchange_on(
                 headers[i * HEADER_BYTES : (i + 1) * HEADER_BYTES],
                 payload_checksum,
             )
-            for i, (landed, payload_checksum) in enumerate(answers)
+            for i, (landed, payload_checksum) in enumerate(answers[:settled])
         ]
     )
     where = f"{connection.host}:{connection.port}"
     if status == said.other_reply:
         reader.feed(unparsed)
-        for _ in range(settled, sent):
+        for landed, _ in answers[settled:decided]:
+            if landed == said.get_not_sent:
+                done.replies.append(NOT_SENT)
+                continue
             try:
                 done.replies.append(connection.read_response())
             except ResponseError as reply:  # an error reply: the connection is fine

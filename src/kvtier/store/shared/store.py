@@ -547,6 +547,8 @@ class SharedStore(BlockStore):
             for i, landed in zip(share, done.landed, strict=False):
                 answers[i] = self._land(keys[i], outs[i], claims[i], landed)
             for i, reply in zip(share[len(done.landed) :], done.replies, strict=False):
+                if reply is batch.NOT_SENT:
+                    continue  # abandoned before it was asked for: not loaded
                 if reply is None:
                     self._view.forget(keys[i])
                     self._miss()
