@@ -46,35 +46,33 @@ class ReplacingBuildExt(build_ext):
 # flags, optimisation included, and the reader's checksum then ran 5x slower (measured).
 COMPILE_ARGS = ["-O3", "-fno-strict-aliasing"]
 
-streamcopy = Extension(
-    "kvtier.native._streamcopy",
-    sources=[f"{NATIVE}/streamcopy.c", f"{NATIVE}/streamcopy_module.c"],
-    depends=[f"{NATIVE}/streamcopy.h"],
-    # The stable ABI: one build serves every CPython >= 3.11 (requires-python).
-    define_macros=[("Py_LIMITED_API", "0x030B0000")],
-    py_limited_api=True,
-    extra_compile_args=COMPILE_ARGS,
-    optional=True,
-)
 
-recordread = Extension(
-    "kvtier.native._recordread",
-    sources=[f"{NATIVE}/recordread.c", f"{NATIVE}/xxh3.c", f"{NATIVE}/recordread_module.c"],
-    depends=[f"{NATIVE}/recordread.h", f"{NATIVE}/claim.h", f"{NATIVE}/xxh3.h"],
-    define_macros=[("Py_LIMITED_API", "0x030B0000")],
-    py_limited_api=True,
-    extra_compile_args=COMPILE_ARGS,
-    optional=True,
-)
+def native_extension(name: str, sources: list[str], depends: list[str]) -> Extension:
+    """One of kvtier's optional C extensions (files under src/kvtier/native), built for the
+    stable ABI: one build serves every CPython >= 3.11 (requires-python)."""
+    return Extension(
+        f"kvtier.native.{name}",
+        sources=[f"{NATIVE}/{source}" for source in sources],
+        depends=[f"{NATIVE}/{header}" for header in depends],
+        define_macros=[("Py_LIMITED_API", "0x030B0000")],
+        py_limited_api=True,
+        extra_compile_args=COMPILE_ARGS,
+        optional=True,
+    )
 
-sockread = Extension(
-    "kvtier.native._sockread",
-    sources=[f"{NATIVE}/sockread.c", f"{NATIVE}/xxh3.c", f"{NATIVE}/sockread_module.c"],
-    depends=[f"{NATIVE}/sockread.h", f"{NATIVE}/claim.h", f"{NATIVE}/xxh3.h"],
-    define_macros=[("Py_LIMITED_API", "0x030B0000")],
-    py_limited_api=True,
-    extra_compile_args=COMPILE_ARGS,
-    optional=True,
+
+streamcopy = native_extension(
+    "_streamcopy", ["streamcopy.c", "streamcopy_module.c"], ["streamcopy.h"]
+)
+recordread = native_extension(
+    "_recordread",
+    ["recordread.c", "xxh3.c", "recordread_module.c"],
+    ["recordread.h", "claim.h", "xxh3.h"],
+)
+sockread = native_extension(
+    "_sockread",
+    ["sockread.c", "xxh3.c", "sockread_module.c"],
+    ["sockread.h", "claim.h", "xxh3.h"],
 )
 
 setup(
