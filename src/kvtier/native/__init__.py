@@ -218,7 +218,8 @@ def socket_receiver() -> SocketReceiver | None:
 
 
 def socket_statuses() -> SocketStatuses | None:
-    """``socket_receiver``'s statuses by name, or None where it was not built."""
+    """``socket_receiver``'s and ``socket_exchanger``'s statuses by name, or None where the
+    module was not built."""
     module = _socket_module()
     if module is None:
         return None
@@ -238,8 +239,8 @@ def socket_statuses() -> SocketStatuses | None:
 
 
 #: Signature of ``exchange_claiming(fd, requests, lines, headers, bounce, outs, cells, window,
-#: checksum, timeout_ms) -> (status, sent, settled, errno, unparsed, answers)``, ``answers``
-#: holding ``(landed, payload_checksum)`` per reply received whole: see sockread_module.c.
+#: checksum, timeout_ms) -> (status, decided, settled, errno, unparsed, answers)``, ``answers``
+#: holding ``(landed, payload_checksum)`` per GET decided: see sockread_module.c.
 SocketExchanger = Callable[
     [
         int,

@@ -184,7 +184,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "kvtier.native._sockread",
-    "A socket read of exactly n bytes in one call without the GIL (see kvtier.native).",
+    "The shared tier's socket receives, each in one call without the GIL (see kvtier.native).",
     0,
     methods,
     NULL,

@@ -37,7 +37,6 @@ received before it stay good.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -51,6 +50,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kvtier import native
 from kvtier.format.record import HEADER_BYTES
+from kvtier.store.shared import readinto
 from kvtier.store.shared.client import hiredis
 
 #: Bytes of values asked for and not yet received, per exchange (see the module docstring).
@@ -122,9 +122,10 @@ def exchange(
         return Exchanged(fault=exc)
     try:
         sock = getattr(connection, "_sock", None)
+        timeout_ms = readinto.native_timeout_ms(sock)
         reader = getattr(getattr(connection, "_parser", None), "_reader", None)
         if (
-            type(sock) is not socket.socket  # an SSLSocket is a subclass: it decrypts in Python
+            timeout_ms is None
             or hiredis is None
             or not isinstance(reader, hiredis.Reader)
             or reader.has_data()
@@ -137,8 +138,8 @@ def exchange(
             return Exchanged(fault=exc)
         try:
             return _exchange_on(
-                connection, sock, reader, exchanger, said, server_keys, outs, cells, bounce,
-                checksum,
+                connection, sock, timeout_ms, reader, exchanger, said, server_keys, outs,
+                cells, bounce, checksum,
             )  # fmt: skip
         except BaseException:
             connection.disconnect()  # replies may still be on the way: never back to the pool
@@ -150,6 +151,7 @@ def exchange(
 def _exchange_on(
     connection: Connection,
     sock: socket.socket,
+    timeout_ms: int,
     reader: hiredis.Reader,
     exchanger: native.SocketExchanger,
     said: native.SocketStatuses,
@@ -163,8 +165,6 @@ def _exchange_on(
     lines = [b"$%d\r\n" % (HEADER_BYTES + out.nbytes) for out in outs]
     headers = memoryview(bytearray(HEADER_BYTES * len(server_keys)))
     window = max(1, WINDOW_BYTES // (HEADER_BYTES + max(out.nbytes for out in outs)))
-    timeout = sock.gettimeout()
-    timeout_ms = -1 if timeout is None else math.ceil(timeout * 1000)
     status, decided, settled, error, unparsed, answers = exchanger(
         sock.fileno(),
         requests,

@@ -103,12 +103,11 @@ def _recv_value(sock: _Socket, payload: memoryview, trailer: bytearray) -> None:
     """Fill ``payload`` then ``trailer`` from ``sock``: in one native call where it is a plain
     socket, else by ``recv_into``; the same exceptions either way."""
     receive, said = native.socket_receiver(), native.socket_statuses()
-    if receive is None or said is None or type(sock) is not socket.socket:  # TLS, a stand-in
+    timeout_ms = native_timeout_ms(sock)
+    if receive is None or said is None or timeout_ms is None:
         _recv_exactly(sock, payload)
         _recv_exactly(sock, memoryview(trailer))
         return
-    timeout = sock.gettimeout()
-    timeout_ms = -1 if timeout is None else math.ceil(timeout * 1000)
     status, _, error = receive(sock.fileno(), (payload, trailer), timeout_ms)
     if status == said.peer_closed:
         raise RedisConnectionError(_CLOSED)
@@ -116,6 +115,16 @@ def _recv_value(sock: _Socket, payload: memoryview, trailer: bytearray) -> None:
         raise TimeoutError("timed out")  # what a plain socket's recv_into raises
     if status == said.error:
         raise OSError(error, os.strerror(error))
+
+
+def native_timeout_ms(sock: object) -> int | None:
+    """How long a native receive on ``sock`` may wait for data, as its Python calls would
+    (milliseconds, -1 without bound); None where native code cannot read it: a TLS socket
+    (``SSLSocket`` subclasses ``socket``, and decrypts in Python) or a stand-in."""
+    if type(sock) is not socket.socket:
+        return None
+    timeout = sock.gettimeout()
+    return -1 if timeout is None else math.ceil(timeout * 1000)
 
 
 def _recv_exactly(sock: _Socket, view: memoryview) -> None:

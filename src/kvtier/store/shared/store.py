@@ -452,10 +452,7 @@ class SharedStore(BlockStore):
             copy_into(dest, memoryview(payload).cast("B"))
         mark_written(claim)
         self._remember(key, block_key)
-        with self._lock:
-            self._stats.hits += 1
-            self._stats.direct_hits += direct
-            self._stats.bytes_read += header.payload_len
+        self._count_hit(header.payload_len, direct)
         return True
 
     def get_many_into_when(
@@ -604,12 +601,15 @@ class SharedStore(BlockStore):
         if was_abandoned(claim):
             return False  # reported failed by the scheduler; its row is vLLM's again
         self._view.remember(key, header.payload_len)
+        self._count_hit(header.payload_len, direct=True, batched=True)
+        return True
+
+    def _count_hit(self, payload_len: int, direct: bool, batched: bool = False) -> None:
         with self._lock:
             self._stats.hits += 1
-            self._stats.direct_hits += 1
-            self._stats.batched_hits += 1
-            self._stats.bytes_read += header.payload_len
-        return True
+            self._stats.direct_hits += direct
+            self._stats.batched_hits += batched
+            self._stats.bytes_read += payload_len
 
     def contains(self, key: bytes) -> bool:
         """In the in-memory view (stored or found by this process); no network I/O."""
