@@ -488,7 +488,8 @@ class SharedTierSettings(SettingsModel):
     io_threads: int = Field(
         default=4, ge=1, le=64, strict=True, **_option("shared_threads", "give 1 to 64, e.g. 4")
     )
-    #: Stores waiting for the server beyond this are dropped and counted.
+    #: Stores waiting for the server beyond this are dropped and counted (behind a disk tier,
+    #: only their server part: the disk is still written).
     max_queued_blocks: int = Field(
         default=1024,
         ge=1,

@@ -55,6 +55,7 @@ def test_puts_go_to_both_stores_and_local_is_read_first():
     store = LocalThenShared(local, shared)
     assert store.put(key(2), b"b" * 64)
     assert local.contains(key(2)) and shared.contains(key(2))
+    assert store.without_server() is local, "what is kept when the server falls behind"
     hits = shared.stats().hits
     assert store.get(key(2)) == b"b" * 64
     assert shared.stats().hits == hits, "a local hit never asks the server"
@@ -116,6 +117,47 @@ def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path):
         made.drain_jobs()
         results = {r.job_id: r.success for r in made.get_finished_jobs()}
         assert results == {1: True, 2: False}
+    finally:
+        made.shutdown()
+
+
+def test_behind_a_disk_stores_beyond_the_bound_still_reach_the_disk_and_skip_the_server(tmp_path):
+    """A shared tier that falls behind must not cost the disk its blocks: over the bound, a
+    store job writes the disk alone (as a disk tier without a server would) and counts the
+    server's part dropped, under the server part's name."""
+    init_none_hash(sha256)
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    local, blocked, release = MemoryStore(1 << 20), FakeRemoteStore(), []
+
+    def slow_put(k, payload):
+        assert wait_until(lambda: release, 30, 0.01), "test never released the server"
+        return FakeRemoteStore.put(blocked, k, payload)
+
+    blocked.put = slow_put  # type: ignore[method-assign]
+    made = KvtierSharedTier(
+        spec, memoryview(pool), "t", url="redis://127.0.0.1:1", max_queued_blocks=2,
+        store_factory=lambda s, n: LocalThenShared(local, blocked), check=lambda s, r: None,
+    )
+    try:
+        assert wait_until(lambda: made.store is not None, 30, 0.01), "the store never opened"
+        made.get_stats()  # the baseline the next report is measured from
+        made.submit_store(TransferJob(1, [key(1), key(2)], np.array([0, 1]), False, CTX))
+        made.submit_store(TransferJob(2, [key(3)], np.array([2]), False, CTX))
+        assert wait_until(lambda: local.contains(key(3)), 30, 0.01), "over the bound: no disk"
+        assert not blocked.contains(key(3))
+        assert made.counters.stores_dropped == 0
+        assert made.counters.server_stores_dropped == 1
+        release.append(True)
+        made.drain_jobs()
+        results = {r.job_id: r.success for r in made.get_finished_jobs()}
+        assert results == {1: True, 2: True}, "the disk holds every block"
+        assert all(local.contains(key(i)) for i in (1, 2, 3))
+        assert blocked.contains(key(1)) and not blocked.contains(key(3))
+        report = made.get_stats()
+        assert report is not None
+        dropped = report.data["data"]["kvtier:tier_stores_dropped"]
+        assert dropped == {("shared",): 1}, dropped
     finally:
         made.shutdown()
 

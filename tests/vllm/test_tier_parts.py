@@ -12,9 +12,10 @@ import pytest
 
 from kvtier.dataplane.abandonable import AbandonableLoad
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.vllm.tier_jobs import JobTable
+from kvtier.vllm.tier_jobs import JobTable, StoresQueued
 from kvtier.vllm.tier_prober import ABSENT_TTL_S, ExistenceProber
 from kvtier.vllm.tier_stats import TierCounters, TierStats
+from tests.support.waiting import wait_until
 
 
 class FakeClock:
@@ -53,6 +54,7 @@ def test_counters_bumped_from_many_threads_lose_no_increment(frequent_thread_swi
             stats.load_failed()
             stats.abandoned(2)
             stats.dropped(3)
+            stats.dropped_server_part(5)
 
     workers = [threading.Thread(target=bump) for _ in range(threads)]
     for worker in workers:
@@ -68,6 +70,7 @@ def test_counters_bumped_from_many_threads_lose_no_increment(frequent_thread_swi
         load_failures=n,
         loads_abandoned=2 * n,
         stores_dropped=3 * n,
+        server_stores_dropped=5 * n,
     )
 
 
@@ -186,13 +189,37 @@ def table():
 
 def test_stores_beyond_the_bound_are_dropped_and_reported_failed(table):
     release = threading.Event()
-    assert table.submit_stores(1, [key(1), key(2)], [0, 1], lambda k, r: release.wait(10))
-    assert not table.submit_stores(2, [key(3)], [2], lambda k, r: True)
+    whole = table.submit_stores(1, [key(1), key(2)], [0, 1], lambda k, r: release.wait(10))
+    assert whole is StoresQueued.WHOLE
+    assert table.submit_stores(2, [key(3)], [2], lambda k, r: True) is StoresQueued.DROPPED
     release.set()
     table.drain()
     outcomes = {d.job.job_id: d.outcomes for d in table.finished()}
     assert outcomes == {1: [True, True], 2: [False]}
-    assert table.submit_stores(3, [key(4), key(5)], [0, 1], lambda k, r: True), "bound freed"
+    freed = table.submit_stores(3, [key(4), key(5)], [0, 1], lambda k, r: True)
+    assert freed is StoresQueued.WHOLE, "bound freed"
+
+
+def test_stores_beyond_the_bound_run_their_over_bound_task_outside_the_bound(table):
+    release, ran = threading.Event(), []
+
+    def over_bound(k, r):
+        ran.append((k, r))
+        return True
+
+    # One of the two threads held by a store within the bound; the bound is 2 blocks.
+    held = table.submit_stores(1, [key(1)], [0], lambda k, r: release.wait(30))
+    assert held is StoresQueued.WHOLE
+    queued = table.submit_stores(2, [key(2), key(3)], [1, 2], lambda k, r: False, over_bound)
+    assert queued is StoresQueued.OVER_BOUND
+    ran_both = wait_until(lambda: sorted(ran) == [(key(2), 1), (key(3), 2)], 30, 0.01)
+    assert ran_both, "the over-bound tasks never ran"
+    release.set()
+    table.drain()
+    outcomes = {d.job.job_id: d.outcomes for d in table.finished()}
+    assert outcomes == {1: [True], 2: [True, True]}
+    freed = table.submit_stores(3, [key(4), key(5)], [0, 1], lambda k, r: True, over_bound)
+    assert freed is StoresQueued.WHOLE, "an over-bound task never holds the bound"
 
 
 def test_a_late_load_is_abandoned_at_its_deadline_and_never_claims_its_row():

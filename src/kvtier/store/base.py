@@ -219,6 +219,12 @@ class BlockStore(abc.ABC):
         empty for a store of one part."""
         return []
 
+    def without_server(self) -> BlockStore | None:
+        """This store without its parts on a server: what a writer can still keep when the
+        server falls behind (a disk store behind which a shared store sits keeps its disk).
+        The store itself when no part is on a server; None when all of it is."""
+        return self
+
     def get(self, key: bytes) -> bytes | None:
         """The payload of ``key`` as new bytes, or None on a miss (built on ``get_into``)."""
         out = bytearray(self.payload_len(key) or 0)  # unknown: get_into misses (and counts it)

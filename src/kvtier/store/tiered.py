@@ -71,6 +71,9 @@ class LocalThenShared(BlockStore):
         """The stores under their metric names."""
         return [("disk", self.local), ("shared", self.shared)]
 
+    def without_server(self) -> BlockStore | None:
+        return self.local.without_server()
+
     # -- BlockStore ----------------------------------------------------------------------
     def put(self, key: bytes, payload: Buffer) -> bool:
         local_ok = self.local.put(key, payload)

@@ -37,6 +37,7 @@ kvtier:decision_evidence_files       counter  files   evidence files adopted / i
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +95,11 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         LOAD_FAILURES: counter("Block loads that became misses and were recomputed."),
         STORE_FAILURES: counter("Block stores the kvtier tier refused or failed."),
-        STORES_DROPPED: counter("Block stores dropped because the tier could not keep up."),
+        STORES_DROPPED: counter(
+            "Block stores dropped because the tier could not keep up; under tier=\"shared\" "
+            "behind a disk tier: blocks written to the disk but not to the server, which fell "
+            "behind."
+        ),
         BYTES_READ: counter("Payload bytes of verified loads from the kvtier tier."),
         BYTES_WRITTEN: counter("Record bytes written to the kvtier tier."),
         PAGE_CACHE_READS: counter(
@@ -150,9 +155,12 @@ def snapshot(
     stores: list[tuple[str, Any]],
     tier_counters: Any,
     gauges: dict[str, float],
+    server_parts: Sequence[str] = (),
 ) -> TierSnapshot:
     """Cumulative figures from a tier's ``TierCounters`` (under ``tier_word``) and the
-    ``StoreStats`` of each of its stores (under the store's own word)."""
+    ``StoreStats`` of each of its stores (under the store's own word); stores whose server
+    part alone was dropped count under the word of each part on a server
+    (``server_parts``)."""
     label = (tier_word,)
     counters: dict[tuple[str, tuple[str, ...]], float] = {
         (ABANDONED, label): tier_counters.loads_abandoned,
@@ -163,6 +171,8 @@ def snapshot(
         (IO_SECONDS, (tier_word, "read")): tier_counters.read_seconds,
         (IO_SECONDS, (tier_word, "write")): tier_counters.write_seconds,
     }
+    for word in server_parts:
+        counters[(STORES_DROPPED, (word,))] = tier_counters.server_stores_dropped
     for word, store_stats in stores:
         store_label = (word,)
         counters[(EVICTED, store_label)] = store_stats.evictions

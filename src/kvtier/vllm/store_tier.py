@@ -13,7 +13,10 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   (``kvtier.vllm.row_layout``): the row itself when no rank repeats another's slice, else one
   copy of each slice, gathered on store and copied to every rank's part on load. When more
   than ``max_queued_blocks`` stores are waiting, new stores are dropped and counted (a slow
-  tier never holds the host pool).
+  tier never holds the host pool); a store with a part that needs no server
+  (``BlockStore.without_server``: the disk of a disk tier with a shared tier behind it) still
+  writes that part, unbounded as a disk tier alone, and only the server's part is dropped and
+  counted (``kvtier:tier_stores_dropped`` under the server part's name).
 * A store that can ask a server about keys it has not seen (``abilities.remote_lookup``: the
   shared tier) answers RETRY for such a key and asks the server on the tier's prober thread,
   all keys of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY
@@ -83,7 +86,7 @@ from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, eng
 from kvtier.vllm.lookup_decider import TierDecider, make_policy
 from kvtier.vllm.startup_line import decision_to, report_to
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable
+from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
 from kvtier.vllm.tier_opener import (
     HOUSEKEEPING_INTERVAL_S,
     OPEN_TIMEOUT_S,
@@ -348,9 +351,18 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         keys = list(job_metadata.keys)
         self.decider.on_store(keys, job_metadata.req_context)
         rows = [int(c) for c in job_rows(job_metadata)]
-        if not self._jobs.submit_stores(job_metadata.job_id, keys, rows, self._store_one):
+        store = self.store
+        local = None if store is None else store.without_server()
+        over_bound = self._store_one_without_server if local not in (None, store) else None
+        queued = self._jobs.submit_stores(
+            job_metadata.job_id, keys, rows, self._store_one, over_bound
+        )
+        if queued is StoresQueued.DROPPED:
             # The tier cannot keep up: the store was dropped (a later one may succeed).
             self._stats.dropped(len(keys))
+        elif queued is StoresQueued.OVER_BOUND:
+            # The server cannot keep up: the local part is written, the server's dropped.
+            self._stats.dropped_server_part(len(keys))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Queue one abandonable read per block, with a deadline for the whole job."""
@@ -440,10 +452,12 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
     def get_stats(self) -> metrics.OffloadingConnectorStats | None:
         """What changed since the last call (scheduler thread: in-memory figures only)."""
         store = self.store
+        server_parts: list[str] = []
         if store is None:
             stores = []
         elif store.abilities.parts:
             stores = [(word, part.stats()) for word, part in store.parts()]
+            server_parts = [w for w, part in store.parts() if part.without_server() is None]
         else:
             stores = [(self.metric_tier, store.stats())]
         usage = self._opener.usage
@@ -455,7 +469,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
                 metrics.CAPACITY_BYTES: float(usage.capacity_bytes),
             }
         )
-        now = metrics.snapshot(self.metric_tier, stores, self.counters, gauges)
+        now = metrics.snapshot(self.metric_tier, stores, self.counters, gauges, server_parts)
         self._add_decision_figures(now)
         delta = metrics.delta_stats(self._reported, now)
         self._reported = now
@@ -509,8 +523,15 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
 
     def _store_one(self, key: OffloadKey, row: int) -> bool:
         store = self._wait_store()
-        if store is None:
-            return False
+        return store is not None and self._store_into(store, key, row)
+
+    def _store_one_without_server(self, key: OffloadKey, row: int) -> bool:
+        """A block's store over the bound: into the store's part that needs no server."""
+        store = self._wait_store()
+        local = None if store is None else store.without_server()
+        return local is not None and self._store_into(local, key, row)
+
+    def _store_into(self, store: BlockStore, key: OffloadKey, row: int) -> bool:
         started = time.perf_counter()
         record = self._record_of(row)
         # A record of another length can never load into a row: replace it.

@@ -12,8 +12,10 @@ vLLM reuses at once). A block being copied into its row cannot be abandoned; its
 again at the next step (a copy ends within milliseconds).
 
 Stores beyond ``max_queued_blocks`` waiting blocks are dropped (a slow tier never holds the
-host pool), and reported as failed. Draining waits for every task; it never cancels a copy
-under way. Shutdown waits at most its drain deadline (``shutdown``).
+host pool), and reported as failed, unless the job brings a task for that case
+(``over_bound``: a disk tier with a shared tier behind it still writes its disk, as a disk
+tier alone would, and drops only the server's part). Draining waits for every task; it never
+cancels a copy under way. Shutdown waits at most its drain deadline (``shutdown``).
 
 An abandoned load whose read is still running holds its I/O thread until the read returns;
 such reads are counted, one per thread held (``TierStats.stuck``), so the tier can stop
@@ -25,6 +27,8 @@ pools. Knows nothing of vLLM: the tier turns ``FinishedJob`` into vLLM's ``JobRe
 
 from __future__ import annotations
 
+import enum
+import functools
 import logging
 import threading
 import time
@@ -49,6 +53,17 @@ StoreTask = Callable[[bytes, int], bool]
 #: A thread's share of a load: (keys, host-pool rows, their abandonable loads) -> per block,
 #: True when it was loaded.
 LoadTask = Callable[[list[bytes], list[int], list[AbandonableLoad]], list[bool]]
+
+
+class StoresQueued(enum.Enum):
+    """What ``submit_stores`` did with a store job."""
+
+    #: Every block's store task queued.
+    WHOLE = "whole"
+    #: Over the bound: every block's ``over_bound`` task queued instead, unbounded.
+    OVER_BOUND = "over_bound"
+    #: Over the bound with no ``over_bound`` task: nothing queued, the job reported failed.
+    DROPPED = "dropped"
 
 
 @dataclass
@@ -127,10 +142,17 @@ class JobTable:
             self._inflight.discard(future)
 
     def submit_stores(
-        self, job_id: int, keys: Sequence[bytes], rows: Sequence[int], task: StoreTask
-    ) -> bool:
-        """Queue one store task per block; False when the job was dropped instead (more than
-        ``max_queued_blocks`` would wait): it is then reported failed, nothing is written."""
+        self,
+        job_id: int,
+        keys: Sequence[bytes],
+        rows: Sequence[int],
+        task: StoreTask,
+        over_bound: StoreTask | None = None,
+    ) -> StoresQueued:
+        """Queue one store task per block. When more than ``max_queued_blocks`` would wait,
+        queue one ``over_bound`` task per block instead (not counted against the bound: it
+        is for work that does not wait on what the bound protects), or, without one, drop
+        the job: it is then reported failed, nothing is written."""
         keys = list(keys)
         with self._queued_lock:
             full = self._max_queued is not None and (
@@ -138,17 +160,19 @@ class JobTable:
             )
             if not full:
                 self._queued_stores += len(keys)
-        if full:
+        if not full:
+            run, queued = functools.partial(self._counted_store, task), StoresQueued.WHOLE
+        elif over_bound is not None:
+            run, queued = over_bound, StoresQueued.OVER_BOUND
+        else:
             done: Future[bool] = Future()
             done.set_result(False)
             self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
-            return False
-        futures = [
-            self._submit(self._write_pool, self._counted_store, task, k, r)
-            for k, r in zip(keys, rows, strict=True)
-        ]
+            return StoresQueued.DROPPED
+        pairs = zip(keys, rows, strict=True)
+        futures = [self._submit(self._write_pool, run, k, r) for k, r in pairs]
         self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
-        return True
+        return queued
 
     def _counted_store(self, task: StoreTask, key: bytes, row: int) -> bool:
         try:

@@ -23,6 +23,9 @@ class TierCounters:
 
     #: Blocks whose store was dropped because the tier's queue was full.
     stores_dropped: int = 0
+    #: Blocks stored without their server part (the queue was full; the part that needs no
+    #: server, a disk, was written).
+    server_stores_dropped: int = 0
     #: Blocks whose load failed (missing, failed check, I/O error); abandoned ones excluded.
     load_failures: int = 0
     #: Blocks whose load was abandoned at its deadline.
@@ -77,6 +80,9 @@ class TierStats:
 
     def dropped(self, blocks: int) -> None:
         self._add(stores_dropped=blocks)
+
+    def dropped_server_part(self, blocks: int) -> None:
+        self._add(server_stores_dropped=blocks)
 
     def open_failed(self) -> None:
         self._add(open_failures=1)

@@ -781,6 +781,9 @@ class SharedStore(BlockStore):
             return Problem("corrupt", str(exc), key=key, fixed=fix)
         return None
 
+    def without_server(self) -> BlockStore | None:
+        return None  # every record lives on the server
+
     def close(self) -> None:
         """Close the connections; idempotent. Later operations miss or return False."""
         with self._lock:
