@@ -122,6 +122,11 @@ class JobTable:
         self._write_pool = ThreadPoolExecutor(
             io_threads, f"{thread_prefix}-write", initializer=_start_io_thread
         )
+        # Over-bound stores run on threads of their own (started only if one comes): queued
+        # behind the bounded stores they would wait on what the bound holds back.
+        self._over_bound_pool = ThreadPoolExecutor(
+            io_threads, f"{thread_prefix}-write-over", initializer=_start_io_thread
+        )
         self._jobs: dict[int, Job] = {}
         self._queued_stores = 0
         self._queued_lock = threading.Lock()
@@ -150,9 +155,9 @@ class JobTable:
         over_bound: StoreTask | None = None,
     ) -> StoresQueued:
         """Queue one store task per block. When more than ``max_queued_blocks`` would wait,
-        queue one ``over_bound`` task per block instead (not counted against the bound: it
-        is for work that does not wait on what the bound protects), or, without one, drop
-        the job: it is then reported failed, nothing is written."""
+        queue one ``over_bound`` task per block instead, on threads of its own and not counted
+        against the bound (it is for work that does not wait on what the bound holds back),
+        or, without one, drop the job: it is then reported failed, nothing is written."""
         keys = list(keys)
         with self._queued_lock:
             full = self._max_queued is not None and (
@@ -161,16 +166,17 @@ class JobTable:
             if not full:
                 self._queued_stores += len(keys)
         if not full:
-            run, queued = functools.partial(self._counted_store, task), StoresQueued.WHOLE
+            pool, queued = self._write_pool, StoresQueued.WHOLE
+            run = functools.partial(self._counted_store, task)
         elif over_bound is not None:
-            run, queued = over_bound, StoresQueued.OVER_BOUND
+            pool, queued, run = self._over_bound_pool, StoresQueued.OVER_BOUND, over_bound
         else:
             done: Future[bool] = Future()
             done.set_result(False)
             self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
             return StoresQueued.DROPPED
         pairs = zip(keys, rows, strict=True)
-        futures = [self._submit(self._write_pool, run, k, r) for k, r in pairs]
+        futures = [self._submit(pool, run, k, r) for k, r in pairs]
         self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
         return queued
 
@@ -291,6 +297,7 @@ class JobTable:
                 load.abandon()  # a late read must not write a row vLLM is freeing
         self._read_pool.shutdown(wait=False, cancel_futures=True)
         self._write_pool.shutdown(wait=False, cancel_futures=True)
+        self._over_bound_pool.shutdown(wait=False, cancel_futures=True)
         stuck = sum(not f.done() for f in futures)
         self._stats.shut_down(dropped=dropped, stuck=stuck)
         if dropped or stuck:
