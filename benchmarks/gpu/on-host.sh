@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On the GPU host, from the repository root: stage and unpack the pieces of
+# split-for-transfer.sh, then run kvtier's GPU measurements with every result of one run packed
+# into $OUT/NAME.tgz (one file per run; $OUT: the folder whose files come back, /tmp if unset).
+#   on-host.sh stage DIR              copy the first piece to the host's scratch (call 1)
+#   on-host.sh unpack DIR             the rest, checked, unpacked into $KVTIER_GPU_ROOT/site
+#   on-host.sh machine NAME           what the host is (GPU, CPUs, disk, kvtier commit)
+#   on-host.sh disk-read NAME ARGS..  python -m benchmarks disk-read ARGS (no engine)
+#   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
+#   on-host.sh e2e NAME               the end-to-end runner, configured by KVTIER_E2E_* variables
+# Each run is cut off after KVTIER_GPU_LIMIT_S seconds (default 540), so its results still
+# come back inside a 10-minute call.
+set -uo pipefail
+root=${KVTIER_GPU_ROOT:-/var/tmp/kvtier-gpu}
+site=$root/site
+out=${OUT:-/tmp}
+limit=${KVTIER_GPU_LIMIT_S:-540}
+export PYTHONUNBUFFERED=1
+
+results() {  # dir: a fresh results folder for run $1, packed into $out at exit
+    dir=$root/results/$1
+    rm -rf "$dir" && mkdir -p "$dir"
+    trap "tar -czf '$out/$1.tgz' -C '$root/results' '$1'" EXIT
+}
+need_site() { [ -d "$site/vllm" ] || { echo "on-host.sh: no unpacked bundle in $site (a fresh machine?)" >&2; exit 3; }; }
+describe() {
+    date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    echo "$(nproc) CPUs"; lscpu | grep -E 'Model name|L3'; free -g | head -2
+    df -h "$root" | tail -1; echo "kvtier $(cat "$root/pieces/kvtier-commit.txt" 2>/dev/null)"
+}
+redis_wrapper() {  # the carried redis-server, finding the libraries carried beside it
+    mkdir -p "$root/bin"
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$site/redis-bin" "$site/redis-bin/redis-server" \
+        > "$root/bin/redis-server" && chmod +x "$root/bin/redis-server"
+}
+
+command=${1:?usage: see the head of on-host.sh}; shift
+case $command in
+stage)
+    mkdir -p "$root/pieces" && cp "${1:?folder}"/* "$root/pieces/" && ls -la "$root/pieces" ;;
+unpack)
+    cp "${1:?folder}"/* "$root/pieces/" || exit 2
+    cd "$root/pieces" && cat vllm.part0* > vllm.tar.xz && sha256sum -c SHA256SUMS || exit 2
+    rm -rf "$site" && mkdir -p "$site"
+    for t in vllm.tar.xz deps-cp312-site.tar.xz kvtier-site.tar.xz; do
+        python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$t" "$site" || exit 2
+    done
+    echo "unpacked into $site" ;;
+machine)
+    results "${1:?name}"; describe | tee "$dir/machine.txt" ;;
+disk-read|shared-busy)
+    need_site; results "${1:?name}"; shift; describe > "$dir/machine.txt"
+    redis_wrapper
+    PATH=$root/bin:$PATH PYTHONPATH=$site:$PWD timeout "$limit" \
+        python3 -m benchmarks "$command" --out "$dir" "$@" 2>&1 | grep -v '^\s*$' | tee "$dir/log" | tail -40 ;;
+e2e)
+    need_site; results "${1:?name}"; describe > "$dir/machine.txt"
+    KVTIER_E2E_WORK=${KVTIER_E2E_WORK:-$root/work} PYTHONPATH=$site timeout "$limit" \
+        python3 "$site/benchmarks_gpu/kvtier_cuda_e2e.py" > "$dir/log" 2>&1
+    echo "rc $?" >> "$dir/log"
+    rm -rf "${KVTIER_E2E_WORK:-$root/work}"
+    grep -v 'INFO\|WARNING\|^\[W' "$dir/log" | tail -60 ;;
+*)
+    echo "on-host.sh: unknown command $command" >&2; exit 2 ;;
+esac
