@@ -10,6 +10,9 @@ server, quiet and with a spinning Python thread beside the reader, rounds altern
 
 * ``exchange``: the share's GETs sent, received, hashed, claimed and copied in one GIL-free
   call (``kvtier.store.shared.batch``), as the store does where it can;
+* ``exchange, one at a time``: the same with a lock around each exchange, so that several
+  readers take the server one at a time (a single-threaded server interleaves the replies of
+  connections served at once);
 * ``get each, native``: a GET per record (``get_into_when``), the value received in one native
   call: the store's path where no exchange can run;
 * ``get each, python``: the same with the Python ``recv_into`` loop (no native module).
@@ -52,14 +55,27 @@ RECORDS = 16
 
 #: The read paths besides the exchange, in the order they run in each round after it.
 GET_PATHS = ("get each, native", "get each, python")
+#: The exchange with the readers' exchanges taken one at a time (a lock around each), to see
+#: whether a single-threaded server serves one connection at a time faster than several.
+ONE_AT_A_TIME = "exchange, one at a time"
 
 
 def _paths(windows: Sequence[int]) -> list[str]:
-    """The read paths of a round: the exchange with each window (bytes in flight), then the
-    GET per record."""
+    """The read paths of a round: the exchange with each window (bytes in flight), the
+    exchange one at a time, then the GET per record."""
     if not windows:
-        return ["exchange", *GET_PATHS]
-    return [*(f"exchange, window {w / MIB:g} MiB" for w in windows), *GET_PATHS]
+        return ["exchange", ONE_AT_A_TIME, *GET_PATHS]
+    return [*(f"exchange, window {w / MIB:g} MiB" for w in windows), ONE_AT_A_TIME, *GET_PATHS]
+
+
+def _one_at_a_time(exchange: Callable[..., Any]) -> Callable[..., Any]:
+    lock = threading.Lock()
+
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return exchange(*args, **kwargs)
+
+    return locked
 
 
 def _path(name: str) -> Any:
@@ -71,6 +87,8 @@ def _path(name: str) -> Any:
     if name.startswith("exchange, window "):
         window = round(float(name.removeprefix("exchange, window ").split()[0]) * MIB)
         stack.enter_context(mock.patch.object(batch, "WINDOW_BYTES", window))
+    if name == ONE_AT_A_TIME:
+        stack.enter_context(mock.patch.object(batch, "exchange", _one_at_a_time(batch.exchange)))
     if name.startswith("get each"):
         stack.enter_context(mock.patch.object(native, "socket_exchanger", lambda: None))
     if name == "get each, python":
@@ -111,7 +129,7 @@ def measure(
                         raise SystemExit("a read returned other bytes")
         report(f"{size} bytes: round done")
     exchanged = store.stats().batched_hits
-    exchanges = max(1, len(windows))
+    exchanges = max(1, len(windows)) + 1  # and one at a time
     if exchanged != rounds * len(threads) * exchanges * 2 * passes * RECORDS:
         raise SystemExit(f"the exchange case read {exchanged} records by exchange, not all")
     return seconds
