@@ -93,22 +93,32 @@ def test_a_key_another_replica_stored_is_found_by_asking_the_server(tier):
     assert asked.count(key(5)) == 1 and asked.count(key(6)) == 1, "one question per key"
 
 
-def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path):
+def held_server() -> tuple[FakeRemoteStore, list[bool]]:
+    """A server whose puts wait until the list they come with is given an item."""
+    held, release = FakeRemoteStore(), []
+
+    def slow_put(k, payload):
+        assert wait_until(lambda: release, 30, 0.01), "test never released the server"
+        return FakeRemoteStore.put(held, k, payload)
+
+    held.put = slow_put  # type: ignore[method-assign]
+    return held, release
+
+
+def bounded_tier(tmp_path, store) -> KvtierSharedTier:
+    """A tier over ``store`` whose queue holds at most 2 blocks."""
     init_none_hash(sha256)
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
-    blocked = FakeRemoteStore()
-    release = []
-
-    def slow_put(k, payload):
-        assert wait_until(lambda: release, 30, 0.01), "test never released the store"
-        return FakeRemoteStore.put(blocked, k, payload)
-
-    blocked.put = slow_put  # type: ignore[method-assign]
-    made = KvtierSharedTier(
+    return KvtierSharedTier(
         spec, memoryview(pool), "t", url="redis://127.0.0.1:1", max_queued_blocks=2,
-        store_factory=lambda s, n: blocked, check=lambda s, r: None,
+        store_factory=lambda s, n: store, check=lambda s, r: None,
     )
+
+
+def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path):
+    blocked, release = held_server()
+    made = bounded_tier(tmp_path, blocked)
     try:
         made.submit_store(TransferJob(1, [key(1), key(2)], np.array([0, 1]), False, CTX))
         made.submit_store(TransferJob(2, [key(3)], np.array([2]), False, CTX))
@@ -125,20 +135,8 @@ def test_behind_a_disk_stores_beyond_the_bound_still_reach_the_disk_and_skip_the
     """A shared tier that falls behind must not cost the disk its blocks: over the bound, a
     store job writes the disk alone (as a disk tier without a server would) and counts the
     server's part dropped, under the server part's name."""
-    init_none_hash(sha256)
-    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
-    local, blocked, release = MemoryStore(1 << 20), FakeRemoteStore(), []
-
-    def slow_put(k, payload):
-        assert wait_until(lambda: release, 30, 0.01), "test never released the server"
-        return FakeRemoteStore.put(blocked, k, payload)
-
-    blocked.put = slow_put  # type: ignore[method-assign]
-    made = KvtierSharedTier(
-        spec, memoryview(pool), "t", url="redis://127.0.0.1:1", max_queued_blocks=2,
-        store_factory=lambda s, n: LocalThenShared(local, blocked), check=lambda s, r: None,
-    )
+    local, (blocked, release) = MemoryStore(1 << 20), held_server()
+    made = bounded_tier(tmp_path, LocalThenShared(local, blocked))
     try:
         assert wait_until(lambda: made.store is not None, 30, 0.01), "the store never opened"
         made.get_stats()  # the baseline the next report is measured from
