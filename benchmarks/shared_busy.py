@@ -10,9 +10,10 @@ server, quiet and with a spinning Python thread beside the reader, rounds altern
 
 * ``exchange``: the share's GETs sent, received, hashed, claimed and copied in one GIL-free
   call (``kvtier.store.shared.batch``), as the store does where it can;
-* ``exchange, one at a time``: the same with a lock around each exchange, so that several
-  readers take the server one at a time (a single-threaded server interleaves the replies of
-  connections served at once);
+* ``exchange, native lock`` and ``exchange, one at a time``: the same with the readers taking
+  the server one at a time (a single-threaded server interleaves the replies of connections
+  served at once), by a lock taken inside the native call without the GIL, and by a Python
+  lock around each exchange;
 * ``get each, native``: a GET per record (``get_into_when``), the value received in one native
   call: the store's path where no exchange can run;
 * ``get each, python``: the same with the Python ``recv_into`` loop (no native module).
@@ -55,8 +56,11 @@ RECORDS = 16
 
 #: The read paths besides the exchange, in the order they run in each round after it.
 GET_PATHS = ("get each, native", "get each, python")
-#: The exchange with the readers' exchanges taken one at a time (a lock around each), to see
-#: whether a single-threaded server serves one connection at a time faster than several.
+#: The exchange with the readers' exchanges taken one at a time: by the store's own lock,
+#: taken inside the native call without the GIL (``batch.ONE_AT_A_TIME``), and by a Python
+#: lock around each, to see whether a single-threaded server serves one connection at a time
+#: faster than several.
+NATIVE_LOCK = "exchange, native lock"
 ONE_AT_A_TIME = "exchange, one at a time"
 
 
@@ -64,8 +68,9 @@ def _paths(windows: Sequence[int]) -> list[str]:
     """The read paths of a round: the exchange with each window (bytes in flight), the
     exchange one at a time, then the GET per record."""
     if not windows:
-        return ["exchange", ONE_AT_A_TIME, *GET_PATHS]
-    return [*(f"exchange, window {w / MIB:g} MiB" for w in windows), ONE_AT_A_TIME, *GET_PATHS]
+        return ["exchange", NATIVE_LOCK, ONE_AT_A_TIME, *GET_PATHS]
+    windowed = (f"exchange, window {w / MIB:g} MiB" for w in windows)
+    return [*windowed, NATIVE_LOCK, ONE_AT_A_TIME, *GET_PATHS]
 
 
 def _one_at_a_time(exchange: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,6 +94,8 @@ def _path(name: str) -> Any:
         stack.enter_context(mock.patch.object(batch, "WINDOW_BYTES", window))
     if name == ONE_AT_A_TIME:
         stack.enter_context(mock.patch.object(batch, "exchange", _one_at_a_time(batch.exchange)))
+    if name == NATIVE_LOCK:
+        stack.enter_context(mock.patch.object(batch, "ONE_AT_A_TIME", True))
     if name.startswith("get each"):
         stack.enter_context(mock.patch.object(native, "socket_exchanger", lambda: None))
     if name == "get each, python":
@@ -129,7 +136,7 @@ def measure(
                         raise SystemExit("a read returned other bytes")
         report(f"{size} bytes: round done")
     exchanged = store.stats().batched_hits
-    exchanges = max(1, len(windows)) + 1  # and one at a time
+    exchanges = max(1, len(windows)) + 2  # and one at a time
     if exchanged != rounds * len(threads) * exchanges * 2 * passes * RECORDS:
         raise SystemExit(f"the exchange case read {exchanged} records by exchange, not all")
     return seconds

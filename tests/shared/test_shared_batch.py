@@ -31,6 +31,7 @@ from tests.support.redis_servers import RedisClusterServers, RedisServer
 from tests.support.shared_store import open_shared
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 from tests.support.tcp_proxy import FaultyProxy
+from tests.support.waiting import wait_until
 
 exchanger = native.socket_exchanger()
 said = native.socket_statuses()
@@ -99,13 +100,15 @@ class Scripted:
         if self.hang_up:
             self.far.shutdown(socket.SHUT_WR)
 
-    def run(self) -> tuple[int, int, int, int, bytes, list[tuple[int, int | None]]]:
+    def run(
+        self, lock: object | None = None
+    ) -> tuple[int, int, int, int, bytes, list[tuple[int, int | None]]]:
         assert exchanger is not None
         lines = [b"$%d\r\n" % (HEAD + ROW)] * len(self.requests)
         bounce = memoryview(bytearray(ROW))
         return exchanger(
             self.near.fileno(), self.requests, lines, self.headers, bounce, self.rows,
-            [load.native_cell for load in self.loads], self.window, False, 2000,
+            [load.native_cell for load in self.loads], self.window, False, 2000, lock,
         )  # fmt: skip
 
     def rest(self) -> bytes:
@@ -239,6 +242,38 @@ def test_a_bad_trailer_or_a_reply_cut_short_stops_the_exchange(
     assert pair.loads[0].state is LoadState.PENDING and bytes(pair.rows[0]) == bytes(ROW)
 
 
+@needs_native
+@pytest.mark.parametrize("shared_lock", [True, False])
+def test_exchanges_given_one_lock_run_one_at_a_time(
+    scripted: Callable[..., Scripted], shared_lock: bool
+) -> None:
+    """The second exchange sends nothing while the first, holding the lock, waits for its
+    server; without a common lock (the control) it goes ahead."""
+    release = threading.Event()
+    first = scripted(1, bulk(scripted_value(0)))
+    first.before_reply = lambda: release.wait(10)
+    second = scripted(1, bulk(scripted_value(1)))
+    lock = native.exchange_lock()
+    results: dict[str, Any] = {}
+    threads = [
+        threading.Thread(target=lambda: results.update(first=first.run(lock))),
+        threading.Thread(
+            target=lambda: results.update(second=second.run(lock if shared_lock else None))
+        ),
+    ]
+    threads[0].start()
+    assert wait_until(lambda: hasattr(first, "received"), 10, 0.01), "no first GET"
+    threads[1].start()
+    went_ahead = wait_until(lambda: hasattr(second, "received"), 0.5, 0.01)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert went_ahead is not shared_lock
+    assert said is not None
+    assert results["first"][0] == said.done and results["second"][0] == said.done
+    assert bytes(second.rows[0]) == scripted_value(1)[HEAD:]
+
+
 # ------------------------------------------------------------------ the store, real servers
 
 
@@ -296,6 +331,34 @@ def test_a_share_lands_in_one_exchange_equal_to_what_was_stored(
     assert all(load.state is LoadState.WRITTEN for load in share.loads)
     stats = store.stats()
     assert stats.hits == stats.batched_hits == 12 and stats.misses == 0 and stats.errors == {}
+
+
+@needs_native
+def test_shares_exchanged_one_at_a_time_land_equal_to_what_was_stored(
+    store: SharedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four threads' shares with the server taken one at a time (``batch.ONE_AT_A_TIME``)."""
+    monkeypatch.setattr(batch, "ONE_AT_A_TIME", True)
+    filled(store, 16)
+    shares = [Share(16) for _ in range(4)]
+    picks = [list(range(t, 16, 4)) for t in range(4)]
+    loaded: dict[int, list[bool]] = {}
+
+    def read(t: int) -> None:
+        share, keys = shares[t], picks[t]
+        loaded[t] = store.get_many_into_when(
+            [share.keys[i] for i in keys], [share.rows[i] for i in keys],
+            [share.loads[i] for i in keys], share.bounce,
+        )  # fmt: skip
+
+    threads = [threading.Thread(target=read, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert loaded == {t: [True] * 4 for t in range(4)}
+    assert all(shares[t].served(i) for t in range(4) for i in picks[t])
+    assert store.stats().batched_hits == 16
 
 
 @needs_native

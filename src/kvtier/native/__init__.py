@@ -239,8 +239,9 @@ def socket_statuses() -> SocketStatuses | None:
 
 
 #: Signature of ``exchange_claiming(fd, requests, lines, headers, bounce, outs, cells, window,
-#: checksum, timeout_ms) -> (status, decided, settled, errno, unparsed, answers)``, ``answers``
-#: holding ``(landed, payload_checksum)`` per GET decided: see sockread_module.c.
+#: checksum, timeout_ms, lock) -> (status, decided, settled, errno, unparsed, answers)``,
+#: ``answers`` holding ``(landed, payload_checksum)`` per GET decided, ``lock`` one of
+#: ``exchange_lock()`` or None: see sockread_module.c.
 SocketExchanger = Callable[
     [
         int,
@@ -253,6 +254,7 @@ SocketExchanger = Callable[
         int,
         bool,
         int,
+        object,
     ],
     tuple[int, int, int, int, bytes, list[tuple[int, int | None]]],
 ]
@@ -266,3 +268,10 @@ def socket_exchanger() -> SocketExchanger | None:
         return None
     exchanger: SocketExchanger = module.exchange_claiming
     return exchanger
+
+
+def exchange_lock() -> object | None:
+    """A new lock for ``socket_exchanger``'s calls, taken and given back without the GIL
+    (exchanges given the same lock run one at a time), or None where it was not built."""
+    module = _socket_module()
+    return None if module is None else module.new_lock()

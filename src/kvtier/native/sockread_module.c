@@ -9,7 +9,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "claim.h"
 #include "sockread.h"
@@ -64,7 +66,7 @@ static PyObject *recv_exactly(PyObject *self, PyObject *args) {
 
 PyDoc_STRVAR(exchange_claiming_doc,
              "exchange_claiming(fd, requests, lines, headers, bounce, outs, cells, window,\n"
-             "                  checksum, timeout_ms)\n"
+             "                  checksum, timeout_ms, lock=None)\n"
              "    -> (status, decided, settled, errno, unparsed, answers)\n\n"
              "Send each packed GET of the list requests, at most window awaiting a reply, and\n"
              "receive the replies in turn, in one call without the GIL. A GET whose claim cell\n"
@@ -75,17 +77,62 @@ PyDoc_STRVAR(exchange_claiming_doc,
              "written). It stops at the first reply of another form (status RECV_OTHER_REPLY:\n"
              "unparsed holds the bytes read of it) or a socket fault. answers: per GET decided\n"
              "(sent or not), (GET_COPIED, GET_NOT_CLAIMED, GET_NIL, GET_NOT_SENT or\n"
-             "GET_AWAITING, the payload's XXH3-64 or None); the first settled are done with.");
+             "GET_AWAITING, the payload's XXH3-64 or None); the first settled are done with.\n"
+             "lock: one of new_lock() or None; exchanges given the same lock run one at a\n"
+             "time, the lock taken and given back without the GIL.");
+
+#define LOCK_NAME "kvtier.native._sockread.exchange_lock"
+
+static void free_lock(PyObject *capsule) {
+    pthread_mutex_t *mutex = PyCapsule_GetPointer(capsule, LOCK_NAME);
+    if (mutex != NULL) {
+        pthread_mutex_destroy(mutex);
+        free(mutex);
+    }
+}
+
+PyDoc_STRVAR(new_lock_doc,
+             "new_lock() -> lock\n\n"
+             "A lock for exchange_claiming, taken and given back without the GIL: the exchanges\n"
+             "given the same lock run one at a time.");
+
+static PyObject *new_lock(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    pthread_mutex_t *mutex = malloc(sizeof *mutex);
+    if (mutex == NULL)
+        return PyErr_NoMemory();
+    if (pthread_mutex_init(mutex, NULL) != 0) {
+        free(mutex);
+        PyErr_SetString(PyExc_OSError, "pthread_mutex_init failed");
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(mutex, LOCK_NAME, free_lock);
+    if (capsule == NULL) {
+        pthread_mutex_destroy(mutex);
+        free(mutex);
+    }
+    return capsule;
+}
 
 static PyObject *exchange_claiming(PyObject *self, PyObject *args) {
     (void)self;
     int fd, window, checksum, timeout_ms;
-    PyObject *requests, *lines, *outs_list, *cells_list;
+    PyObject *requests, *lines, *outs_list, *cells_list, *lock = Py_None;
     Py_buffer headers, bounce;
-    if (!PyArg_ParseTuple(args, "iO!O!w*w*O!O!ipi", &fd, &PyList_Type, &requests, &PyList_Type,
-                          &lines, &headers, &bounce, &PyList_Type, &outs_list, &PyList_Type,
-                          &cells_list, &window, &checksum, &timeout_ms))
+    if (!PyArg_ParseTuple(args, "iO!O!w*w*O!O!ipi|O", &fd, &PyList_Type, &requests,
+                          &PyList_Type, &lines, &headers, &bounce, &PyList_Type, &outs_list,
+                          &PyList_Type, &cells_list, &window, &checksum, &timeout_ms, &lock))
         return NULL;
+    pthread_mutex_t *mutex = NULL;
+    if (lock != Py_None) {
+        mutex = PyCapsule_GetPointer(lock, LOCK_NAME);
+        if (mutex == NULL) {
+            PyBuffer_Release(&headers);
+            PyBuffer_Release(&bounce);
+            return NULL;
+        }
+    }
     Py_ssize_t n = PyList_Size(requests);
     PyObject *answer = NULL;
     struct kvtier_get *gets = NULL;
@@ -139,8 +186,12 @@ static PyObject *exchange_claiming(PyObject *self, PyObject *args) {
     }
     struct kvtier_exchange result;
     Py_BEGIN_ALLOW_THREADS
+    if (mutex != NULL)
+        pthread_mutex_lock(mutex);
     kvtier_exchange_gets(fd, gets, (size_t)n, header_len, bounce.buf, (size_t)window, checksum,
                          timeout_ms, &result);
+    if (mutex != NULL)
+        pthread_mutex_unlock(mutex);
     Py_END_ALLOW_THREADS
     PyObject *answers = PyList_New((Py_ssize_t)result.decided);
     if (answers == NULL)
@@ -178,6 +229,7 @@ done:
 static PyMethodDef methods[] = {
     {"recv_exactly", recv_exactly, METH_VARARGS, recv_exactly_doc},
     {"exchange_claiming", exchange_claiming, METH_VARARGS, exchange_claiming_doc},
+    {"new_lock", new_lock, METH_NOARGS, new_lock_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -57,6 +58,33 @@ from kvtier.store.shared.client import hiredis
 WINDOW_BYTES = 4 << 20
 #: Most GETs one exchange takes (bounds the headers buffer and one call's lists).
 MAX_GETS = 64
+
+#: Whether a server's exchanges run one at a time (a lock per connection pool, taken inside
+#: the native call, without the GIL). Off: on the 2-vCPU machine four readers of 5.6 MiB
+#: records read 24-31 % faster one at a time quiet and 13 % faster beside a busy Python
+#: thread, but on a 16-core host one reader was slower than four concurrent ones beside a busy
+#: thread (4.38 against 3.63 ms per record), so one at a time may lose there; not yet
+#: measured there. Measured by
+#: ``python -m benchmarks shared-busy`` (path ``exchange, native lock``); see
+#: docs/shared-tier.md.
+ONE_AT_A_TIME = False
+#: Per pool, the process that made its lock and the lock: a forked child makes its own (a copy
+#: of a lock held at the fork would never be given back). Two threads asking at once may each
+#: make one, which only lets two exchanges overlap once.
+_locks: weakref.WeakKeyDictionary[ConnectionPool, tuple[int, object]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _lock_of(pool: ConnectionPool) -> object | None:
+    """The lock of ``pool``'s exchanges in this process (None where the module is not built)."""
+    made = _locks.get(pool)
+    if made is not None and made[0] == os.getpid():
+        return made[1]
+    lock = native.exchange_lock()
+    if lock is not None:
+        _locks[pool] = (os.getpid(), lock)
+    return lock
 
 
 class _NotSent:
@@ -139,7 +167,7 @@ def exchange(
         try:
             return _exchange_on(
                 connection, sock, timeout_ms, reader, exchanger, said, server_keys, outs,
-                cells, bounce, checksum,
+                cells, bounce, checksum, _lock_of(pool) if ONE_AT_A_TIME else None,
             )  # fmt: skip
         except BaseException:
             connection.disconnect()  # replies may still be on the way: never back to the pool
@@ -160,6 +188,7 @@ def _exchange_on(
     cells: Sequence[bytearray],
     bounce: memoryview,
     checksum: bool,
+    lock: object | None,
 ) -> Exchanged:
     requests = [b"".join(connection.pack_command("GET", key)) for key in server_keys]
     lines = [b"$%d\r\n" % (HEADER_BYTES + out.nbytes) for out in outs]
@@ -176,6 +205,7 @@ def _exchange_on(
         window,
         checksum,
         timeout_ms,
+        lock,
     )
     done = Exchanged(
         landed=[
