@@ -192,6 +192,13 @@ def bench_disk_read(
             "resident first, compared with a memcpy and a plain buffered read."
         ),
     ] = "cold",
+    kinds: Annotated[
+        str | None,
+        typer.Option(
+            help="kvtier kinds to measure, comma separated (e.g. tier-batch,reader; default: "
+            "all); the plain reads (and memcpy, buffered with --page-cache warm) always run."
+        ),
+    ] = None,
 ) -> None:
     """kvtier's disk reads next to plain multi-threaded O_DIRECT reads of the same files.
 
@@ -203,18 +210,23 @@ def bench_disk_read(
     if page_cache not in ("cold", "warm"):
         raise typer.BadParameter(f"{page_cache!r}; choose cold or warm", param_hint="--page-cache")
     counts = tuple(int(t) for t in threads.split(","))
-    with progress("disk-read") as report:
-        disk_read.run(
-            out,
-            folder,
-            record_bytes,
-            blocks,
-            counts,
-            passes,
-            report,
-            busy_python_thread,
-            page_cache,
-        )
+    only = None if kinds is None else tuple(k.strip() for k in kinds.split(","))
+    try:
+        with progress("disk-read") as report:
+            disk_read.run(
+                out,
+                folder,
+                record_bytes,
+                blocks,
+                counts,
+                passes,
+                report,
+                busy_python_thread,
+                page_cache,
+                only,
+            )
+    except disk_read.UnknownKinds as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kinds") from None
     print_result(out, "disk-read")
 
 

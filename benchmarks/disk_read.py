@@ -48,7 +48,8 @@ beside ``plain``, ``store`` and ``tier`` (the target: the tier's path at least 0
 memcpy). The count of page-cache hits shows which way kvtier's reads went.
 
 Run: ``python -m benchmarks disk-read --dir /var/tmp --out bench-out`` (add
-``--page-cache warm`` for resident records).
+``--page-cache warm`` for resident records; ``--kinds tier-batch,reader`` measures only those
+kvtier kinds, beside the references).
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ def _make_resident(paths: list[Path], scratch: memoryview) -> bool:
     return all(native.resident(path) for path in paths)
 
 
+class UnknownKinds(ValueError):
+    """``only`` names a kind this build does not measure."""
+
+
 def run(
     out: Path,
     folder: Path | None = None,
@@ -133,7 +138,9 @@ def run(
     progress: Callable[[str], None] = print,
     busy_python_thread: bool = False,
     page_cache: str = "cold",
+    only: tuple[str, ...] | None = None,
 ) -> dict:
+    """``only``: the kvtier kinds to measure (None: every one); the references always run."""
     if page_cache not in ("cold", "warm"):
         raise ValueError(f"page_cache={page_cache!r}; choose cold or warm")
     warm = page_cache == "warm"
@@ -184,7 +191,10 @@ def run(
         loads.update({"store-py": (python_reads, "get"), "tier-py": (python_reads, "load")})
     references = ("memcpy", "buffered", "plain") if warm else ("plain",)
     reference = references[0]
-    kinds = (*references, *loads)
+    if only is not None and set(only) - set(loads):
+        unknown = ", ".join(sorted(set(only) - set(loads)))
+        raise UnknownKinds(f"unknown kinds {unknown}; here: {', '.join(loads)}")
+    kinds = (*references, *(k for k in loads if only is None or k in only))
     reader = "native one-call reader" if native_io.native_reads else "Python calls (not built)"
     # memcpy's source: the same bytes in resident memory of the same size as the records.
     source_map = mmap.mmap(-1, total) if warm else None
@@ -257,7 +267,7 @@ def run(
         scratch = memoryview(bytearray(1 << 20))
         resident = True
         # Timed reads per kvtier kind that came from the page cache.
-        from_cache = dict.fromkeys(loads, 0)
+        from_cache = dict.fromkeys((k for k in loads if k in kinds), 0)
         for n_pass in range(passes):
             order = kinds if n_pass % 2 == 0 else kinds[::-1]
             for count, readers in pools.items():
