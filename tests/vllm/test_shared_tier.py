@@ -116,7 +116,7 @@ def bounded_tier(tmp_path, store) -> KvtierSharedTier:
     )
 
 
-def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path):
+def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path, caplog):
     blocked, release = held_server()
     made = bounded_tier(tmp_path, blocked)
     try:
@@ -129,6 +129,8 @@ def test_stores_beyond_the_queue_bound_are_dropped_and_counted(tmp_path):
         assert results == {1: True, 2: False}
     finally:
         made.shutdown()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("1 block store(s) dropped" in line and "0 stored" in line for line in said), said
 
 
 def test_behind_a_disk_stores_beyond_the_bound_still_reach_the_disk_and_skip_the_server(tmp_path):

@@ -433,6 +433,16 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         if self._memory is not None:
             self._memory.save()  # after the last loads were timed; never raises
         store = self._opener.wait() if self._opener.done else None
+        counters = self.counters
+        if counters.stores_dropped or counters.server_stores_dropped:
+            # Blocks a later process will recompute: the queue bound was reached.
+            logger.warning(
+                "kvtier %s: %d block store(s) dropped while the tier fell behind, %d stored "
+                "without the server's part while the server fell behind (max_queued_blocks)",
+                self.label,
+                counters.stores_dropped,
+                counters.server_stores_dropped,
+            )
         if store is not None:
             logger.info("kvtier %s: %s", self.label, store.stats())
             if not stuck:  # closing would wait on the index lock a stuck transfer may hold
