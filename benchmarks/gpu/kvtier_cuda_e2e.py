@@ -357,6 +357,18 @@ def disk_bytes(folder: str = "disk") -> int:
     return sum(p.stat().st_size for p in (WORK / folder).rglob("*") if p.is_file())
 
 
+#: Tokens per KV block (vLLM's default on CUDA): the engine stores full blocks only.
+BLOCK_TOKENS = 16
+
+
+def prompts_kv_bytes() -> int:
+    """KV bytes of the prompts' full blocks (bf16 K and V of every layer): what a tier holding
+    every block of them holds, record headers aside."""
+    head_dim = SHAPE.get("head_dim", SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
+    per_token = SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * head_dim * 2 * 2
+    return sum(n // BLOCK_TOKENS * BLOCK_TOKENS * per_token for n, _ in prompts().values())
+
+
 def wait_for_disk(timeout_s: float = 120.0, folder: str = "disk") -> int:
     """Until the disk tier's files stop growing (stores cascade from the host pool)."""
     last, stable, deadline = -1, 0, time.monotonic() + timeout_s
@@ -386,8 +398,14 @@ def phase_a() -> bool:
             f"{pool[0]:.3f}s [{pool[1]} cached] equal={equal}",
             flush=True,
         )
-    held = wait_for_disk()
+    held, wanted = wait_for_disk(), prompts_kv_bytes()
     print(f"a: disk tier holds {held / 2**30:.2f} GiB", flush=True)
+    if held < wanted:  # later phases restore part of a prompt, recompute the rest
+        print(
+            f"a: WARNING: the prompts' blocks are {wanted / 2**30:.2f} GiB: the disk tier lacks "
+            "some (stores dropped? see the engine's shutdown warning)",
+            flush=True,
+        )
     if SHARED_URL:
         print(f"a: shared tier holds {wait_for_shared() / 2**30:.2f} GiB", flush=True)
     print("a medians: cold " + medians({k: v["cold"] for k, v in results.items()}), flush=True)
