@@ -191,9 +191,9 @@ def run(
         loads.update({"store-py": (python_reads, "get"), "tier-py": (python_reads, "load")})
     references = ("memcpy", "buffered", "plain") if warm else ("plain",)
     reference = references[0]
-    if only is not None and set(only) - set(loads):
-        unknown = ", ".join(sorted(set(only) - set(loads)))
-        raise UnknownKinds(f"unknown kinds {unknown}; here: {', '.join(loads)}")
+    unknown = sorted(set(only or ()) - set(loads))
+    if unknown:
+        raise UnknownKinds(f"unknown kinds {', '.join(unknown)}; here: {', '.join(loads)}")
     kinds = (*references, *(k for k in loads if only is None or k in only))
     reader = "native one-call reader" if native_io.native_reads else "Python calls (not built)"
     # memcpy's source: the same bytes in resident memory of the same size as the records.

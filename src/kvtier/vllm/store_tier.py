@@ -52,6 +52,7 @@ deadlines).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -353,7 +354,9 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         rows = [int(c) for c in job_rows(job_metadata)]
         store = self.store
         local = None if store is None else store.without_server()
-        over_bound = self._store_one_without_server if local not in (None, store) else None
+        # Over the bound, a store with a part that needs no server still writes that part.
+        keeps_part = local is not None and local is not store
+        over_bound = functools.partial(self._store_into, local) if keeps_part else None
         queued = self._jobs.submit_stores(
             job_metadata.job_id, keys, rows, self._store_one, over_bound
         )
@@ -466,8 +469,9 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         if store is None:
             stores = []
         elif store.abilities.parts:
-            stores = [(word, part.stats()) for word, part in store.parts()]
-            server_parts = [w for w, part in store.parts() if part.without_server() is None]
+            parts = store.parts()
+            stores = [(word, part.stats()) for word, part in parts]
+            server_parts = [word for word, part in parts if part.without_server() is None]
         else:
             stores = [(self.metric_tier, store.stats())]
         usage = self._opener.usage
@@ -534,12 +538,6 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
     def _store_one(self, key: OffloadKey, row: int) -> bool:
         store = self._wait_store()
         return store is not None and self._store_into(store, key, row)
-
-    def _store_one_without_server(self, key: OffloadKey, row: int) -> bool:
-        """A block's store over the bound: into the store's part that needs no server."""
-        store = self._wait_store()
-        local = None if store is None else store.without_server()
-        return local is not None and self._store_into(local, key, row)
 
     def _store_into(self, store: BlockStore, key: OffloadKey, row: int) -> bool:
         started = time.perf_counter()
