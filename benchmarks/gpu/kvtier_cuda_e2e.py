@@ -52,7 +52,9 @@ evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2
 (scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS`` (default 2048,8192,32768),
 ``KVTIER_E2E_SHAPE`` (``llama-3-8b``, the default, ``qwen2.5-32b``, ``llama-3-70b-40l`` or
 ``qwen3-30b-a3b``), ``KVTIER_E2E_DROP=1``
-drops the page cache before b and c (root), ``KVTIER_E2E_CALIBRATE=1``
+drops the page cache before b, c and w (root; vLLM's ``fs`` tier writes through the page cache,
+so without it w may read its records from memory while kvtier's, written around it, come from
+the disk), ``KVTIER_E2E_CALIBRATE=1``
 also prefills cold prompts of every length in c before the stored ones (not needed: the
 evidence is the earlier processes'), ``KVTIER_E2E_REPS`` (distinct prompts per length, default
 1; medians are printed), ``KVTIER_E2E_DISK_THREADS`` (kvtier's ``disk_threads``; unset: its
