@@ -52,13 +52,13 @@ evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2
 (scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS`` (default 2048,8192,32768),
 ``KVTIER_E2E_SHAPE`` (``llama-3-8b``, the default, ``qwen2.5-32b``, ``llama-3-70b-40l`` or
 ``qwen3-30b-a3b``), ``KVTIER_E2E_DROP=1``
-drops the page cache before b, c and w (root; vLLM's ``fs`` tier writes through the page cache,
-so without it w may read its records from memory while kvtier's, written around it, come from
-the disk), ``KVTIER_E2E_CALIBRATE=1``
+drops the page cache before b, c and w (root), ``KVTIER_E2E_CALIBRATE=1``
 also prefills cold prompts of every length in c before the stored ones (not needed: the
 evidence is the earlier processes'), ``KVTIER_E2E_REPS`` (distinct prompts per length, default
 1; medians are printed), ``KVTIER_E2E_DISK_THREADS`` (kvtier's ``disk_threads``; unset: its
-default), ``KVTIER_E2E_PHASES`` (default ``abc``), ``KVTIER_E2E_ENCRYPT=1``
+default; a list such as ``4,16`` runs phase b once per value, each a fresh process, side by
+side in one run, and the phases after it with the last), ``KVTIER_E2E_PHASES`` (default
+``abc``), ``KVTIER_E2E_ENCRYPT=1``
 (sealed records: AES-256-GCM under a key file made in the scratch folder),
 ``KVTIER_E2E_REDIS_SERVER`` (a ``redis-server`` binary: a throw-away loopback server becomes the
 shared tier of every phase, and phase d runs; its folder is put on ``LD_LIBRARY_PATH`` for it),
@@ -85,7 +85,8 @@ LENGTHS = [int(x) for x in os.environ.get("KVTIER_E2E_LENGTHS", "2048,8192,32768
 REPS = int(os.environ.get("KVTIER_E2E_REPS", "1"))
 ENCRYPT = os.environ.get("KVTIER_E2E_ENCRYPT") == "1"
 #: kvtier's ``disk_threads`` (0: its default).
-DISK_THREADS = int(os.environ.get("KVTIER_E2E_DISK_THREADS", "0"))
+DISK_THREADS_LIST = [int(x) for x in os.environ.get("KVTIER_E2E_DISK_THREADS", "0").split(",")]
+DISK_THREADS = DISK_THREADS_LIST[-1]
 #: Set by main() for the phases when KVTIER_E2E_REDIS_SERVER names a binary.
 SHARED_URL = os.environ.get("KVTIER_E2E_SHARED_URL")
 #: vLLM 0.25.1 on that host (docs: the CUDA research notes). PYTHONHASHSEED: kvtier refuses a
@@ -464,8 +465,9 @@ def phase_b() -> bool:
             f"vs cold {before[n]['cold']:.3f}s",
             flush=True,
         )
+    threads = f", {DISK_THREADS} disk threads" if len(DISK_THREADS_LIST) > 1 else ""
     print(
-        f"b medians ({'sealed' if ENCRYPT else 'plain'} records): disk restore "
+        f"b medians ({'sealed' if ENCRYPT else 'plain'} records{threads}): disk restore "
         + medians(restored),
         flush=True,
     )
@@ -962,9 +964,10 @@ def main() -> int:
     if binary:
         server, env["KVTIER_E2E_SHARED_URL"] = start_redis(binary)
         phases += "" if "d" in phases else "d"
+    threads = ",".join(map(str, DISK_THREADS_LIST)) if DISK_THREADS else "default"
     print(
         f"runner: shape {SHAPE_NAME}, lengths {LENGTHS} x {REPS}, phases {phases}, "
-        f"records {'sealed' if ENCRYPT else 'plain'}, disk threads {DISK_THREADS or 'default'}, "
+        f"records {'sealed' if ENCRYPT else 'plain'}, disk threads {threads}, "
         f"shared tier {env.get('KVTIER_E2E_SHARED_URL', 'none')}, host pool {HOST_POOL}, "
         f"gpu memory {GPU_MEMORY_UTILIZATION}, concurrent {CONCURRENT_N} x {CONCURRENT_LENGTH}",
         flush=True,
@@ -973,7 +976,12 @@ def main() -> int:
     try:
         for phase in phases:
             started = time.time()
-            rc, log = run_phase(phase, env)
+            if phase == "b" and len(DISK_THREADS_LIST) > 1:
+                rc = 0
+                for threads in DISK_THREADS_LIST:  # the last one's b.json is c's
+                    rc |= run_phase(phase, {**env, "KVTIER_E2E_DISK_THREADS": str(threads)})[0]
+            else:
+                rc, log = run_phase(phase, env)
             if phase == "s" and rc == 0 and not stall_bound_ok(log):
                 rc = 1
             print(f"== phase {phase}: rc {rc} in {time.time() - started:.0f}s", flush=True)

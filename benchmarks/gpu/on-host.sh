@@ -7,7 +7,8 @@
 #   on-host.sh machine NAME           what the host is (GPU, CPUs, disk, kvtier commit)
 #   on-host.sh disk-read NAME ARGS..  python -m benchmarks disk-read ARGS (no engine)
 #   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
-#   on-host.sh e2e NAME               the end-to-end runner, configured by KVTIER_E2E_* variables
+#   on-host.sh e2e NAME               the end-to-end runner of this checkout (kvtier: the
+#                                     bundle's), configured by KVTIER_E2E_* variables
 # Each run is cut off after KVTIER_GPU_LIMIT_S seconds (default 540), so its results still
 # come back inside a 10-minute call.
 set -uo pipefail
@@ -56,7 +57,7 @@ disk-read|shared-busy)
 e2e)
     need_site; results "${1:?name}"; describe > "$dir/machine.txt"
     KVTIER_E2E_WORK=${KVTIER_E2E_WORK:-$root/work} PYTHONPATH=$site timeout "$limit" \
-        python3 "$site/benchmarks_gpu/kvtier_cuda_e2e.py" > "$dir/log" 2>&1
+        python3 benchmarks/gpu/kvtier_cuda_e2e.py > "$dir/log" 2>&1
     echo "rc $?" >> "$dir/log"
     rm -rf "${KVTIER_E2E_WORK:-$root/work}"
     grep -v 'INFO\|WARNING\|^\[W' "$dir/log" | tail -60 ;;
