@@ -50,8 +50,8 @@ prompt resumed from the engine's own prefix cache.
 Exit status 1 when an output differs from the oracle, a restore read nothing, or c found no
 evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2E_WORK``
 (scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS`` (default 2048,8192,32768),
-``KVTIER_E2E_SHAPE`` (``llama-3-8b``, the default, ``qwen2.5-32b``, ``llama-3-70b-40l`` or
-``qwen3-30b-a3b``), ``KVTIER_E2E_DROP=1``
+``KVTIER_E2E_SHAPE`` (``llama-3-8b``, the default, ``qwen2.5-32b``, ``llama-3-70b-40l``,
+``llama-3-70b-20l`` or ``qwen3-30b-a3b``), ``KVTIER_E2E_DROP=1``
 drops the page cache before b, c and w (root), ``KVTIER_E2E_CALIBRATE=1``
 also prefills cold prompts of every length in c before the stored ones (not needed: the
 evidence is the earlier processes'), ``KVTIER_E2E_REPS`` (distinct prompts per length, default
@@ -145,6 +145,9 @@ _LLAMA_3_70B_40L = {
     "num_hidden_layers": 40,
     "num_attention_heads": 64,
 }
+#: The same with 20 of its 80 layers (37 GB of weights): the same ratio again, for a card
+#: under 120 GiB such as an H100.
+_LLAMA_3_70B_20L = {**_LLAMA_3_70B_40L, "num_hidden_layers": 20}
 #: Qwen3-30B-A3B: 48 layers, 4 KV heads x 128 (96 KiB of KV a token), 128 experts, 8 routed.
 _QWEN3_30B_A3B = {
     **_QWEN2_5_32B,
@@ -169,6 +172,7 @@ SHAPES = {
     "llama-3-8b": _LLAMA_3_8B,
     "qwen2.5-32b": _QWEN2_5_32B,
     "llama-3-70b-40l": _LLAMA_3_70B_40L,
+    "llama-3-70b-20l": _LLAMA_3_70B_20L,
     "qwen3-30b-a3b": _QWEN3_30B_A3B,
 }
 SHAPE_NAME = os.environ.get("KVTIER_E2E_SHAPE", "llama-3-8b")
