@@ -19,15 +19,17 @@ prompt resumed from the engine's own prefix cache.
   opted out per request (``kvtier_restore_decision: false``), so the disk really is read;
   the output must equal the oracle and the engine must report cached tokens. Its disk loads
   join the folder's evidence.
-* c: a fresh process with the decision on, starting from the evidence a and b left: per
-  length, the decision's verdict (``kvtier:restore_decisions``; ``unmeasured`` would mean it
-  restored unweighed) and its TTFT next to cold (a) and the disk restore (b), and next to a
-  new prompt of the same length prefilled cold right after it in the same process ("cold
-  here": a ratio free of the few milliseconds two processes differ by;
-  ``KVTIER_E2E_COLD_BESIDE=0`` skips it). The verdict is
-  read from this process's prometheus_client, which the engine core's counters do not reach
-  under 0.25.1's offline ``LLM`` ("none counted"): there, whether it restored or recomputed
-  is told by the engine's cached tokens.
+* c: a fresh process with the decision on, starting from the evidence a and b left. First,
+  per prompt, what that evidence predicts (restore and recompute seconds, the verdict at the
+  policy's safety factor) next to a's cold prefill and b's restore: whether a verdict follows
+  from the predictions or from the factor. Then, per length, the decision's verdict
+  (``kvtier:restore_decisions``; ``unmeasured`` would mean it restored unweighed) and its
+  TTFT next to cold (a) and the disk restore (b), and next to a new prompt of the same length
+  prefilled cold right after it in the same process ("cold here": a ratio free of the few
+  milliseconds two processes differ by; ``KVTIER_E2E_COLD_BESIDE=0`` skips it). The verdict
+  is read from this process's prometheus_client, which the engine core's counters do not
+  reach under 0.25.1's offline ``LLM`` ("none counted"): there, whether it restored or
+  recomputed is told by the engine's cached tokens.
 * d (with a shared tier only): a fresh process with an empty disk folder restores every prompt
   from the shared tier (decision opted out), output checked against the oracle.
 * e (with ``KVTIER_E2E_PHASES`` naming it): records damaged on disk (one payload byte flipped
@@ -360,6 +362,47 @@ def evidence_summary() -> str | None:
     return "; ".join(parts)
 
 
+def kv_bytes_per_token() -> int:
+    """bf16 K and V of every layer, per token."""
+    head_dim = SHAPE.get("head_dim", SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
+    return SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * head_dim * 2 * 2
+
+
+def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
+    """What the folder's evidence predicts for each prompt, next to what a and b measured:
+    the engine's own policy (as kvtier's CUDA spec makes it) adopting the file, asked about a
+    whole-prompt disk hit on an idle engine. Shows whether a verdict follows from the
+    predictions or from the safety factor, and how far the predictions are off."""
+    from kvtier.policy import evidence_file
+    from kvtier.vllm.lookup_decider import CUDA_HOST_COPY_PRIOR_BYTES_PER_S, make_policy
+
+    found = [(path, doc) for path, doc in evidence_files("disk") if isinstance(doc, dict)]
+    if not found:
+        return
+    path, doc = found[0]
+    record = evidence_file.decode(path.read_bytes(), doc["namespace"], doc["device"])
+    policy = make_policy(True, time.monotonic, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
+    policy.add_tier("disk", via="host")
+    policy.adopt(record.evidence)
+    factor = policy.settings.safety_factor
+    for n, (length, _) in prompts().items():
+        nbytes = length // BLOCK_TOKENS * BLOCK_TOKENS * kv_bytes_per_token()
+        verdict = policy.decide("disk", 0, length, nbytes, count=False, queued=False)
+        line = (
+            f"c {n}: the evidence predicts restore {verdict.restore_s:.3f}s, recompute "
+            f"{verdict.recompute_s:.3f}s ({verdict.recompute_s / verdict.restore_s:.2f}x; "
+            f"restored above {factor}x): {'restore' if verdict.restore else 'recompute'}"
+        )
+        if n in restored:
+            line += (
+                f"; measured restore {restored[n]:.3f}s, cold {cold[n]:.3f}s "
+                f"({cold[n] / restored[n]:.2f}x); predicted / measured: restore "
+                f"{verdict.restore_s / restored[n]:.2f}, "
+                f"recompute {verdict.recompute_s / cold[n]:.2f}"
+            )
+        print(line, flush=True)
+
+
 def disk_bytes(folder: str = "disk") -> int:
     return sum(p.stat().st_size for p in (WORK / folder).rglob("*") if p.is_file())
 
@@ -369,10 +412,9 @@ BLOCK_TOKENS = 16
 
 
 def prompts_kv_bytes() -> int:
-    """KV bytes of the prompts' full blocks (bf16 K and V of every layer): what a tier holding
-    every block of them holds, record headers aside."""
-    head_dim = SHAPE.get("head_dim", SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
-    per_token = SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * head_dim * 2 * 2
+    """KV bytes of the prompts' full blocks: what a tier holding every block of them holds,
+    record headers aside."""
+    per_token = kv_bytes_per_token()
     return sum(n // BLOCK_TOKENS * BLOCK_TOKENS * per_token for n, _ in prompts().values())
 
 
@@ -490,6 +532,7 @@ def phase_c() -> bool:
     evidence = evidence_summary()
     print(f"c: decision evidence in the folder: {evidence or 'none'}", flush=True)
     ok = evidence is not None
+    replay_evidence({n: v["cold"] for n, v in before.items()}, disk)
     drop_page_cache()
     llm = engine()
     run(llm, [5] * 512)
