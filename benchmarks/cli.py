@@ -459,6 +459,13 @@ def gpu_evidence(
         Path | None, typer.Option("--json", help="Write raw + derived results here.")
     ] = None,
     md: Annotated[Path | None, typer.Option(help="Write the tables here too.")] = None,
+    safety_factors: Annotated[
+        str | None,
+        typer.Option(
+            help="Only the picks' outcome under each of these safety factors, comma separated "
+            "(e.g. 1,1.05,1.1,1.2); nothing written."
+        ),
+    ] = None,
 ) -> None:
     """Feed gpu-measure's figures to kvtier.policy and tabulate its picks (no GPU needed).
 
@@ -467,7 +474,8 @@ def gpu_evidence(
     """
     from benchmarks.gpu_evidence import report
 
-    typer.echo(report(raw, json_path, md), nl=False)
+    factors = [float(f) for f in safety_factors.split(",")] if safety_factors else None
+    typer.echo(report(raw, json_path, md, factors), nl=False)
 
 
 @app.command("soak-report")

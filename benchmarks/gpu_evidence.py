@@ -71,7 +71,9 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def build_policy(raw: dict[str, Any], model: dict[str, Any]) -> tuple[RestorePolicy, list[str]]:
+def build_policy(
+    raw: dict[str, Any], model: dict[str, Any], settings: PolicySettings | None = None
+) -> tuple[RestorePolicy, list[str]]:
     """A policy fed as an adapter would feed it; returns it and the tiers it knows."""
     prefill = PrefillModel()
     calibration = [
@@ -80,7 +82,7 @@ def build_policy(raw: dict[str, Any], model: dict[str, Any]) -> tuple[RestorePol
         if s["cached"] + s["new"] <= CALIBRATION_MAX_TOKENS
     ]
     prefill.calibrate(calibration)
-    policy = RestorePolicy(PolicySettings(), prefill)
+    policy = RestorePolicy(settings or PolicySettings(), prefill)
     tiers = []
     h2d = _result(raw, "h2d")
     if h2d is not None:
@@ -134,8 +136,9 @@ def verdict(restore: bool, measured_restore: float | None, measured_recompute: f
     return "WRONG" if restore else "missed"
 
 
-def derive(raw: dict[str, Any]) -> dict[str, Any]:
-    """Every table the report prints, as data (also saved in the JSON)."""
+def derive(raw: dict[str, Any], settings: PolicySettings | None = None) -> dict[str, Any]:
+    """Every table the report prints, as data (also saved in the JSON); ``settings``: the
+    policy's (default: the engine's)."""
     prefill = _result(raw, "prefill")
     if prefill is None:
         raise SystemExit("report: the raw results have no prefill section; run measure again")
@@ -144,7 +147,7 @@ def derive(raw: dict[str, Any]) -> dict[str, Any]:
     for name, model in prefill["models"].items():
         if "steps" not in model:
             continue
-        policy, tiers = build_policy(raw, model)
+        policy, tiers = build_policy(raw, model, settings)
         tier_fits = {
             t: {"bandwidth_bytes_per_s": v.bandwidth_bytes_per_s, "latency_s": v.latency_s}
             for t, v in policy.snapshot().tiers.items()
@@ -213,7 +216,53 @@ def derive(raw: dict[str, Any]) -> dict[str, Any]:
                             ),
                         }
                     )
-    return {"rows": rows, "prefill_fits": fits, "safety_factor": PolicySettings().safety_factor}
+    factor = (settings or PolicySettings()).safety_factor
+    return {"rows": rows, "prefill_fits": fits, "safety_factor": factor}
+
+
+#: The bound the decision is held to: TTFT at most this times the better of restore and
+#: recompute.
+WITHIN = 1.05
+
+
+def factor_sweep(raw: dict[str, Any], factors: list[float]) -> str:
+    """The same picks under other safety factors: per factor, how many cells end over
+    ``WITHIN`` x the better of the two measured paths (a restore picked that was slower, or a
+    recompute picked where the restore was faster), and the worst such cell. The restored
+    path is charged the fitted step cost, as in the decision table."""
+    table = []
+    for factor in factors:
+        rows = derive(raw, PolicySettings(safety_factor=factor))["rows"]
+        judged = [r for r in rows if r["measured_restore_s"] is not None]
+        over = []
+        for r in judged:
+            restored = r["measured_restore_s"] + r["step_s"]
+            taken = restored if r["pick"] == "restore" else r["measured_recompute_s"]
+            ratio = taken / min(restored, r["measured_recompute_s"])
+            if ratio > WITHIN:
+                over.append((ratio, r))
+        wrong = sum(1 for _, r in over if r["pick"] == "restore")
+        worst = max(over, key=lambda item: item[0], default=None)
+        table.append(
+            [
+                f"{factor:g}",
+                str(len(judged)),
+                str(len(over) - wrong),
+                str(wrong),
+                "–"
+                if worst is None
+                else f"{worst[0]:.2f} ({worst[1]['model']}, {worst[1]['context']}, cached "
+                f"{worst[1]['cached']}, {TIER_LABELS[worst[1]['tier']]}, {worst[1]['pick']})",
+            ]
+        )
+    headers = [
+        "safety factor",
+        "cells",
+        f"recomputed, restore faster by > {WITHIN:g}x",
+        f"restored, slower by > {WITHIN:g}x",
+        "worst cell (x the better path)",
+    ]
+    return markdown_table(headers, table) + "\n"
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -425,10 +474,18 @@ def render(raw: dict[str, Any], derived: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def report(raw_path: Path, json_path: Path | None, md_path: Path | None) -> str:
-    """The tables of a raw (or saved) result; also written to ``json_path`` / ``md_path``."""
+def report(
+    raw_path: Path,
+    json_path: Path | None,
+    md_path: Path | None,
+    factors: list[float] | None = None,
+) -> str:
+    """The tables of a raw (or saved) result; also written to ``json_path`` / ``md_path``.
+    ``factors``: only the sweep of safety factors (``factor_sweep``), nothing written."""
     raw = json.loads(raw_path.read_text())
     raw = raw.get("raw", raw)  # a saved report (docs/bench/gpu-evidence.json) holds its raw
+    if factors:
+        return factor_sweep(raw, factors)
     derived = derive(raw)
     text = render(raw, derived)
     if json_path:
