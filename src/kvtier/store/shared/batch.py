@@ -62,10 +62,10 @@ MAX_GETS = 64
 #: Whether a server's exchanges run one at a time (a lock per connection pool, taken inside
 #: the native call, without the GIL). Off: on the 2-vCPU machine four readers of 5.6 MiB
 #: records read 24-31 % faster one at a time quiet and 13 % faster beside a busy Python
-#: thread, but on a 16-core host one reader was slower than four concurrent ones beside a busy
-#: thread (4.38 against 3.63 ms per record), so one at a time may lose there; not yet
-#: measured there. Measured by ``python -m benchmarks shared-busy`` (path ``exchange, native
-#: lock``); see docs/shared-tier.md.
+#: thread, but on a 16-core GPU host it gained nothing (4.96 against 4.49 ms per record quiet,
+#: 5.49 against 5.59 busy), and kvtier serves on hosts of many cores. Measured by
+#: ``python -m benchmarks shared-busy`` (path ``exchange, native lock``); see
+#: docs/shared-tier.md.
 ONE_AT_A_TIME = False
 #: Per pool, the process that made its lock and the lock: a forked child makes its own (a copy
 #: of a lock held at the fork would never be given back). Two threads asking at once may each
