@@ -384,13 +384,14 @@ def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
     policy = make_policy(True, time.monotonic, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
     policy.add_tier("disk", via="host")
     policy.adopt(record.evidence)
+    factor = policy.settings.safety_factor
     for n, (length, _) in prompts().items():
         nbytes = length // BLOCK_TOKENS * BLOCK_TOKENS * kv_bytes_per_token()
         verdict = policy.decide("disk", 0, length, nbytes, count=False, queued=False)
         line = (
             f"c {n}: the evidence predicts restore {verdict.restore_s:.3f}s, recompute "
             f"{verdict.recompute_s:.3f}s ({verdict.recompute_s / verdict.restore_s:.2f}x; "
-            f"restored above {verdict.margin:g}x): {'restore' if verdict.restore else 'recompute'}"
+            f"restored above {factor}x): {'restore' if verdict.restore else 'recompute'}"
         )
         if n in restored:
             line += (

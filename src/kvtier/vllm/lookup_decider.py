@@ -371,7 +371,7 @@ class TierDecider:
             # (KVTIER_LOG_LEVEL=DEBUG): the predictions it weighed, and the queue it saw.
             logger.debug(
                 "kvtier: %s: %s (%s): restore %.3f s, recompute %.3f s, plan %.3f s, "
-                "engine queue %.3f s, margin %.2fx",
+                "engine queue %.3f s",
                 self.tier,
                 why,
                 decision.reason,
@@ -379,7 +379,6 @@ class TierDecider:
                 decision.recompute_s,
                 decision.plan_s,
                 decision.engine_wait_s,
-                decision.margin,
             )
 
     def prefill_per_token_s(self) -> float:
