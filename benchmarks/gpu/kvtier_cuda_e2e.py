@@ -26,7 +26,10 @@ prompt resumed from the engine's own prefix cache.
   (``kvtier:restore_decisions``; ``unmeasured`` would mean it restored unweighed) and its
   TTFT next to cold (a) and the disk restore (b), and next to a new prompt of the same length
   prefilled cold right after it in the same process ("cold here": a ratio free of the few
-  milliseconds two processes differ by; ``KVTIER_E2E_COLD_BESIDE=0`` skips it). The verdict
+  milliseconds two processes differ by; ``KVTIER_E2E_COLD_BESIDE=0`` skips it). Before each
+  decided prompt after the first, c waits until the disk tier's writes have settled, so its
+  restores read as b's did, with nothing being written (``KVTIER_E2E_SETTLE=0``: it does not
+  wait, and a restore shares the disk with the write-back of the prompts before it). The verdict
   is read from this process's prometheus_client, which the engine core's counters do not
   reach under 0.25.1's offline ``LLM`` ("none counted"): there, whether it restored or
   recomputed is told by the engine's cached tokens.
@@ -524,6 +527,11 @@ def phase_b() -> bool:
 #: Phase c also prefills a new prompt of each length cold right after each decided one
 #: (``KVTIER_E2E_COLD_BESIDE=0``: not).
 COLD_BESIDE = os.environ.get("KVTIER_E2E_COLD_BESIDE", "1") != "0"
+#: Phase c waits, before each decided prompt after the first, until the disk tier's writes of
+#: the prompts prefilled before it have settled (``KVTIER_E2E_SETTLE=0``: does not): b reads
+#: with nothing being written, and with the writes running c's restores took 1.14-1.49x b's
+#: (docs/benchmarks.md).
+SETTLE = os.environ.get("KVTIER_E2E_SETTLE", "1") != "0"
 
 
 def phase_c() -> bool:
@@ -547,7 +555,16 @@ def phase_c() -> bool:
     ratios: dict[str, float] = {}
     beside: dict[str, float] = {}
     rng = random.Random(13)
-    for n, (length, ids) in prompts().items():
+    for i, (n, (length, ids)) in enumerate(prompts().items()):
+        if SETTLE and i:
+            waited = time.monotonic()
+            held = wait_for_disk()
+            os.sync()  # and what the kernel still holds of them (the index; unaligned records)
+            print(
+                f"c {n}: disk writes settled in {time.monotonic() - waited:.0f}s "
+                f"({held / 2**30:.2f} GiB held)",
+                flush=True,
+            )
         counted = decisions()
         ttft, cached, tokens = run(llm, ids)
         verdict = verdict_of(counted, decisions())

@@ -78,3 +78,42 @@ def test_no_evidence_no_replay(monkeypatch, tmp_path, capsys):
     runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path))
     runner.replay_evidence({"2048": 0.05}, {})
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(("settle", "waits"), [("1", ["8192", "32768"]), ("0", [])])
+def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_the_first(
+    monkeypatch, tmp_path, settle, waits
+):
+    """b reads with nothing being written; c prefills a new prompt after each decided one,
+    whose KV goes to the same disk. So c waits for those writes before the next decision
+    (``KVTIER_E2E_SETTLE=0``: it does not)."""
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SETTLE=settle)
+    oracle = [1, 2, 3]
+    names = list(runner.prompts())
+    (tmp_path / "a.json").write_text(
+        runner.json.dumps({n: {"cold": 1.0, "oracle": oracle} for n in names})
+    )
+    (tmp_path / "b.json").write_text(runner.json.dumps({n: 0.5 for n in names}))
+    events: list[str] = []
+    decided = {tuple(ids): n for n, (_, ids) in runner.prompts().items()}
+
+    def run(llm, ids, *params):
+        events.append(decided.get(tuple(ids), "cold here"))
+        return 0.5, len(ids), oracle
+
+    for name, fake in {
+        "evidence_summary": lambda: "1 prefill step",
+        "replay_evidence": lambda cold, restored: None,
+        "drop_page_cache": lambda: None,
+        "engine": lambda: object(),
+        "run": run,
+        "decisions": lambda: {},
+        "verdict_of": lambda before, after: "restore",
+        "wait_for_disk": lambda: events.append("settled") or 0,
+    }.items():
+        monkeypatch.setattr(runner, name, fake)
+    monkeypatch.setattr(runner.os, "sync", lambda: None)
+    assert runner.phase_c()
+    decided_at = [i for i, e in enumerate(events) if e in names]
+    assert [events[i] for i in decided_at] == names
+    assert [events[i] for i in decided_at if i and events[i - 1] == "settled"] == waits
