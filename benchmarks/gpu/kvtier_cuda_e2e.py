@@ -389,7 +389,7 @@ def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
     policy.adopt(record.evidence)
     factor = policy.settings.safety_factor
     for n, (length, _) in prompts().items():
-        nbytes = length // BLOCK_TOKENS * BLOCK_TOKENS * kv_bytes_per_token()
+        nbytes = full_blocks_kv_bytes(length)
         verdict = policy.decide("disk", 0, length, nbytes, count=False, queued=False)
         line = (
             f"c {n}: the evidence predicts restore {verdict.restore_s:.3f}s, recompute "
@@ -414,11 +414,15 @@ def disk_bytes(folder: str = "disk") -> int:
 BLOCK_TOKENS = 16
 
 
+def full_blocks_kv_bytes(tokens: int) -> int:
+    """KV bytes of a prompt's full blocks (the engine stores no partial block)."""
+    return tokens // BLOCK_TOKENS * BLOCK_TOKENS * kv_bytes_per_token()
+
+
 def prompts_kv_bytes() -> int:
     """KV bytes of the prompts' full blocks: what a tier holding every block of them holds,
     record headers aside."""
-    per_token = kv_bytes_per_token()
-    return sum(n // BLOCK_TOKENS * BLOCK_TOKENS * per_token for n, _ in prompts().values())
+    return sum(full_blocks_kv_bytes(n) for n, _ in prompts().values())
 
 
 def wait_for_disk(timeout_s: float = 120.0, folder: str = "disk") -> int:
