@@ -14,6 +14,7 @@ import uuid
 import pytest
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.kv_offload.base import ScheduleEndContext
 from vllm.v1.kv_offload.config import (
     OffloadingCacheConfig,
     OffloadingConfig,
@@ -31,6 +32,7 @@ from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE
 from kvtier.vllm.regions import region_path
+from kvtier.vllm.step_timed_manager import StepTimedManager
 
 
 def offloading_config(tmp_path, engine_id):
@@ -114,3 +116,44 @@ def test_cuda_spec_refuses_random_block_hashes_for_a_persistent_tier(tmp_path, m
         KvtierCudaSpec(offloading_config(tmp_path, "e"))
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     KvtierCudaSpec(offloading_config(tmp_path, "e"))
+
+
+def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to_steps(
+    tmp_path, monkeypatch
+):
+    """Where the spec sees vLLM's config (0.25.1's scheduler; 0.32's worker), it returns
+    vLLM's manager wrapped so the scheduler's steps are timed, and the tier that measures
+    prefill reads them; every call still reaches vLLM's manager."""
+
+    class Cache:
+        prefix_caching_hash_algo = "sha256"
+
+    class Config:
+        cache_config = Cache()
+        max_concurrent_batches = 2  # asynchronous scheduling
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    monkeypatch.setattr(cuda_spec.compat, "engine_vllm_config", lambda spec: Config())
+    engine_id = f"kvtier-cuda-{uuid.uuid4().hex}"
+    init_none_hash(sha256)
+    spec = KvtierCudaSpec(offloading_config(tmp_path, engine_id))
+    assert spec.step_clock is not None and spec.step_clock.depth == 2
+    assert "each timed to the end of the step that computed it, 2 step(s) in flight" in (
+        spec._evidence_end()
+    )
+    manager = spec.get_manager()
+    try:
+        assert isinstance(manager, StepTimedManager) and spec.get_manager() is manager
+        (tier,) = manager.secondary_tiers  # vLLM's manager's, through the wrapper
+        assert tier.decider._steps is spec.step_clock
+        manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+        assert spec.step_clock._steps == 1
+    finally:
+        manager.shutdown()
+        region_path(engine_id).unlink(missing_ok=True)
+
+
+def test_without_the_engines_config_the_evidence_is_timed_to_store_jobs(tmp_path):
+    spec = KvtierCudaSpec(offloading_config(tmp_path, "e"))
+    assert spec.step_clock is None
+    assert spec._evidence_end() == "each timed to its store job's arrival"

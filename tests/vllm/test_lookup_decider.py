@@ -12,6 +12,7 @@ from kvtier.vllm.lookup_decider import (
     TierDecider,
     make_policy,
 )
+from kvtier.vllm.step_clock import StepClock
 
 TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token
 
@@ -318,3 +319,60 @@ def test_the_host_copy_is_predicted_at_the_platforms_prior():
         gib2 / CUDA_HOST_COPY_PRIOR_BYTES_PER_S, rel=0.01
     )
     assert cuda.predict_restore_s("host", gib2) < cpu.predict_restore_s("host", gib2) / 2
+
+
+def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:
+    """A decider fed 32k-token prompts, each in four 8k chunks of 0.5 s, as vLLM 0.25.1 runs
+    them with two steps in flight and hands their store jobs on: the second chunk is scheduled
+    at once, each later one once the chunk two before it is done; a chunk's job reaches the
+    tier only when the chunk two after it ends (its copy off the GPU is reported with a later
+    step's output), and the last two in the decode steps after the prompt. (H100, Llama-3-70B
+    shape with 20 layers: the first chunk of a 32k prompt was computed 0.45 s after the
+    lookup and its job arrived after 1.57 s.)"""
+    clock = Clock()
+    policy = make_policy(True, clock)
+    policy.add_tier("disk", via="host")
+    steps = StepClock(clock, depth=2) if timed_steps else None
+    d = TierDecider(
+        policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=False,
+        steps=steps,
+    )
+    chunks, per_chunk, chunk_s = 4, 64, 0.5
+    for r in range(prompts):
+        first = 10_000 * (r + 1)
+        ctx = ReqContext(req_id=f"p{r}")
+        jobs = [[key(first + c * per_chunk + i) for i in range(per_chunk)] for c in range(chunks)]
+
+        def schedule(chunk: int | None, jobs: list[list[bytes]] = jobs) -> None:
+            if steps is not None:
+                steps.step_scheduled()
+                if chunk is not None:
+                    steps.will_store(jobs[chunk])
+
+        d.on_lookup(ctx)
+        schedule(0)
+        clock.now += 0.001
+        schedule(1)
+        for c in range(chunks):
+            clock.now += chunk_s  # chunk c computed
+            schedule(c + 2 if c + 2 < chunks else None)
+            if c >= 2:
+                d.on_store(jobs[c - 2], ctx)
+        for c in (chunks - 2, chunks - 1):  # decode steps of 10 ms
+            clock.now += 0.01
+            schedule(None)
+            d.on_store(jobs[c], ctx)
+        clock.now += 1.0
+    return d
+
+
+def test_a_chunked_prefill_is_timed_to_the_steps_that_computed_it_not_to_late_jobs():
+    """With the scheduler's step times (kvtier's CUDA spec), each chunk's evidence ends when
+    its step did; timed to the jobs' arrival, 8k tokens read as 1.5 s instead of 0.5 s and the
+    fit, which takes the lateness for a cost per step, is a fifth off at 32k."""
+    on_time = chunked_prefills(timed_steps=True)
+    late = chunked_prefills(timed_steps=False)
+    for tokens, seconds in ((8192, 0.5), (32768, 2.0)):
+        timed = on_time.policy.prefill.recompute_seconds(0, tokens)
+        assert abs(timed / seconds - 1) < 0.05, (tokens, timed)
+    assert abs(late.policy.prefill.recompute_seconds(0, 32768) / 2.0 - 1) > 0.15

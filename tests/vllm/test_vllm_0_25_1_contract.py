@@ -306,3 +306,59 @@ def test_the_longest_prompt_is_the_model_configs_max_model_len():
     assert "max_model_len" in fields(model)
     text = segment("vllm/config/model.py", model)
     assert "self.max_model_len = self.get_and_verify_max_len(self.max_model_len)" in text
+
+
+def test_steps_in_flight_and_when_a_step_is_scheduled_again():
+    """kvtier.vllm.step_clock: a block scheduled in step ``s`` was computed by the time step
+    ``s + max_concurrent_batches`` is scheduled, because the engine loop pops (waits for) its
+    oldest step's output before the queue of steps in flight takes another."""
+    config = cls("vllm/config/vllm.py", "VllmConfig")
+    prop = methods(config)["max_concurrent_batches"]
+    assert any(isinstance(d, ast.Name) and d.id == "property" for d in prop.decorator_list)
+    text = segment("vllm/config/vllm.py", prop)
+    assert "pp_size = self.parallel_config.pipeline_parallel_size" in text
+    assert "if self.scheduler_config.async_scheduling:" in text
+    core = source("vllm/v1/engine/core.py")
+    assert "self.batch_queue_size = vllm_config.max_concurrent_batches" in core
+    assert "assert len(batch_queue) < self.batch_queue_size" in core
+    queue = segment(
+        "vllm/v1/engine/core.py", methods(cls("vllm/v1/engine/core.py", "EngineCore"))[
+            "step_with_batch_queue"
+        ]
+    )
+    # Schedule first (the connector's build_connector_meta runs inside schedule()), then,
+    # with the queue full, wait for the oldest step and update the scheduler from it.
+    order = [
+        "self.scheduler.schedule(",
+        "batch_queue.appendleft((future, scheduler_output, exec_future))",
+        "future, scheduler_output, exec_model_fut = batch_queue.pop()",
+        "model_output = future.result()",
+        "self.scheduler.update_from_output(",
+    ]
+    positions = [queue.index(line) for line in order]
+    assert positions == sorted(positions)
+
+
+def test_each_scheduled_step_calls_on_schedule_end_before_preparing_its_stores():
+    """The manager kvtier's CUDA spec wraps (kvtier.vllm.step_timed_manager) sees one
+    ``on_schedule_end`` per step, then ``prepare_store`` for the blocks that step computes;
+    the blocks accepted are ``keys_to_store``, the ones later cascaded to kvtier's tiers."""
+    sched = cls(SCHED + "scheduler.py", "OffloadingConnectorScheduler")
+    fns = methods(sched)
+    meta = segment(SCHED + "scheduler.py", fns["build_connector_meta"])
+    assert meta.index("self.manager.on_schedule_end(") < meta.index(
+        "store_jobs=self._build_store_jobs(scheduler_output)"
+    )
+    build = segment(SCHED + "scheduler.py", fns["_build_store_jobs"])
+    assert "num_tokens_after_batch = req.num_computed_tokens + num_scheduled_tokens" in build
+    assert "self.manager.prepare_store(" in build
+    assert "keys_to_store = set(store_output.keys_to_store)" in build
+    output = cls(KV + "base.py", "PrepareStoreOutput")
+    assert "keys_to_store" in fields(output)
+    # The manager is reached only through calls on it (no isinstance check on its class).
+    assert "isinstance(self.manager" not in source(SCHED + "scheduler.py")
+    cascade = segment(
+        KV + "tiering/manager.py",
+        methods(cls(KV + "tiering/manager.py", "TieringOffloadingManager"))["complete_store"],
+    )
+    assert "tier.submit_store(job_metadata)" in cascade

@@ -36,6 +36,8 @@ FILES = (
     "vllm/v1/core/kv_cache_utils.py",
     "vllm/config/cache.py",
     "vllm/config/model.py",
+    "vllm/config/vllm.py",
+    "vllm/v1/engine/core.py",
     "vllm-0.25.1.dist-info/licenses/LICENSE",
 )
 

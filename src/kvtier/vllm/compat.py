@@ -398,6 +398,17 @@ def max_prompt_tokens(spec: Any) -> int | None:
     return value if value > 0 else None
 
 
+def steps_in_flight(vllm_config: Any) -> int | None:
+    """Engine steps vLLM keeps in flight (``VllmConfig.max_concurrent_batches``: 1, 2 with
+    asynchronous scheduling, more with pipeline parallelism); None without a config that says
+    (``kvtier.vllm.step_clock``)."""
+    try:
+        value = int(vllm_config.max_concurrent_batches)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
 def host_pool_rows(spec: Any) -> int:
     """Rows of vLLM's own host pool (0.32: chunks; 0.25.1: offloaded blocks)."""
     return int(spec.num_chunks if API == "0.32" else spec.num_blocks)

@@ -19,7 +19,11 @@ unchanged: nothing of kvtier's CPU data plane runs here. kvtier adds:
 * one restore-or-recompute policy shared by its tiers, and the start-up line, which says how
   the decision measures the engine's prefill on this vLLM (``decision.PREFILL_EVIDENCE``) and
   where its evidence comes from (an earlier process's, kept with the disk tier:
-  ``kvtier.vllm.decision_memory``).
+  ``kvtier.vllm.decision_memory``);
+* the scheduler's step times, so that the prefill evidence ends where the engine computed a
+  stored block, not where its store job reached kvtier's tier, steps later
+  (``kvtier.vllm.step_clock``): vLLM's manager is returned wrapped
+  (``kvtier.vllm.step_timed_manager``), every call going to it unchanged.
 """
 
 import logging
@@ -44,6 +48,8 @@ from kvtier.vllm.lookup_decider import (
     make_policy,
 )
 from kvtier.vllm.startup_line import StartupLine
+from kvtier.vllm.step_clock import StepClock
+from kvtier.vllm.step_timed_manager import StepTimedManager
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +70,13 @@ class KvtierCudaSpec(TieringOffloadingSpec):
                 check_root(tier.root_dir)
             tier_keyring(tier)  # a key file that cannot be used refuses the start here
         vllm_config = compat.engine_vllm_config(self)
+        #: When the engine computed a stored block (None where vLLM's config does not say how
+        #: many steps it keeps in flight: the evidence is then timed to the store jobs).
+        self.step_clock: StepClock | None = None
+        depth = compat.steps_in_flight(vllm_config)
+        if depth is not None:
+            self.step_clock = StepClock(time.monotonic, depth)
+        self._timed_manager: StepTimedManager | None = None
         if vllm_config is not None:
             check_hash_stability(
                 str(vllm_config.cache_config.prefix_caching_hash_algo),
@@ -83,7 +96,20 @@ class KvtierCudaSpec(TieringOffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             self._start_line()
-        return super().get_manager()
+        manager = super().get_manager()
+        if self.step_clock is None:
+            return manager
+        if self._timed_manager is None:
+            self._timed_manager = StepTimedManager(manager, self.step_clock)
+        return self._timed_manager  # type: ignore[return-value]  # delegates every call
+
+    def _evidence_end(self) -> str:
+        if self.step_clock is None:
+            return "each timed to its store job's arrival"
+        return (
+            "each timed to the end of the step that computed it, "
+            f"{self.step_clock.depth} step(s) in flight"
+        )
 
     def _start_line(self) -> None:
         pool_bytes = int(self.extra_config.get("cpu_bytes_to_use") or 0)
@@ -98,6 +124,6 @@ class KvtierCudaSpec(TieringOffloadingSpec):
         ]
         if others:
             head += f"; other tiers: {', '.join(others)}"
-        head += f"; restore decision on ({PREFILL_EVIDENCE})"
+        head += f"; restore decision on ({PREFILL_EVIDENCE}; {self._evidence_end()})"
         kvtier_tiers = sum(1 for t in self.tier_settings if t is not None)
         self.startup_line = StartupLine(head, kvtier_tiers, UNMEASURED)

@@ -63,8 +63,12 @@ disk folder keeps an earlier process's measurements starts from those instead
 
 Prefill evidence comes from the engine's own work, seen from the scheduler: vLLM hands a
 tier the blocks it has computed (store jobs, with their positions), so the time from a
-request's last lookup to a store job, and the tokens stored by then, measure its prefill so far
-(not chunk by chunk: jobs arrive late and bunched, see ``on_store``). Jobs of fewer than
+request's last lookup to the end of the step that computed a job's blocks, and the tokens
+stored by then, measure its prefill so far (not chunk by chunk: jobs arrive late and bunched,
+see ``on_store``). Where the spec keeps the scheduler's step times (``StepClock``: kvtier's
+CUDA spec) the end is that step's; elsewhere it is the job's arrival, which while a prompt is
+still prefilling comes a chunk or more after its blocks were computed
+(``kvtier.vllm.step_clock``). Jobs of fewer than
 ``MIN_EVIDENCE_KEYS`` keys are skipped (decode-time blocks). With
 several requests per step the time is shared and the fit leans towards slower prefill, i.e.
 towards restoring; deadlines still bound a slow tier.
@@ -99,6 +103,7 @@ from kvtier.vllm.compat import (
     key_positions,
     set_request_state,
 )
+from kvtier.vllm.step_clock import StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -169,13 +174,17 @@ class TierDecider:
         observes_prefill: bool,
         native_context: bool = HAS_KEY_POSITIONS,
         max_tokens: int | None = None,
+        steps: StepClock | None = None,
     ) -> None:
         """``native_context``: vLLM's request context keeps kvtier's state and every key's
         position (0.32); else kvtier keeps the state on the context and counts positions
         itself (0.25.1, see ``PREFILL_EVIDENCE``). ``max_tokens``: the longest prompt the
         engine takes, where the tier cannot see a request's keys ahead (0.25.1); None where
-        it can or where it is not known."""
+        it can or where it is not known. ``steps``: when the engine computed each stored
+        block (read only by the tier that ``observes_prefill``); None: a store job is timed
+        to its arrival."""
         self.policy = policy
+        self._steps = steps
         self._max_tokens = max_tokens
         self._native = native_context
         self.tier = tier
@@ -402,7 +411,8 @@ class TierDecider:
         """vLLM stores blocks it just computed: measure the request's prefill so far.
 
         Each observation spans the request's whole prefill up to this job (from its last
-        lookup, over every token stored since), not the chunk between two jobs: store jobs
+        lookup, over every token stored since, to the end of the step that computed the job's
+        blocks where the spec's ``StepClock`` knows it), not the chunk between two jobs: jobs
         reach a tier when the host pool cascades them, a step or more after the chunk was
         computed, so the jobs of a chunked prefill can arrive together at its end. Timed
         between jobs, an 8k prompt (two chunks, 3.6 s) read as 4,096 tokens in 3.6 s and
@@ -418,6 +428,9 @@ class TierDecider:
         if not self._observes_prefill or not keys:
             return
         now = self._clock()
+        computed = None if self._steps is None else self._steps.computed_by(keys)
+        if computed is not None:
+            now = min(computed, now)  # the job arrived steps after the engine computed it
         plan = self._plan(ctx)
         if self._native:
             positions = [p for k in keys if (p := key_position(ctx, k, True)) is not None]

@@ -1,0 +1,120 @@
+"""When the engine computed a stored block, from the scheduler's calls (no engine)."""
+
+from types import SimpleNamespace
+
+from kvtier.vllm.step_clock import StepClock
+from kvtier.vllm.step_timed_manager import StepTimedManager
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def steps_at(clock: Clock, steps: StepClock, times: list[float]) -> None:
+    for t in times:
+        clock.now = t
+        steps.step_scheduled()
+
+
+def test_a_block_was_computed_when_the_step_depth_steps_later_was_scheduled():
+    """Two steps in flight (asynchronous scheduling): step s + 2 is scheduled only once step
+    s's output is back, so that is when s's blocks were surely computed."""
+    clock = Clock()
+    steps = StepClock(clock, depth=2)
+    steps_at(clock, steps, [10.0])
+    steps.will_store(["a", "b", "c"])  # scheduled in step 1
+    steps_at(clock, steps, [10.001])  # step 2 goes at once: the queue had room
+    assert steps.computed_by(["c"]) is None, "step 3 not scheduled yet"
+    steps_at(clock, steps, [10.5])  # step 3, once step 1 was done
+    assert steps.computed_by(["a", "b"]) == 10.5
+    assert steps.computed_by(["b"]) is None, "a key is forgotten once asked about"
+
+
+def test_one_step_in_flight_ends_at_the_next_step():
+    clock = Clock()
+    steps = StepClock(clock, depth=1)
+    steps_at(clock, steps, [1.0])
+    steps.will_store(["a"])
+    steps_at(clock, steps, [1.5, 2.0])
+    assert steps.computed_by(["a"]) == 1.5
+
+
+def test_a_job_of_blocks_from_several_steps_ends_with_the_last_one():
+    clock = Clock()
+    steps = StepClock(clock, depth=2)
+    steps_at(clock, steps, [1.0])
+    steps.will_store(["early"])
+    steps_at(clock, steps, [1.1])
+    steps.will_store(["late"])
+    steps_at(clock, steps, [2.0, 3.0])
+    assert steps.computed_by(["early", "late", "never scheduled"]) == 3.0
+    assert steps.computed_by(["never scheduled"]) is None
+
+
+def test_what_is_no_longer_kept_is_not_known():
+    clock = Clock()
+    steps = StepClock(clock, depth=1, kept_steps=3, kept_keys=2)
+    steps_at(clock, steps, [1.0])
+    steps.will_store(["a", "b", "c"])  # "a" is forgotten: two keys kept
+    steps_at(clock, steps, [2.0])
+    assert steps.computed_by(["a"]) is None
+    assert steps.computed_by(["b"]) == 2.0
+    steps_at(clock, steps, [3.0, 4.0, 5.0])  # step 2's time falls out of the three kept
+    assert steps.computed_by(["c"]) is None
+
+
+class Manager:
+    """vLLM's manager as the connector's scheduler calls it (the calls recorded)."""
+
+    def __init__(self, accepted: list[str] | None) -> None:
+        self.calls: list[str] = []
+        self.accepted = accepted
+        self.secondary_tiers = ["disk"]
+
+    def on_schedule_end(self, context):
+        self.calls.append(f"on_schedule_end {context}")
+
+    def prepare_store(self, keys, req_context):
+        self.calls.append(f"prepare_store {keys} {req_context}")
+        if self.accepted is None:
+            return None
+        return SimpleNamespace(keys_to_store=self.accepted)
+
+    def has_pending_work(self) -> bool:
+        self.calls.append("has_pending_work")
+        return True
+
+
+def test_the_manager_is_vllms_own_with_each_step_and_its_stores_noted():
+    clock = Clock()
+    steps = StepClock(clock, depth=1)
+    inner = Manager(accepted=["new"])
+    manager = StepTimedManager(inner, steps)
+    clock.now = 1.0
+    manager.on_schedule_end("ctx")
+    output = manager.prepare_store(["held", "new"], "req")
+    assert output.keys_to_store == ["new"]
+    assert manager.has_pending_work() is True and manager.secondary_tiers == ["disk"]
+    assert inner.calls == [
+        "on_schedule_end ctx",
+        "prepare_store ['held', 'new'] req",
+        "has_pending_work",
+    ]
+    clock.now = 2.0
+    manager.on_schedule_end("ctx")
+    # Only the blocks vLLM's host pool accepted are timed; the one it held is not stored.
+    assert steps.computed_by(["held"]) is None
+    assert steps.computed_by(["new"]) == 2.0
+
+
+def test_a_store_the_host_pool_refused_is_not_noted():
+    steps = StepClock(Clock(), depth=1)
+    manager = StepTimedManager(Manager(accepted=None), steps)
+    manager.on_schedule_end("ctx")
+    assert manager.prepare_store(["k"], "req") is None
+    manager.on_schedule_end("ctx")
+    assert steps.computed_by(["k"]) is None
