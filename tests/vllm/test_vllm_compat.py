@@ -368,3 +368,14 @@ def test_the_device_is_the_platforms_gpu_on_0_25_and_nothing_when_it_cannot_say(
 
     monkeypatch.setattr(vllm.platforms, "current_platform", NoNvml(), raising=False)
     assert compat.device_description("0.25") is None
+
+
+def test_steps_in_flight_are_read_from_vllms_config_where_the_spec_sees_it():
+    """kvtier.vllm.step_clock needs how many steps the engine keeps in flight; 0.32's
+    VllmConfig has the same property as 0.25.1's (pinned by its contract test)."""
+    from vllm.config import VllmConfig
+
+    assert isinstance(VllmConfig.__dict__["max_concurrent_batches"], property)
+    assert compat.steps_in_flight(SimpleNamespace(max_concurrent_batches=2)) == 2
+    assert compat.steps_in_flight(SimpleNamespace(max_concurrent_batches=0)) is None
+    assert compat.steps_in_flight(None) is None
