@@ -9,9 +9,11 @@ and when it is written (``kvtier.vllm.decision_memory``).
 
 A file applies only to the engine that wrote it: the same namespace (model, weights, KV
 layout, block-hash seed, parallel layout), the same format version and the same device
-description (platform and GPU or CPU model), so a folder moved to other hardware does not
-inherit foreign timings. Anything else is *rejected* with a reason (``EvidenceRejected``), and
-the caller starts unmeasured: a file can make the decision better informed, never break it.
+description (platform and GPU or CPU model, and what else the adapter adds that changes the
+timings: on CUDA the tensor-parallel size and how prefill was timed), so a folder moved to
+other hardware does not inherit foreign timings. Anything else is *rejected* with a reason
+(``EvidenceRejected``), and the caller starts unmeasured: a file can make the decision better
+informed, never break it.
 
 Format (JSON, version 1; at most ``layout.DECISION_FILE_MAX_BYTES``, oldest measurements
 dropped first to fit)::
@@ -123,7 +125,9 @@ def decode(data: bytes, namespace: str, device: str) -> EvidenceFile:
     if doc.get("namespace") != namespace:
         raise EvidenceRejected(f"written for namespace {str(doc.get('namespace'))[:12]}")
     if doc.get("device") != device:
-        raise EvidenceRejected(f"measured on another device ({str(doc.get('device'))[:80]})")
+        raise EvidenceRejected(
+            f"measured on another device or setup ({str(doc.get('device'))[:100]})"
+        )
     try:
         saved_at = _number(doc.get("saved_at"), allow_zero=True)
         steps = tuple(_step(entry) for entry in _items(doc.get("prefill_steps")))

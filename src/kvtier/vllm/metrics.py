@@ -136,7 +136,8 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         EVIDENCE_FILES: counter(
             "The restore decision's evidence files in the tier's folder, by outcome (loaded: "
             "an earlier process's measurements adopted at start-up; ignored: damaged, another "
-            "format version or measured on another device; write_failed: a save that failed).",
+            "format version or measured on another device or setup; write_failed: a save "
+            "that failed).",
             ("tier", "outcome"),
         ),
     }
