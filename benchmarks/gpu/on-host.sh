@@ -4,6 +4,8 @@
 # into $OUT/NAME.tgz (one file per run; $OUT: the folder whose files come back, /tmp if unset).
 #   on-host.sh stage DIR              copy the first piece to the host's scratch (call 1)
 #   on-host.sh unpack DIR             the rest, checked, unpacked into $KVTIER_GPU_ROOT/site
+#   on-host.sh overlay COMMIT         this checkout's kvtier (Python) over the bundle's, its
+#                                     native helpers kept; COMMIT is what machine.txt names
 #   on-host.sh machine NAME           what the host is (GPU, CPUs, disk, kvtier commit)
 #   on-host.sh disk-read NAME ARGS..  python -m benchmarks disk-read ARGS (no engine)
 #   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
@@ -47,6 +49,11 @@ unpack)
         python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$t" "$site" || exit 2
     done
     echo "unpacked into $site" ;;
+overlay)
+    need_site; commit=${1:?commit of this checkout}
+    cp -r src/kvtier/. "$site/kvtier/" || exit 2
+    echo "$commit (this checkout's src/kvtier over the bundle's)" > "$root/pieces/kvtier-commit.txt"
+    echo "kvtier of $commit over the bundle's in $site" ;;
 machine)
     results "${1:?name}"; describe | tee "$dir/machine.txt" ;;
 disk-read|shared-busy)
