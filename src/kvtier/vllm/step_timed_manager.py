@@ -7,8 +7,9 @@ goes to that manager as it is; two are also noted on the way (``kvtier.vllm.step
 * ``prepare_store``: called in the same step for the blocks that step computes, so the blocks
   vLLM's host pool accepts (``keys_to_store``) were scheduled in it.
 
-kvtier's tiers see neither: vLLM's tiering manager forwards ``on_schedule_end`` to them but
-never says which blocks a step will store, and their store jobs arrive steps later.
+kvtier's tiers cannot note this themselves: vLLM's tiering manager forwards
+``on_schedule_end`` to them but never says which blocks a step will store, and their store
+jobs arrive steps later.
 """
 
 from __future__ import annotations
