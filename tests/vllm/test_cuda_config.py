@@ -162,9 +162,9 @@ def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to
     try:
         assert isinstance(manager, StepTimedManager) and spec.get_manager() is manager
         (tier,) = manager.secondary_tiers  # vLLM's manager's, through the wrapper
-        assert tier.decider._steps is spec.step_clock
+        assert tier.decider._step_clock is spec.step_clock
         manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-        assert spec.step_clock._steps == 1
+        assert spec.step_clock._scheduled == 1
     finally:
         manager.shutdown()
         region_path(engine_id).unlink(missing_ok=True)

@@ -335,7 +335,7 @@ def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:
     steps = StepClock(clock, depth=2) if timed_steps else None
     d = TierDecider(
         policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=False,
-        steps=steps,
+        step_clock=steps,
     )
     chunks, per_chunk, chunk_s = 4, 64, 0.5
     for r in range(prompts):

@@ -174,17 +174,17 @@ class TierDecider:
         observes_prefill: bool,
         native_context: bool = HAS_KEY_POSITIONS,
         max_tokens: int | None = None,
-        steps: StepClock | None = None,
+        step_clock: StepClock | None = None,
     ) -> None:
         """``native_context``: vLLM's request context keeps kvtier's state and every key's
         position (0.32); else kvtier keeps the state on the context and counts positions
         itself (0.25.1, see ``PREFILL_EVIDENCE``). ``max_tokens``: the longest prompt the
         engine takes, where the tier cannot see a request's keys ahead (0.25.1); None where
-        it can or where it is not known. ``steps``: when the engine computed each stored
+        it can or where it is not known. ``step_clock``: when the engine computed each stored
         block (read only by the tier that ``observes_prefill``); None: a store job is timed
         to its arrival."""
         self.policy = policy
-        self._steps = steps
+        self._step_clock = step_clock
         self._max_tokens = max_tokens
         self._native = native_context
         self.tier = tier
@@ -428,7 +428,7 @@ class TierDecider:
         if not self._observes_prefill or not keys:
             return
         now = self._clock()
-        computed = None if self._steps is None else self._steps.computed_by(keys)
+        computed = None if self._step_clock is None else self._step_clock.computed_by(keys)
         if computed is not None:
             now = min(computed, now)  # the job arrived steps after the engine computed it
         plan = self._plan(ctx)

@@ -54,18 +54,18 @@ class StepClock:
         #: Times at which the latest steps were scheduled, the newest last.
         self._times: deque[float] = deque(maxlen=kept_steps)
         #: Steps scheduled so far (the current one included once it has been).
-        self._steps = 0
+        self._scheduled = 0
         self._scheduled_in: OrderedDict[Hashable, int] = OrderedDict()
         self._kept_keys = kept_keys
 
     def step_scheduled(self) -> None:
         """The scheduler has scheduled one more step (vLLM's ``on_schedule_end``)."""
-        self._steps += 1
+        self._scheduled += 1
         self._times.append(self._clock())
 
     def will_store(self, keys: Iterable[Hashable]) -> None:
         """These blocks are computed in the step just scheduled and will be stored."""
-        step = self._steps
+        step = self._scheduled
         for key in keys:
             self._scheduled_in[key] = step
             self._scheduled_in.move_to_end(key)
@@ -82,7 +82,7 @@ class StepClock:
         return self._time_of(max(steps) + self.depth)
 
     def _time_of(self, step: int) -> float | None:
-        first = self._steps - len(self._times) + 1
-        if not first <= step <= self._steps:
+        first = self._scheduled - len(self._times) + 1
+        if not first <= step <= self._scheduled:
             return None
         return self._times[step - first]

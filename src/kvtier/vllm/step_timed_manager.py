@@ -22,18 +22,18 @@ from kvtier.vllm.step_clock import StepClock
 class StepTimedManager:
     """Delegates to vLLM's manager; notes step times and the blocks each step stores."""
 
-    def __init__(self, manager: Any, steps: StepClock) -> None:
+    def __init__(self, manager: Any, step_clock: StepClock) -> None:
         self.manager = manager
-        self.steps = steps
+        self.step_clock = step_clock
 
     def on_schedule_end(self, context: Any) -> None:
-        self.steps.step_scheduled()
+        self.step_clock.step_scheduled()
         self.manager.on_schedule_end(context)
 
     def prepare_store(self, keys: Any, req_context: Any) -> Any:
         output = self.manager.prepare_store(keys, req_context)
         if output is not None:
-            self.steps.will_store(output.keys_to_store)
+            self.step_clock.will_store(output.keys_to_store)
         return output
 
     def __getattr__(self, name: str) -> Any:

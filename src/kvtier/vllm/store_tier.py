@@ -230,7 +230,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             self._clock,
             observes_prefill,
             max_tokens=max_prompt_tokens(spec),
-            steps=getattr(spec, "step_clock", None) if observes_prefill else None,
+            step_clock=getattr(spec, "step_clock", None) if observes_prefill else None,
         )
 
     # -- store lifecycle (opener thread) -------------------------------------------------
