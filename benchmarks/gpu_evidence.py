@@ -216,8 +216,15 @@ def derive(raw: dict[str, Any], settings: PolicySettings | None = None) -> dict[
                             ),
                         }
                     )
-    factor = (settings or PolicySettings()).safety_factor
-    return {"rows": rows, "prefill_fits": fits, "safety_factor": factor}
+    used = settings or PolicySettings()
+    return {
+        "rows": rows,
+        "prefill_fits": fits,
+        "safety_factor": used.safety_factor,
+        "safety_factor_within_evidence": min(
+            used.safety_factor_within_evidence, used.safety_factor
+        ),
+    }
 
 
 #: The bound the decision is held to: TTFT at most this times the better of restore and
@@ -226,13 +233,26 @@ WITHIN = 1.05
 
 
 def factor_sweep(raw: dict[str, Any], factors: list[float]) -> str:
-    """The same picks under other safety factors: per factor, how many cells end over
-    ``WITHIN`` x the better of the two measured paths (a restore picked that was slower, or a
-    recompute picked where the restore was faster), and the worst such cell. The restored
-    path is charged the fitted step cost, as in the decision table."""
+    """The same picks under fixed safety factors (the same inside and beyond the evidence),
+    then under the engine's own rule: per rule, how many cells end over ``WITHIN`` x the
+    better of the two measured paths (a restore picked that was slower, or a recompute picked
+    where the restore was faster), and the worst such cell. The restored path is charged the
+    fitted step cost, as in the decision table."""
+    engine = PolicySettings()
+    rules = [
+        (f"{f:g}", PolicySettings(safety_factor=f, safety_factor_within_evidence=f))
+        for f in factors
+    ]
+    rules.append(
+        (
+            f"{engine.safety_factor:g}, {engine.safety_factor_within_evidence:g} within the "
+            "evidence (the engine's)",
+            engine,
+        )
+    )
     table = []
-    for factor in factors:
-        rows = derive(raw, PolicySettings(safety_factor=factor))["rows"]
+    for label, settings in rules:
+        rows = derive(raw, settings)["rows"]
         judged = [r for r in rows if r["measured_restore_s"] is not None]
         over = []
         for r in judged:
@@ -245,7 +265,7 @@ def factor_sweep(raw: dict[str, Any], factors: list[float]) -> str:
         worst = max(over, key=lambda item: item[0], default=None)
         table.append(
             [
-                f"{factor:g}",
+                label,
                 str(len(judged)),
                 str(len(over) - wrong),
                 str(wrong),
@@ -290,7 +310,9 @@ def render(raw: dict[str, Any], derived: dict[str, Any]) -> str:
     )
     out.append("")
     out.append(
-        f"### Restore or recompute (safety factor {derived['safety_factor']}; "
+        f"### Restore or recompute (safety factor {derived['safety_factor']}, "
+        f"{derived.get('safety_factor_within_evidence', derived['safety_factor'])} within the "
+        "evidence; "
         "hit = the last `hit` tokens of the context, after `cached` tokens)"
     )
     out.append("")

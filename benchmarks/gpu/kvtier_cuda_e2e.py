@@ -384,17 +384,23 @@ def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
         return
     path, doc = found[0]
     record = evidence_file.decode(path.read_bytes(), doc["namespace"], doc["device"])
-    policy = make_policy(True, time.monotonic, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
+    # The engine's own margins: the narrower one within the evidence only where its prefill
+    # was timed to the steps (the device description says so).
+    policy = make_policy(
+        True,
+        time.monotonic,
+        CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
+        prefill_timed_to_steps=str(doc["device"]).endswith("prefill timed by steps"),
+    )
     policy.add_tier("disk", via="host")
     policy.adopt(record.evidence)
-    factor = policy.settings.safety_factor
     for n, (length, _) in prompts().items():
         nbytes = full_blocks_kv_bytes(length)
         verdict = policy.decide("disk", 0, length, nbytes, count=False, queued=False)
         line = (
             f"c {n}: the evidence predicts restore {verdict.restore_s:.3f}s, recompute "
             f"{verdict.recompute_s:.3f}s ({verdict.recompute_s / verdict.restore_s:.2f}x; "
-            f"restored above {factor}x): {'restore' if verdict.restore else 'recompute'}"
+            f"restored above {verdict.margin:g}x): {'restore' if verdict.restore else 'recompute'}"
         )
         if n in restored:
             line += (

@@ -127,18 +127,28 @@ def test_a_report_without_prefill_figures_says_so():
         gpu_evidence.derive(raw)
 
 
-def sweep_counts(raw: dict, factors: list[float]) -> dict[float, tuple[int, int]]:
-    """Per factor: (recomputed where the restore was faster, restored where it was slower),
-    each by more than the bound, read from the sweep's table."""
+#: The sweep's last row: the engine's own rule.
+ENGINE_RULE = "1.2, 1.05 within the evidence (the engine's)"
+
+
+def sweep_counts(raw: dict, factors: list[float]) -> dict[float | str, tuple[int, int]]:
+    """Per fixed factor, and for ``ENGINE_RULE``: (recomputed where the restore was faster,
+    restored where it was slower), each by more than the bound, read from the sweep's table."""
     lines = gpu_evidence.factor_sweep(raw, factors).splitlines()[2:]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    return {float(c[0]): (int(c[2]), int(c[3])) for c in cells}
+    assert cells[-1][0] == ENGINE_RULE
+    counts: dict[float | str, tuple[int, int]] = {
+        float(c[0]): (int(c[2]), int(c[3])) for c in cells[:-1]
+    }
+    counts[ENGINE_RULE] = (int(cells[-1][2]), int(cells[-1][3]))
+    return counts
 
 
 def test_the_factor_sweep_counts_what_each_factor_gets_wrong():
     right = raw_results(disk_sweep_gbps=2.0, disk_restore_gbps=2.0)
     counts = sweep_counts(right, [1.0, 100.0])
     assert counts[1.0] == (0, 0), "exact estimates, no margin: every pick within the bound"
+    assert counts[ENGINE_RULE] == (0, 0), "exact estimates, the engine's margins: the same"
     assert counts[100.0][0] > 0 and counts[100.0][1] == 0, "a huge margin refuses real gains"
     optimistic = raw_results(disk_sweep_gbps=20.0, disk_restore_gbps=0.5)
     assert sweep_counts(optimistic, [1.0])[1.0][1] > 0, "slow restores taken on a promise"
@@ -154,4 +164,5 @@ def test_the_factor_sweep_from_the_command_line(tmp_path):
     result = CliRunner().invoke(app, ["gpu-evidence", str(raw), "--safety-factors", "1,1.2"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("| safety factor | cells |")
-    assert [line.split("|")[1].strip() for line in result.stdout.splitlines()[2:]] == ["1", "1.2"]
+    labels = [line.split("|")[1].strip() for line in result.stdout.splitlines()[2:]]
+    assert labels == ["1", "1.2", ENGINE_RULE]

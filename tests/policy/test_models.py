@@ -179,6 +179,17 @@ def test_calibration_seeds_the_model_before_any_step():
     assert model.evidence == 0  # a calibration is a prior, measured steps still come first
 
 
+def test_the_prefill_reach_is_the_longest_context_measured_or_calibrated():
+    model = PrefillModel()
+    assert model.reach_tokens == 0
+    model.calibrate([(m, n, TRUE.step_seconds([(m, n)])) for m, n in calibration_points(8192)])
+    assert model.reach_tokens == 8192
+    model.observe_step([(0, 2048), (16384, 4096)], 0.5)
+    assert model.reach_tokens == 20480
+    model.observe_step([(0, 1)], 0.01)  # a decode step: ignored, and no reach either
+    assert model.reach_tokens == 20480
+
+
 def test_calibration_points_stay_within_the_model_length():
     points = calibration_points(8192)
     assert all(m + n <= 8192 for m, n in points)
@@ -223,6 +234,15 @@ def test_the_restore_estimate_separates_latency_from_bandwidth():
     assert tier.fitted_bandwidth_bytes_per_s == pytest.approx(2.5e9, rel=0.03)
     assert tier.latency_s == pytest.approx(0.004, rel=0.05)
     assert tier.loads == 8
+
+
+def test_a_tiers_evidence_reaches_its_largest_recent_load():
+    policy = RestorePolicy(clock=FakeClock())
+    policy.add_tier("disk")
+    assert policy.snapshot().tiers["disk"].loads == 0
+    for nbytes in (GIB, 1 << 20):
+        policy.observe_load("disk", nbytes, nbytes / 2e9)
+    assert policy.snapshot().tiers["disk"].largest_load_bytes == GIB
 
 
 # -- the claim behind all-or-nothing -------------------------------------------------------

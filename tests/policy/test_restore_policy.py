@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kvtier.errors import ConfigError
 from kvtier.policy import (
+    BatchHit,
     DeadlineRule,
     PolicySettings,
     PrefillCoefficients,
@@ -195,6 +196,83 @@ def test_the_safety_factor_refuses_a_restore_that_wins_only_narrowly():
     loose = policy_with({"disk": tier}, safety_factor=1.0)
     assert not strict.decide("disk", cached, tokens, nbytes).restore
     assert loose.decide("disk", cached, tokens, nbytes).restore
+
+
+def test_within_the_evidence_a_restore_that_wins_by_a_tenth_is_taken():
+    """The hit is no larger than the tier's measured loads (1 GiB) and the prompt no longer
+    than the engine's measured steps (32k): predictions interpolate, so the margin is
+    ``safety_factor_within_evidence`` (1.05), not ``safety_factor`` (1.2)."""
+    cached, tokens = 0, 8192  # 1 GiB of KV
+    nbytes = tokens * TOKEN_BYTES
+    tier = FakeTier(bandwidth=nbytes / (truth_recompute_s(cached, tokens) / 1.1), latency_s=0)
+    policy = policy_with({"disk": tier})
+    decision = policy.decide("disk", cached, tokens, nbytes)
+    assert decision.restore and decision.margin == 1.05
+    # A 10 % win on a hit twice the largest load measured: the bandwidth is extrapolated.
+    wins = 2 * nbytes / (truth_recompute_s(0, 2 * tokens) / 1.1)
+    beyond = policy_with({"disk": FakeTier(wins, latency_s=0)}).decide(
+        "disk", 0, 2 * tokens, 2 * nbytes
+    )
+    assert not beyond.restore and beyond.margin == 1.2
+
+
+def test_a_prompt_longer_than_any_measured_step_is_held_to_the_full_factor():
+    tier = FakeTier(bandwidth=3e9, latency_s=0.0)
+    policy = policy_with({"disk": tier})
+    assert policy.prefill.reach_tokens == 32768
+    assert policy.decide("disk", 32768 - 1024, 1024, 1024 * TOKEN_BYTES).margin == 1.05
+    assert policy.decide("disk", 32768, 1024, 1024 * TOKEN_BYTES).margin == 1.2
+
+
+def test_a_measured_via_tier_bounds_the_evidence_and_an_unmeasured_one_does_not():
+    """A disk hit also pays the host pool's copy. Measured only on smaller loads, that copy's
+    prediction extrapolates; never measured (vLLM's own pool on CUDA), it is its prior, which
+    errs slow and can only cost a missed gain."""
+    measured = policy_with({"host": FakeTier(20e9)})  # loads up to 1 GiB
+    unmeasured = policy_with({})
+    unmeasured.add_tier("host", RestorePrior(12e9, 0.0005))
+    for policy in (measured, unmeasured):
+        policy.add_tier("disk", via="host")
+        policy.observe_load("disk", 4 * GIB, 2.0)
+    hit = (0, 16384, 2 * GIB)
+    assert measured.decide("disk", *hit).margin == 1.2
+    assert unmeasured.decide("disk", *hit).margin == 1.05
+    assert measured.decide("disk", 0, 8192, GIB).margin == 1.05
+
+
+def test_the_smaller_factor_is_used_within_the_evidence():
+    policy = policy_with({"disk": FakeTier(3e9)}, safety_factor=1.0)
+    assert policy.decide("disk", 0, 8192, GIB).margin == 1.0
+    wide = policy_with({"disk": FakeTier(3e9)}, safety_factor_within_evidence=1.1)
+    assert wide.decide("disk", 0, 8192, GIB).margin == 1.1
+
+
+def test_a_tier_that_is_writing_is_held_to_the_full_factor():
+    """Its loads share the device with write-back, which the loads it measured did not: on
+    the GPU hosts such restores took 1.14-1.49x the same reads alone. The same 10 % win that
+    is taken with the tier quiet is refused while it writes."""
+    cached, tokens = 0, 8192
+    nbytes = tokens * TOKEN_BYTES
+    tier = FakeTier(bandwidth=nbytes / (truth_recompute_s(cached, tokens) / 1.1), latency_s=0)
+    writes: list[int] = []
+    policy = RestorePolicy(PolicySettings(), trained_engine(), FakeClock())
+    policy.add_tier("disk", writing=lambda: bool(writes))
+    for size in (2 << 20, 32 << 20, 256 << 20, GIB):
+        policy.observe_load("disk", size, tier.seconds(size))
+    pair = [BatchHit(cached, tokens, nbytes)] * 2
+    quiet = policy.decide("disk", cached, tokens, nbytes, count=False, queued=False)
+    assert quiet.restore and quiet.margin == 1.05
+    assert [d.margin for d in policy.decide_batch("disk", pair)] == [1.05, 1.05]
+    writes.append(1)
+    busy = policy.decide("disk", cached, tokens, nbytes, count=False, queued=False)
+    assert not busy.restore and busy.margin == 1.2
+    assert [d.margin for d in policy.decide_batch("disk", pair)] == [1.2, 1.2]
+
+
+def test_an_unmeasured_tier_is_beyond_the_evidence():
+    policy = RestorePolicy(PolicySettings(), trained_engine(), FakeClock())
+    policy.add_tier("disk")
+    assert policy.decide("disk", 0, 16, 16 * TOKEN_BYTES).margin == 1.2
 
 
 def test_the_prior_is_conservative():
@@ -499,6 +577,10 @@ def test_settings_from_a_mapping_build_the_deadline_rule():
     ("kwargs", "message"),
     [
         ({"safety_factor": 0.9}, "safety_factor=0.9: .*give a number >= 1"),
+        (
+            {"safety_factor_within_evidence": 0.9},
+            "safety_factor_within_evidence=0.9: .*give a number >= 1",
+        ),
         ({"slow_inflation": 1.0}, "slow_inflation=1.0: .*give a number > 1"),
         ({"slow_inflation_max": 2.0}, "slow_inflation_max=2.0; give a number >= slow_inflation"),
         ({"recovery_loads": 0}, "recovery_loads=0: .*give an integer >= 1"),

@@ -222,6 +222,23 @@ def test_stores_beyond_the_bound_run_their_over_bound_task_outside_the_bound(tab
     assert freed is StoresQueued.WHOLE, "an over-bound task never holds the bound"
 
 
+def test_the_table_is_writing_while_any_store_waits_or_runs_over_the_bound_too(table):
+    """What the restore decision asks before it trusts a load measured alone
+    (``RestorePolicy.add_tier(writing=...)``); loads are not writes."""
+    assert not table.writing()
+    release, over_release = threading.Event(), threading.Event()
+    table.submit_stores(1, [key(1), key(2)], [0, 1], lambda k, r: release.wait(30))
+    table.submit_stores(2, [key(3)], [2], lambda k, r: False, lambda k, r: over_release.wait(30))
+    assert table.writing()
+    release.set()
+    assert wait_until(lambda: len(table.finished()) == 1, 5, 0.01)
+    assert table.writing(), "the over-bound store still runs"
+    over_release.set()
+    assert wait_until(lambda: not table.writing(), 5, 0.01)
+    table.submit_loads(3, [key(1)], [0], lambda ks, rows, loads: [True], deadline=lambda: 1e9)
+    assert not table.writing()
+
+
 def test_a_late_load_is_abandoned_at_its_deadline_and_never_claims_its_row():
     clock = FakeClock()
     table = JobTable(thread_prefix="kvtier-test", io_threads=1, clock=clock, label="t")

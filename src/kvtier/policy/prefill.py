@@ -78,6 +78,14 @@ class PrefillCoefficients:
         if self.per_token_s == 0 and self.per_pair_s == 0:
             raise ConfigError("policy: prefill per_token_s and per_pair_s are both 0; give one")
 
+    @property
+    def reach_tokens(self) -> int:
+        """The longest context (cached + new tokens of one request) among the calibration and
+        the recent steps: predictions for prompts up to this length interpolate what was
+        measured, longer ones extrapolate the attention cost (0 before any measurement)."""
+        ends = [m + n for step in self._recent for m, n in step.segments]
+        return max([self._calibrated_reach, *ends])
+
     def step_seconds(self, segments: Sequence[tuple[int, int]]) -> float:
         """Predicted seconds of one step computing ``(cached, new)`` segments."""
         tokens = sum(n for _, n in segments)
@@ -139,6 +147,8 @@ class PrefillModel:
         # Solved lazily: steps arrive every few milliseconds, decisions far less often.
         self._stale = True
         self._recent: deque[MeasuredStep] = deque(maxlen=KEPT_STEPS)
+        #: Longest context (cached + new tokens) of a calibration sample; 0 without one.
+        self._calibrated_reach = 0
         #: Steps used since the model was made (replayed ones included); only grows.
         self.observed = 0
 
@@ -152,6 +162,14 @@ class PrefillModel:
     def evidence(self) -> float:
         """Effective number of measured steps behind the fit (calibration excluded)."""
         return self._fit.data_weight
+
+    @property
+    def reach_tokens(self) -> int:
+        """The longest context (cached + new tokens of one request) among the calibration and
+        the recent steps: predictions for prompts up to this length interpolate what was
+        measured, longer ones extrapolate the attention cost (0 before any measurement)."""
+        ends = [m + n for step in self._recent for m, n in step.segments]
+        return max([self._calibrated_reach, *ends])
 
     def step_seconds(self, segments: Sequence[tuple[int, int]]) -> float:
         """Predicted seconds of one step computing these ``(cached, new)`` segments."""
@@ -212,10 +230,12 @@ class PrefillModel:
         ``weight``: how many steps the calibration is worth in all (default: one per sample).
         Returns the new coefficients. Measured steps still refine them afterwards.
         """
-        rows = [(_features([(m, n)]), s) for m, n, s in samples if n > 0 and s > 0]
+        used = [(m, n, s) for m, n, s in samples if n > 0 and s > 0]
+        rows = [(_features([(m, n)]), s) for m, n, s in used]
         if not rows:
             raise ConfigError("policy: calibrate() needs (cached, new, seconds) with new, s > 0")
         self._fit.set_prior(rows, float(len(rows)) if weight is None else weight)
+        self._calibrated_reach = max(m + n for m, n, _ in used)
         self._stale = True
         return self.coefficients()
 

@@ -109,6 +109,8 @@ class TierSnapshot:
     refused: int
     #: Effective number of measurements behind the fit (prior excluded).
     evidence: float
+    #: The largest recent load: predictions up to this size interpolate measurements.
+    largest_load_bytes: int = 0
 
 
 class TierEstimate:
@@ -171,6 +173,12 @@ class TierEstimate:
         self._recent.append(MeasuredLoad(nbytes, max(seconds, 1e-9)))
         self.measured += 1
 
+    @property
+    def largest_load_bytes(self) -> int:
+        """The largest of the recent measured loads (0 before any): predictions for loads up
+        to this size interpolate what was measured, larger ones extrapolate the bandwidth."""
+        return max((load.nbytes for load in self._recent), default=0)
+
     def recent_loads(self) -> tuple[MeasuredLoad, ...]:
         """The last ``KEPT_LOADS`` measurements, oldest first."""
         return tuple(self._recent)
@@ -216,4 +224,5 @@ class TierEstimate:
             overruns=self.overruns,
             refused=self.refused,
             evidence=self._fit.data_weight,
+            largest_load_bytes=self.largest_load_bytes,
         )

@@ -68,7 +68,17 @@ too late to overlap. A batch of one is the single-request rule above.
 
 Safety
 ------
-* A restore is chosen only when predicted faster by ``safety_factor``.
+* A restore is chosen only when predicted faster by ``safety_factor`` (1.2), or by
+  ``safety_factor_within_evidence`` (1.05) where every prediction it rests on interpolates
+  measurements (``_factor``): the hit no larger than the tier's recent loads, nor than its
+  ``via`` tier's, the prompt no longer than the longest the prefill model was measured
+  on, and no tier loaded from writing now (a load that shares the disk with write-back took
+  1.14-1.49x the same load alone in the GPU runs: docs/benchmarks.md). Within the evidence
+  the models come within a few percent (once prefill is timed to the step that computed
+  it) and a missed gain should cost at most 5 %; beyond it they extrapolate, and there a
+  fixed 1.2 refused every restore that was slower, where 1.05 took one 1.41x slower (72
+  cells measured on an H200, docs/gpu-evidence.md). The margin a batch's overlap must beat
+  is ``safety_factor``: the overlap is a prediction nothing measures.
 * Priors err towards refusing: a tier is assumed slow and prefill fast until measured.
 * Every load gets a deadline (``DeadlineRule``); an overrun abandons the load (its blocks
   become misses), marks the tier slow (predictions inflated) and feeds the elapsed time into
@@ -156,6 +166,9 @@ class Decision:
     reason: str
     #: Seconds of decided prefill already queued on the engine when this was decided.
     engine_wait_s: float = 0.0
+    #: The factor the restore's prediction had to beat recompute's by (``_factor``); 1.0
+    #: where nothing was weighed.
+    margin: float = 1.0
     #: The predicted seconds the plan puts on each resource (``ENGINE`` or a tier's name), in
     #: the backlog once the adapter carries it out (``RestorePolicy.commit``).
     charges: tuple[tuple[str, float], ...] = ()
@@ -281,6 +294,8 @@ class RestorePolicy:
         self._tiers: dict[str, TierEstimate] = {}
         #: Tier whose copy a tier's restores also pass through (disk -> host pool -> engine).
         self._via: dict[str, str | None] = {}
+        #: Whether a tier is writing now (``add_tier``), or None where it cannot tell.
+        self._writing: dict[str, Callable[[], bool] | None] = {}
         #: Policy-clock time of each tier's last measurement or claimed probe.
         self._last_evidence_s: dict[str, float] = {}
         #: Work already decided, per resource (requests in flight; see the module docstring).
@@ -291,7 +306,11 @@ class RestorePolicy:
     # -- set-up ---------------------------------------------------------------------------
 
     def add_tier(
-        self, name: str, prior: RestorePrior = DEFAULT_RESTORE_PRIOR, via: str | None = None
+        self,
+        name: str,
+        prior: RestorePrior = DEFAULT_RESTORE_PRIOR,
+        via: str | None = None,
+        writing: Callable[[], bool] | None = None,
     ) -> None:
         """Register a tier with its prior (assumed until measured; choose it on the slow side).
 
@@ -299,6 +318,10 @@ class RestorePolicy:
         tier whose loads land in the host pool and then take the host pool's copy to the
         engine: ``add_tier("disk", via="host")``. Predictions for ``name`` then add ``via``'s;
         loads of ``name`` (``begin_load``) are timed and judged on their own.
+
+        ``writing``: whether the tier is writing now (stores queued). A load then shares the
+        device with the writes, and its prediction is not taken as within the evidence
+        (``_factor``); None: never.
         """
         s = self.settings
         with self._lock:
@@ -309,6 +332,7 @@ class RestorePolicy:
                     f"policy: tier {name!r} via={via!r}, which is not a tier yet; add it first"
                 )
             self._via[name] = via
+            self._writing[name] = writing
             self._tiers[name] = TierEstimate(
                 name,
                 prior,
@@ -412,7 +436,8 @@ class RestorePolicy:
             # plan j: restore the first j hits, recompute the rest; each costs the time at
             # which it would finish (module docstring, "Requests in flight").
             best_j, best_cost, best_plan = 0, engine_wait + recompute_all, recompute_all
-            best_rest = recompute_all
+            best_rest, margin = recompute_all, 1.0
+            context_end = cached_tokens + total
             restored_tokens, restored_s, reached = 0, 0.0, engine_wait
             for j, hit in enumerate(hits, start=1):
                 restored_tokens += hit.tokens
@@ -422,7 +447,9 @@ class RestorePolicy:
                 rest = self.prefill.recompute_seconds(
                     cached_tokens + restored_tokens, total - restored_tokens
                 )
-                cost = reached + self.settings.safety_factor * restored_s + rest
+                factor = self._factor(((h.tier, h.nbytes) for h in hits[:j]), context_end)
+                margin = max(margin, factor)
+                cost = reached + factor * restored_s + rest
                 if cost < best_cost:
                     best_j, best_cost, best_plan, best_rest = j, cost, restored_s + rest, rest
             for est in estimates[best_j:] if count else ():
@@ -440,6 +467,7 @@ class RestorePolicy:
             reason="restore is faster" if best_j else "recompute is faster",
             engine_wait_s=engine_wait,
             charges=tuple(charges),
+            margin=margin,
         )
 
     def decide_batch(self, tier: str, hits: Sequence[BatchHit]) -> list[Decision]:
@@ -460,7 +488,10 @@ class RestorePolicy:
             reached = max(engine_wait, self._backlog.wait_s(tier, now))
             restore = [self._predict(tier, h.nbytes) for h in hits]
             recompute = [self.prefill.recompute_seconds(h.cached_tokens, h.tokens) for h in hits]
-            pays = [s * r < c for r, c in zip(restore, recompute, strict=True)]
+            factors = [
+                self._factor([(tier, h.nbytes)], h.cached_tokens + h.tokens) for h in hits
+            ]
+            pays = [f * r < c for f, r, c in zip(factors, restore, recompute, strict=True)]
 
             def done_s(m: int) -> float:
                 chosen = [i < m or pays[i] for i in range(len(hits))]
@@ -494,8 +525,11 @@ class RestorePolicy:
                 ),
                 engine_wait_s=engine_wait,
                 charges=((tier, r),) if v else ((ENGINE, c),),
+                margin=f if p or not v else s,
             )
-            for h, v, p, r, c in zip(hits, verdicts, pays, restore, recompute, strict=True)
+            for h, v, p, r, c, f in zip(
+                hits, verdicts, pays, restore, recompute, factors, strict=True
+            )
         ]
 
     def refuse_every_hit(
@@ -511,7 +545,9 @@ class RestorePolicy:
         longest hit there can be (its fixed latency spread over the most tokens), and a
         recompute costs most at the prompt's last token (``PrefillModel.most_seconds_per_
         token``). If even that restore, by the safety factor, does not beat that recompute,
-        no hit can. Only one block is charged to the engine: the hit's size is unknown.
+        no hit can. The factor is the smallest any hit can be held to (one block's, within
+        the evidence where the tier has measured loads). Only one block is charged to the
+        engine: the hit's size is unknown.
         """
         if not self.settings.enabled or max_tokens <= 0 or block_tokens <= 0:
             return None
@@ -523,7 +559,8 @@ class RestorePolicy:
             longest_s = self._predict(tier, blocks * block_bytes)
             restore_per_token = longest_s / (blocks * block_tokens)
             recompute_per_token = self.prefill.most_seconds_per_token(max_tokens)
-            if self.settings.safety_factor * restore_per_token < recompute_per_token:
+            factor = self._factor([(tier, block_bytes)], block_tokens)
+            if factor * restore_per_token < recompute_per_token:
                 return None
             est.refused += 1
             block_s = self._predict(tier, block_bytes)
@@ -536,6 +573,7 @@ class RestorePolicy:
             plan_s=block_recompute,
             reason="recompute is faster at any length",
             charges=((ENGINE, block_recompute),),
+            margin=factor,
         )
 
     def commit(self, decision: Decision) -> None:
@@ -674,6 +712,30 @@ class RestorePolicy:
         """Predicted seconds for the engine to compute ``tokens`` after ``cached_tokens``."""
         with self._lock:
             return self.prefill.recompute_seconds(cached_tokens, tokens)
+
+    def _factor(self, loads: Iterable[tuple[str, int]], context_end: int) -> float:
+        """How much faster than recompute a restore of these ``(tier, bytes)`` loads must be
+        predicted, for a prompt of ``context_end`` tokens (module docstring, "Safety"):
+        ``safety_factor_within_evidence`` when every prediction involved interpolates
+        measurements and no tier loaded from is writing, else ``safety_factor``."""
+        s = self.settings
+        if context_end > self.prefill.reach_tokens:
+            return s.safety_factor
+        for tier, nbytes in loads:
+            if nbytes > self._tier(tier).largest_load_bytes:
+                return s.safety_factor
+            writing = self._writing[tier]
+            if writing is not None and writing():
+                return s.safety_factor
+            via = self._via[tier]
+            while via is not None:
+                # A via tier nothing measures (the host pool's copy to the GPU on CUDA) is
+                # predicted by its prior, which errs slow: it can only cost a missed gain.
+                largest = self._tier(via).largest_load_bytes
+                if 0 < largest < nbytes:
+                    return s.safety_factor
+                via = self._via[via]
+        return min(s.safety_factor_within_evidence, s.safety_factor)
 
     def _predict(self, tier: str, nbytes: int) -> float:
         seconds = self._tier(tier).predict_seconds(nbytes)

@@ -31,6 +31,17 @@ class PolicySettings(SettingsModel):
     safety_factor: float = Field(
         default=1.2, ge=1, allow_inf_nan=False, **with_fix("give a number >= 1, e.g. 1.2")
     )
+    #: The factor used instead where a prediction interpolates what was measured: the hit no
+    #: larger than the tier's recent loads (and its ``via`` tier's), the prompt no longer than
+    #: the longest the engine's prefill was measured on, the tier not writing. There the
+    #: fitted models came within a few percent, and a missed gain should cost at most 5 %, the
+    #: bound the decision is held to (docs/gpu-evidence.md). Beyond the evidence a prediction
+    #: extrapolates (attention's quadratic cost, a tier's throughput on sizes it never read,
+    #: a disk shared with write-back) and ``safety_factor`` applies. The smaller of the two is
+    #: used here.
+    safety_factor_within_evidence: float = Field(
+        default=1.05, ge=1, allow_inf_nan=False, **with_fix("give a number >= 1, e.g. 1.05")
+    )
     #: How long one load may run before it is abandoned.
     deadline: DeadlineRule = Field(default_factory=DeadlineRule, **with_fix("give a DeadlineRule"))
     #: Factor on a tier's predictions after its first overrun; doubled for each further one.

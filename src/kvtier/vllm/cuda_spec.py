@@ -85,7 +85,12 @@ class KvtierCudaSpec(TieringOffloadingSpec):
                 compat.STABLE_HASH_ALGOS,
             )
         #: Restore or recompute (scheduler side): kvtier's tiers register with it.
-        self.restore_policy = make_policy(True, time.monotonic, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
+        self.restore_policy = make_policy(
+            True,
+            time.monotonic,
+            CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
+            prefill_timed_to_steps=self.step_clock is not None,
+        )
         #: The tier that feeds the engine's prefill measurements to the policy.
         self.prefill_observer: str | None = None
         #: The tier that keeps the policy's evidence in its folder (kvtier.vllm.decision_memory).

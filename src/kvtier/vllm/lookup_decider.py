@@ -380,7 +380,7 @@ class TierDecider:
             # (KVTIER_LOG_LEVEL=DEBUG): the predictions it weighed, and the queue it saw.
             logger.debug(
                 "kvtier: %s: %s (%s): restore %.3f s, recompute %.3f s, plan %.3f s, "
-                "engine queue %.3f s",
+                "engine queue %.3f s, margin %.2fx",
                 self.tier,
                 why,
                 decision.reason,
@@ -388,6 +388,7 @@ class TierDecider:
                 decision.recompute_s,
                 decision.plan_s,
                 decision.engine_wait_s,
+                decision.margin,
             )
 
     def prefill_per_token_s(self) -> float:
@@ -492,13 +493,25 @@ def make_policy(
     enabled: bool,
     clock: Callable[[], float],
     host_copy_bytes_per_s: float = HOST_COPY_PRIOR_BYTES_PER_S,
+    prefill_timed_to_steps: bool = False,
 ) -> RestorePolicy:
     """An engine's policy with the host pool registered (tiers add themselves ``via`` it);
     ``host_copy_bytes_per_s``: the prior of the host pool's copy to the engine, which nothing
-    measures (``CUDA_HOST_COPY_PRIOR_BYTES_PER_S`` on CUDA)."""
+    measures (``CUDA_HOST_COPY_PRIOR_BYTES_PER_S`` on CUDA). ``prefill_timed_to_steps``: the
+    prefill evidence ends at the step that computed each block (a ``StepClock``); only then
+    may a restore within the evidence win by the narrower margin
+    (``PolicySettings.safety_factor_within_evidence``). Timed to its store job's arrival, the
+    evidence read prefill 12-23 % slow on vLLM 0.25.1 (docs/benchmarks.md), more than that
+    margin."""
     from kvtier.policy import DeadlineRule, PolicySettings, RestorePrior
 
     settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))
+    if not prefill_timed_to_steps:
+        settings = PolicySettings(
+            enabled=enabled,
+            deadline=settings.deadline,
+            safety_factor_within_evidence=settings.safety_factor,
+        )
     policy = RestorePolicy(settings, clock=clock)
     policy.add_tier("host", RestorePrior(host_copy_bytes_per_s, 0.0005))
     return policy

@@ -221,7 +221,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             if self.keeps_decision_evidence and getattr(spec, "evidence_keeper", None) is None:
                 spec.evidence_keeper = self.metric_tier  # one file per engine, not per tier
                 self._keeps_evidence = True
-        policy.add_tier(self.metric_tier, via="host")
+        policy.add_tier(self.metric_tier, via="host", writing=self._jobs.writing)
         return TierDecider(
             policy,
             self.metric_tier,

@@ -128,7 +128,10 @@ class JobTable:
             io_threads, f"{thread_prefix}-write-over", initializer=_start_io_thread
         )
         self._jobs: dict[int, Job] = {}
+        #: Store tasks waiting or running on the bounded write pool (``max_queued_blocks``).
         self._queued_stores = 0
+        #: Store tasks waiting or running on either write pool (``writing``).
+        self._writes = 0
         self._queued_lock = threading.Lock()
         # Every task on the I/O threads not finished yet: what shutdown waits for.
         self._inflight: set[Future[Any]] = set()
@@ -166,26 +169,30 @@ class JobTable:
             if not full:
                 self._queued_stores += len(keys)
         if not full:
-            pool, queued = self._write_pool, StoresQueued.WHOLE
-            run = functools.partial(self._counted_store, task)
+            pool, queued, store = self._write_pool, StoresQueued.WHOLE, task
         elif over_bound is not None:
-            pool, queued, run = self._over_bound_pool, StoresQueued.OVER_BOUND, over_bound
+            pool, queued, store = self._over_bound_pool, StoresQueued.OVER_BOUND, over_bound
         else:
             done: Future[bool] = Future()
             done.set_result(False)
             self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
             return StoresQueued.DROPPED
+        with self._queued_lock:
+            self._writes += len(keys)
+        run = functools.partial(self._counted_store, store, not full)
         pairs = zip(keys, rows, strict=True)
         futures = [self._submit(pool, run, k, r) for k, r in pairs]
         self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
         return queued
 
-    def _counted_store(self, task: StoreTask, key: bytes, row: int) -> bool:
+    def _counted_store(self, task: StoreTask, bounded: bool, key: bytes, row: int) -> bool:
         try:
             return task(key, row)
         finally:
             with self._queued_lock:
-                self._queued_stores -= 1
+                self._writes -= 1
+                if bounded:
+                    self._queued_stores -= 1
 
     def submit_loads(
         self,
@@ -272,6 +279,11 @@ class JobTable:
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs)
+
+    def writing(self) -> bool:
+        """Whether stores are queued or being written (a load now shares the device)."""
+        with self._queued_lock:
+            return self._writes > 0
 
     def drain(self) -> None:
         """Wait for every task of every job (never cancels a copy under way)."""
