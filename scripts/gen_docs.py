@@ -185,8 +185,16 @@ def policy_table() -> str:
 
     from kvtier.vllm.lookup_decider import make_policy
 
-    settings = make_policy(True, time.monotonic).settings
-    return _table(["setting", "value in the engine", "meaning"], _value_rows(settings))
+    rows = _value_rows(make_policy(True, time.monotonic).settings)
+    # The one value that depends on the engine: how its prefill evidence is timed.
+    timed = make_policy(True, time.monotonic, prefill_timed_to_steps=True).settings
+    for row in rows:
+        if row[0] == "`safety_factor_within_evidence`":
+            row[1] = (
+                f"`{timed.safety_factor_within_evidence}` where prefill is timed to the step "
+                f"that computed it (kvtier's CUDA spec), else {row[1]}"
+            )
+    return _table(["setting", "value in the engine", "meaning"], rows)
 
 
 def serve_table() -> str:
