@@ -78,14 +78,6 @@ class PrefillCoefficients:
         if self.per_token_s == 0 and self.per_pair_s == 0:
             raise ConfigError("policy: prefill per_token_s and per_pair_s are both 0; give one")
 
-    @property
-    def reach_tokens(self) -> int:
-        """The longest context (cached + new tokens of one request) among the calibration and
-        the recent steps: predictions for prompts up to this length interpolate what was
-        measured, longer ones extrapolate the attention cost (0 before any measurement)."""
-        ends = [m + n for step in self._recent for m, n in step.segments]
-        return max([self._calibrated_reach, *ends])
-
     def step_seconds(self, segments: Sequence[tuple[int, int]]) -> float:
         """Predicted seconds of one step computing ``(cached, new)`` segments."""
         tokens = sum(n for _, n in segments)
