@@ -76,7 +76,9 @@ def wait_stopped(pid: int) -> None:
             for tid in os.listdir(tasks):
                 with open(f"{tasks}/{tid}/stat") as f:
                     states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
+            # Gone: its folder vanished (ENOENT), or it exited while a thread's stat was
+            # being read (ESRCH; a writer that crashes on purpose does).
             return
         if all(s in "TtZX" for s in states):
             return
