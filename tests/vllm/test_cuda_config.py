@@ -168,6 +168,12 @@ def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to
         assert tier.decider._step_clock is spec.step_clock
         manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
         assert spec.step_clock._scheduled == 1
+        # The host pool's loads to the GPU are timed into the policy's host tier, in the
+        # kvtier tier's row bytes (what its predictions add to each disk restore).
+        assert manager._on_load is not None
+        manager._on_load(3, 0.01)
+        (load,) = spec.restore_policy.evidence().tier_loads["host"]
+        assert (load.nbytes, load.seconds) == (3 * tier.decider.row_bytes, 0.01)
     finally:
         manager.shutdown()
         region_path(engine_id).unlink(missing_ok=True)

@@ -88,6 +88,13 @@ class Manager:
         self.calls.append("has_pending_work")
         return True
 
+    def prepare_load(self, keys, req_context):
+        self.calls.append(f"prepare_load {keys} {req_context}")
+        return "src-spec"
+
+    def complete_load(self, keys, req_context):
+        self.calls.append(f"complete_load {keys} {req_context}")
+
 
 def test_the_manager_is_vllms_own_with_each_step_and_its_stores_noted():
     clock = Clock()
@@ -118,3 +125,51 @@ def test_a_store_the_host_pool_refused_is_not_noted():
     assert manager.prepare_store(["k"], "req") is None
     manager.on_schedule_end("ctx")
     assert steps.computed_by(["k"]) is None
+
+
+def test_a_load_from_the_host_pool_is_timed_from_its_preparing_to_its_completion():
+    clock = Clock()
+    loads: list[tuple[int, float]] = []
+    inner = Manager(accepted=["new"])
+    manager = StepTimedManager(inner, StepClock(clock, depth=2), lambda n, s: loads.append((n, s)))
+    clock.now = 1.0
+    assert manager.prepare_load(["a", "b"], "req") == "src-spec"
+    clock.now = 1.25
+    manager.complete_load({"a", "b"}, "req")
+    assert loads == [(2, 0.25)]
+    assert inner.calls[0] == "prepare_load ['a', 'b'] req"
+    assert inner.calls[1].startswith("complete_load {") and len(inner.calls) == 2
+    manager.complete_load(["a"], "req")  # completed twice, or never prepared: not timed
+    assert loads == [(2, 0.25)]
+
+
+def test_a_load_that_waited_for_a_computing_step_is_not_timed():
+    """The engine computed blocks while the load was under way (a store was prepared): the
+    load's time then holds that step's, which is not the copy's."""
+    clock = Clock()
+    loads: list[tuple[int, float]] = []
+    manager = StepTimedManager(
+        Manager(accepted=["new"]), StepClock(clock, depth=2), lambda n, s: loads.append((n, s))
+    )
+    manager.prepare_load(["a"], "req")
+    manager.prepare_store(["new"], "other")
+    clock.now = 3.0
+    manager.complete_load(["a"], "req")
+    assert loads == []
+    refused = StepTimedManager(
+        Manager(accepted=[]), StepClock(clock, depth=2), lambda n, s: loads.append((n, s))
+    )
+    refused.prepare_load(["a"], "req")
+    refused.prepare_store(["held"], "other")  # nothing stored: nothing computed for it
+    clock.now = 3.5
+    refused.complete_load(["a"], "req")
+    assert loads == [(1, 0.5)]
+
+
+def test_without_an_observer_loads_are_only_forwarded():
+    inner = Manager(accepted=None)
+    manager = StepTimedManager(inner, StepClock(Clock(), depth=1))
+    manager.prepare_load(["a"], "req")
+    manager.complete_load(["a"], "req")
+    assert manager._loading == {}
+    assert inner.calls == ["prepare_load ['a'] req", "complete_load ['a'] req"]

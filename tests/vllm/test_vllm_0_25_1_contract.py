@@ -339,6 +339,23 @@ def test_steps_in_flight_and_when_a_step_is_scheduled_again():
     assert positions == sorted(positions)
 
 
+def test_a_load_to_the_gpu_is_prepared_with_its_keys_and_completed_with_the_same_keys():
+    """kvtier's CUDA spec times the host pool's loads from ``prepare_load`` to
+    ``complete_load`` by key (kvtier.vllm.step_timed_manager): the scheduler prepares a
+    request's load with its keys and, once every worker reported the job, completes it with
+    that job's keys."""
+    sched = cls(SCHED + "scheduler.py", "OffloadingConnectorScheduler")
+    fns = methods(sched)
+    alloc = segment(SCHED + "scheduler.py", fns["update_state_after_alloc"])
+    assert "src_spec = self.manager.prepare_load(keys_to_load, req_status.req_context)" in alloc
+    assert "keys=set(keys_to_load)," in alloc
+    done = segment(SCHED + "scheduler.py", fns["update_connector_output"])
+    assert "if job_status.pending_count > 0:" in done
+    assert "self.manager.complete_load(job_status.keys, req_status.req_context)" in done
+    manager = methods(cls(KV + "tiering/manager.py", "TieringOffloadingManager"))
+    assert {"prepare_load", "complete_load"} <= set(manager)
+
+
 def test_each_scheduled_step_calls_on_schedule_end_before_preparing_its_stores():
     """The manager kvtier's CUDA spec wraps (kvtier.vllm.step_timed_manager) sees one
     ``on_schedule_end`` per step, then ``prepare_store`` for the blocks that step computes;

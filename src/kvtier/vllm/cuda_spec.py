@@ -29,6 +29,7 @@ unchanged: nothing of kvtier's CPU data plane runs here. kvtier adds:
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadingManager
@@ -44,7 +45,9 @@ from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.guards import check_hash_stability, persistent_tiers
 from kvtier.vllm.lookup_decider import (
     CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
+    HOST_TIER,
     PREFILL_EVIDENCE,
+    TierDecider,
     make_policy,
 )
 from kvtier.vllm.startup_line import StartupLine
@@ -105,8 +108,30 @@ class KvtierCudaSpec(TieringOffloadingSpec):
         if self.step_clock is None:
             return manager
         if self._timed_manager is None:
-            self._timed_manager = StepTimedManager(manager, self.step_clock)
+            self._timed_manager = StepTimedManager(
+                manager, self.step_clock, self._host_load_observer(manager)
+            )
         return self._timed_manager  # type: ignore[return-value]  # delegates every call
+
+    def _host_load_observer(self, manager: Any) -> Callable[[int, float], None] | None:
+        """What feeds the host pool's timed loads to the GPU to the policy, in the bytes its
+        predictions use (a kvtier tier's row: ``keys x row bytes``); None without a kvtier
+        tier, whose restores are the only ones weighed."""
+        row_bytes = next(
+            (
+                decider.row_bytes
+                for tier in getattr(manager, "secondary_tiers", ())
+                if isinstance(decider := getattr(tier, "decider", None), TierDecider)
+            ),
+            0,
+        )
+        if not row_bytes:
+            return None
+
+        def observe(keys: int, seconds: float) -> None:
+            self.restore_policy.observe_load(HOST_TIER, keys * row_bytes, seconds)
+
+        return observe
 
     def _evidence_end(self) -> str:
         if self.step_clock is None:

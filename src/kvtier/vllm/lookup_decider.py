@@ -489,6 +489,11 @@ CUDA_HOST_COPY_PRIOR_BYTES_PER_S = 12e9
 DEADLINE_FLOOR_S = 1.0
 
 
+#: The policy's name for the host pool's copy to the engine, which every tier's restore
+#: pays after its own load (the tiers are added ``via`` it).
+HOST_TIER = "host"
+
+
 def make_policy(
     enabled: bool,
     clock: Callable[[], float],
@@ -513,5 +518,5 @@ def make_policy(
             safety_factor_within_evidence=settings.safety_factor,
         )
     policy = RestorePolicy(settings, clock=clock)
-    policy.add_tier("host", RestorePrior(host_copy_bytes_per_s, 0.0005))
+    policy.add_tier(HOST_TIER, RestorePrior(host_copy_bytes_per_s, 0.0005))
     return policy

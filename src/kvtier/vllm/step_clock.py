@@ -58,6 +58,10 @@ class StepClock:
         self._scheduled_in: OrderedDict[Hashable, int] = OrderedDict()
         self._kept_keys = kept_keys
 
+    def now(self) -> float:
+        """The clock the steps are timed by."""
+        return self._clock()
+
     def step_scheduled(self) -> None:
         """The scheduler has scheduled one more step (vLLM's ``on_schedule_end``)."""
         self._scheduled += 1

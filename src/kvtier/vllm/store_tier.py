@@ -84,7 +84,7 @@ from kvtier.vllm.compat import (
 )
 from kvtier.vllm.decision_memory import DecisionMemory
 from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
-from kvtier.vllm.lookup_decider import TierDecider, make_policy
+from kvtier.vllm.lookup_decider import HOST_TIER, TierDecider, make_policy
 from kvtier.vllm.startup_line import decision_to, report_to
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
 from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
@@ -221,7 +221,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             if self.keeps_decision_evidence and getattr(spec, "evidence_keeper", None) is None:
                 spec.evidence_keeper = self.metric_tier  # one file per engine, not per tier
                 self._keeps_evidence = True
-        policy.add_tier(self.metric_tier, via="host", writing=self._jobs.writing)
+        policy.add_tier(self.metric_tier, via=HOST_TIER, writing=self._jobs.writing)
         return TierDecider(
             policy,
             self.metric_tier,
