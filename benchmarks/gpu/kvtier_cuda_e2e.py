@@ -378,6 +378,7 @@ def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
     predictions or from the safety factor, and how far the predictions are off."""
     from kvtier.policy import evidence_file
     from kvtier.vllm.lookup_decider import CUDA_HOST_COPY_PRIOR_BYTES_PER_S, make_policy
+    from kvtier.vllm.step_clock import STEP_TIMED_NOTE
 
     found = [(path, doc) for path, doc in evidence_files("disk") if isinstance(doc, dict)]
     if not found:
@@ -390,7 +391,7 @@ def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
         True,
         time.monotonic,
         CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
-        prefill_timed_to_steps=str(doc["device"]).endswith("prefill timed by steps"),
+        prefill_timed_to_steps=str(doc["device"]).endswith(STEP_TIMED_NOTE),
     )
     policy.add_tier("disk", via="host")
     policy.adopt(record.evidence)

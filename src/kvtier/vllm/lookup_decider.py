@@ -512,10 +512,8 @@ def make_policy(
 
     settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))
     if not prefill_timed_to_steps:
-        settings = PolicySettings(
-            enabled=enabled,
-            deadline=settings.deadline,
-            safety_factor_within_evidence=settings.safety_factor,
+        settings = settings.model_copy(
+            update={"safety_factor_within_evidence": settings.safety_factor}
         )
     policy = RestorePolicy(settings, clock=clock)
     policy.add_tier(HOST_TIER, RestorePrior(host_copy_bytes_per_s, 0.0005))

@@ -7,6 +7,10 @@ goes to that manager as it is; two are also noted on the way (``kvtier.vllm.step
 * ``prepare_store``: called in the same step for the blocks that step computes, so the blocks
   vLLM's host pool accepts (``keys_to_store``) were scheduled in it.
 
+kvtier's tiers cannot note these themselves: vLLM's tiering manager forwards
+``on_schedule_end`` to them but never says which blocks a step will store, and their store
+jobs arrive steps later.
+
 And one pair is timed: ``prepare_load`` (the scheduler sends a request's blocks from the host
 pool to the GPU) to ``complete_load`` (the workers reported them copied), the host pool's copy
 that every restore from a kvtier tier pays after its own load. Nothing else measures it on
@@ -16,10 +20,6 @@ disk restores' predictions 5-9 % slow there (docs/benchmarks.md). The time inclu
 or two the report takes to come back, so it errs slow, towards recomputing. A load during
 which the engine computed blocks (a store was prepared) is not timed: it waited for that
 step, which is the engine's time, not the copy's.
-
-kvtier's tiers cannot note this themselves: vLLM's tiering manager forwards
-``on_schedule_end`` to them but never says which blocks a step will store, and their store
-jobs arrive steps later.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ from kvtier.vllm.decision_memory import DecisionMemory
 from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
 from kvtier.vllm.lookup_decider import HOST_TIER, TierDecider, make_policy
 from kvtier.vllm.startup_line import decision_to, report_to
+from kvtier.vllm.step_clock import STEP_TIMED_NOTE
 from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
 from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
 from kvtier.vllm.tier_opener import (
@@ -263,7 +264,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
                 if getattr(self._spec, "step_clock", None) is not None:
                     # Timed to the jobs' arrival instead, prefill read 12-23 % slow on vLLM
                     # 0.25.1 (kvtier.vllm.step_clock): such timings are not adopted.
-                    device += ", prefill timed by steps"
+                    device += f", {STEP_TIMED_NOTE}"
             memory = DecisionMemory(
                 self.decider.policy,
                 path,
