@@ -12,6 +12,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
 echo "== ruff"
 "$venv/bin/python" -m ruff check src tests benchmarks
+"$venv/bin/python" -m ruff format --check src tests benchmarks
 echo "== pytest"
 # Two workers where there are two cores: most of the suite's time is engines starting, which is
 # mostly single-threaded Python, so two run side by side in about the time of one. Each test

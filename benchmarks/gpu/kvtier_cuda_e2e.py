@@ -834,8 +834,7 @@ CONCURRENT_LENGTH = int(os.environ.get("KVTIER_E2E_CONCURRENT_LENGTH", "8192"))
 def concurrent_prompts() -> list[list[int]]:
     rng = random.Random(21)
     return [
-        [rng.randrange(1000, 120000) for _ in range(CONCURRENT_LENGTH)]
-        for _ in range(CONCURRENT_N)
+        [rng.randrange(1000, 120000) for _ in range(CONCURRENT_LENGTH)] for _ in range(CONCURRENT_N)
     ]
 
 

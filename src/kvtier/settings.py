@@ -418,9 +418,7 @@ class SharedTierSettings(SettingsModel):
 
     #: Server URL: redis://, rediss:// (TLS), redis+cluster:// or rediss+cluster:// with
     #: comma-separated nodes.
-    url: str = Field(
-        **_option("shared / --shared", f"give {URL_FORMS}")
-    )
+    url: str = Field(**_option("shared / --shared", f"give {URL_FORMS}"))
     #: ACL user; unset: the server's default user.
     username: str | None = Field(default=None, **_option("shared_username", "give an ACL user"))
     #: Server password; kvtier serve and kv_transfer_config read it from KVTIER_SHARED_PASSWORD

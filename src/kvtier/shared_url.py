@@ -101,6 +101,5 @@ def parse_url(url: str) -> ServerUrl:
         return split_url(url)
     except ValueError as exc:
         raise ConfigError(
-            f"shared tier: url option {exc}; use {URL_FORMS} "
-            "(credentials in username/password)"
+            f"shared tier: url option {exc}; use {URL_FORMS} (credentials in username/password)"
         ) from None

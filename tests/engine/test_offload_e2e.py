@@ -64,7 +64,9 @@ def kvtier_config(tiny_model: Path, disk_dir: Path, **env: str) -> EngineConfig:
         # engine pool still serve restores: opt out of the sizing guard.
         kv_transfer_config=kvtier.kv_transfer_config(
             restore_decision=False,  # the data path is under test: restore every hit
-            host_pool="256MiB", disk_dir=disk_dir, allow_small_tiers=True
+            host_pool="256MiB",
+            disk_dir=disk_dir,
+            allow_small_tiers=True,
         ),
         env=dict(env),
     )

@@ -61,8 +61,6 @@ def records(disk: Path) -> list[Path]:
     return list(disk.rglob("*.kvb"))
 
 
-
-
 @pytest.mark.parametrize("kind", ["standalone", "cluster"])
 def test_a_prefix_served_by_one_replica_is_restored_by_another(
     kind, servers, start_engine, tiny_model, plain_engine, tmp_path

@@ -26,7 +26,8 @@ def test_restore_is_correct_on_both_ranks(start_engine, tiny_model):
             # (which kvtier refuses by default: it never serves a real eviction) is enough.
             kv_transfer_config=kvtier.kv_transfer_config(
                 restore_decision=False,  # the data path is under test: restore every hit
-                host_pool="128MiB", allow_small_tiers=True
+                host_pool="128MiB",
+                allow_small_tiers=True,
             ),
             env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         ),

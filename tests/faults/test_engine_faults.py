@@ -651,9 +651,7 @@ def test_a_world_writable_cache_folder_is_made_private_or_refused(
         assert result.num_cached_tokens == FULL_BLOCK_TOKENS, "the disk tier serves"
         oracle.check(prompt, result)
         assert served.close() == 0
-        outcome = (
-            "made private (chmod 0700) at start-up and logged; then served from it (= oracle)"
-        )
+        outcome = "made private (chmod 0700) at start-up and logged; then served from it (= oracle)"
     reliability.record(
         "cache folder world-writable (0777) when the engine starts",
         "engine",

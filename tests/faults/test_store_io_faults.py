@@ -498,6 +498,5 @@ def test_a_failed_put_whose_file_cannot_be_unlinked_leaves_no_orphan(outside, re
         "put fails after its file was published (folder fsync EIO) and the file cannot be unlinked",
         "store",
         1,
-        "put False, reservation dropped, file stays named and charged in trash until "
-        "unlinked",
+        "put False, reservation dropped, file stays named and charged in trash until unlinked",
     )

@@ -136,9 +136,14 @@ def test_a_record_copied_into_another_namespace_fails_authentication() -> None:
     sealer = ring().tenant()
     record = sealed_record(sealer, key_of(1), payload_of(1))
     header = decode_header(record[:HEADER_BYTES], NS, _name_in(record))
-    copied = encode_header(
-        dataclasses.replace(header, namespace_digest=OTHER_NS, key=sealer.name(OTHER_NS, key_of(1)))
-    ) + record[HEADER_BYTES:]
+    copied = (
+        encode_header(
+            dataclasses.replace(
+                header, namespace_digest=OTHER_NS, key=sealer.name(OTHER_NS, key_of(1))
+            )
+        )
+        + record[HEADER_BYTES:]
+    )
     with pytest.raises(CorruptRecordError) as caught:
         open_record(sealer, copied, key_of(1), ns=OTHER_NS)
     assert caught.value.reason == "auth"
@@ -223,8 +228,13 @@ def test_sealed_namespaces_have_their_own_digest() -> None:
 def test_no_repr_shows_a_secret() -> None:
     keys = ring(SECRET_A, SECRET_B)
     shown = " ".join(
-        [repr(keys), str(keys.keys[0]), repr(keys.keys[1]), repr(keys.tenant("t")),
-         repr(keys.tenant("t")._keys[0])]
+        [
+            repr(keys),
+            str(keys.keys[0]),
+            repr(keys.keys[1]),
+            repr(keys.tenant("t")),
+            repr(keys.tenant("t")._keys[0]),
+        ]
     )
     for secret in (SECRET_A, SECRET_B):
         assert secret.hex() not in shown and repr(secret) not in shown

@@ -230,9 +230,7 @@ def test_a_loads_deadline_covers_the_loads_queued_ahead_of_it():
     for ticket in [alone, *behind]:
         clock.advance(SLOW_DISK.seconds(nbytes))
         assert policy.end_load(ticket)
-    assert policy.begin_load("disk", nbytes).deadline_s == pytest.approx(
-        alone.deadline_s, rel=0.02
-    )
+    assert policy.begin_load("disk", nbytes).deadline_s == pytest.approx(alone.deadline_s, rel=0.02)
 
 
 def test_a_load_that_waited_behind_others_teaches_its_own_time_not_its_wait():

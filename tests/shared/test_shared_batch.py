@@ -503,9 +503,7 @@ def test_where_no_exchange_can_run_each_key_gets_its_own_get(
         share = Share(4)
         filled(store, 4)
         claims = [lambda: True] * 4 if why == "plain-claims" else share.loads
-        assert store.get_many_into_when(share.keys, share.rows, claims, share.bounce) == [
-            True
-        ] * 4
+        assert store.get_many_into_when(share.keys, share.rows, claims, share.bounce) == [True] * 4
         assert all(share.served(i) for i in range(4))
         assert store.stats().hits == 4 and store.stats().batched_hits == 0
 
@@ -595,7 +593,6 @@ def test_a_dead_server_is_a_miss_for_every_key_without_raising(
         assert store.stats().breaker_skips == 6
     finally:
         store.close()
-
 
 
 @needs_native

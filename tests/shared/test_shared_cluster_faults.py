@@ -19,7 +19,6 @@ OP_TIMEOUT_S = 0.5
 OP_BOUND_S = 2 * OP_TIMEOUT_S + 2.0
 
 
-
 def test_killed_master_misses_its_keys_while_live_masters_serve(
     fresh_cluster: RedisClusterServers,
 ) -> None:

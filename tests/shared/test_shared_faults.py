@@ -53,7 +53,6 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
     return result, time.monotonic() - start
 
 
-
 def test_unreachable_server_at_start_up_raises_config_error_naming_the_url() -> None:
     port = free_port()
     with pytest.raises(ConfigError, match=f"url=redis://127.0.0.1:{port} .*start the server"):

@@ -83,9 +83,7 @@ class TestSealedSharedStandalone(_SharedContract):
 
 
 @pytest.fixture
-def shared(
-    redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]
-) -> object:
+def shared(redis_standalone: RedisServer, unique_namespace: Callable[[], Namespace]) -> object:
     opened: list[SharedStore] = []
     namespace = unique_namespace()
 
@@ -119,7 +117,7 @@ def test_no_server_key_or_value_holds_a_block_hash(shared) -> None:  # type: ign
 def test_a_flipped_bit_is_a_miss_and_the_value_is_deleted(shared) -> None:  # type: ignore[no-untyped-def]
     store = shared(sealer_of())
     store.put(key_of(1), payload_of(1))
-    (server_key, value), = server_values(store).items()
+    ((server_key, value),) = server_values(store).items()
     damaged = bytearray(value)
     damaged[HEADER_BYTES + 3] ^= 0x01
     store._client.set(server_key, bytes(damaged))
@@ -135,7 +133,7 @@ def test_two_tenants_never_restore_each_others_blocks(shared) -> None:  # type: 
     assert bob.exists_many([key_of(1)]) == set()
     assert bob.get_into(key_of(1), memoryview(bytearray(PAYLOAD_BYTES))) is False
     # Alice's value planted under Bob's name for the block: refused by the tag, deleted.
-    (_, value), = server_values(alice).items()
+    ((_, value),) = server_values(alice).items()
     digest = bob.namespace.digest()
     name_a = ring.tenant("alice").name(digest, key_of(1))
     name_b = ring.tenant("bob").name(digest, key_of(1))

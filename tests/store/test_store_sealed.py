@@ -66,9 +66,7 @@ class TestSealedDiskStore(StoreContract):
         """Replaces the contract's, whose bound counts records only: key_of's keys share a
         first byte (one fan-out folder) while names spread over up to 256 folders, each
         charged against the cap as real block hashes' are. The cap bounds the footprint."""
-        store = self._open(
-            capacity_bytes=disk_capacity(4) + 64 * ALLOC_UNIT, sealer=self._sealer
-        )
+        store = self._open(capacity_bytes=disk_capacity(4) + 64 * ALLOC_UNIT, sealer=self._sealer)
         rng = random.Random(7)
         for i in range(60):
             assert store.put(key_of(i), payload_of(i, rng.choice([1024, 4096, PAYLOAD_BYTES])))
@@ -274,8 +272,7 @@ def test_a_sealed_record_is_opened_before_its_row_is_written_never_in_the_row_af
     keys = [key_of(1), key_of(2)]
     if reads == "one":
         loaded = [
-            store.get_into_when(k, r, c, bounce)
-            for k, r, c in zip(keys, rows, loads, strict=True)
+            store.get_into_when(k, r, c, bounce) for k, r, c in zip(keys, rows, loads, strict=True)
         ]
     else:
         loaded = store.get_many_into_when(keys, rows, loads, bounce)

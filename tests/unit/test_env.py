@@ -25,8 +25,15 @@ def test_a_log_level_in_any_case_is_accepted():
 @pytest.mark.parametrize(
     ("environ", "match"),
     [
-        ({"KVTIER_LOG_LEVEL": "loud"}, r"^kvtier: KVTIER_LOG_LEVEL='loud': .*; use one of DEBUG, INFO, WARNING, ERROR, CRITICAL$"),  # noqa: E501
-        ({"KVTIER_SHM_MIN_AGE_S": "soon"}, r"KVTIER_SHM_MIN_AGE_S='soon': .*number; give seconds >= 0"),  # noqa: E501
+        (
+            {"KVTIER_LOG_LEVEL": "loud"},
+            r"^kvtier: KVTIER_LOG_LEVEL='loud': .*; "
+            r"use one of DEBUG, INFO, WARNING, ERROR, CRITICAL$",
+        ),
+        (
+            {"KVTIER_SHM_MIN_AGE_S": "soon"},
+            r"KVTIER_SHM_MIN_AGE_S='soon': .*number; give seconds >= 0",
+        ),
         ({"KVTIER_SHM_MIN_AGE_S": "-1"}, r"KVTIER_SHM_MIN_AGE_S='-1': .*; give seconds >= 0"),
         ({"KVTIER_SHM_MIN_AGE_S": "nan"}, r"KVTIER_SHM_MIN_AGE_S='nan'"),
     ],

@@ -143,7 +143,10 @@ def test_no_key_appears_in_reprs_errors_or_logs(
     sealer = ring.tenant()
     text = [repr(settings), str(settings.to_dict()), repr(ring), repr(sealer), repr(ring.keys)]
     store = DiskStore(
-        tmp_path / "root", make_namespace(), disk_capacity(4), free_space_floor_bytes=0,
+        tmp_path / "root",
+        make_namespace(),
+        disk_capacity(4),
+        free_space_floor_bytes=0,
         sealer=sealer,
     )
     store.put(key_of(1), payload_of(1))

@@ -135,9 +135,7 @@ def test_with_page_cache_reads_off_nothing_is_read_in_two_halves() -> None:
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_a_damaged_file_is_refused_as_read_checked_refuses_it(
-    tmp_path: Path, damage: str
-) -> None:
+def test_a_damaged_file_is_refused_as_read_checked_refuses_it(tmp_path: Path, damage: str) -> None:
     apply, expected = DAMAGES[damage]
     if damage == "other-user" and os.geteuid() != 0:
         pytest.skip("chown to another user needs root")

@@ -119,9 +119,7 @@ def test_the_store_and_the_settings_share_one_minimum_cap(tmp_path):
 
 def test_a_too_small_cap_is_refused_even_when_small_tiers_are_allowed(tmp_path):
     with pytest.raises(ConfigError, match=r"disk_capacity.*smallest disk cap.*give a size"):
-        kvtier.kv_transfer_config(
-            disk_dir=tmp_path, disk_capacity="512KiB", allow_small_tiers=True
-        )
+        kvtier.kv_transfer_config(disk_dir=tmp_path, disk_capacity="512KiB", allow_small_tiers=True)
 
 
 def test_settings_built_in_code_raise_the_same_config_error():

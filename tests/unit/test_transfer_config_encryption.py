@@ -52,8 +52,17 @@ def test_require_cache_salt_is_refused_naming_vllms_interface(tmp_path):
 def test_serve_passes_the_key_files_not_the_keys(tmp_path):
     result = CliRunner().invoke(
         app,
-        ["serve", "m", "--dry-run", "--disk-dir", str(tmp_path),
-         "--encryption-key-file", "/k/new", "--encryption-key-file", "/k/old"],
+        [
+            "serve",
+            "m",
+            "--dry-run",
+            "--disk-dir",
+            str(tmp_path),
+            "--encryption-key-file",
+            "/k/new",
+            "--encryption-key-file",
+            "/k/old",
+        ],
     )
     assert result.exit_code == 0, result.output
     argv = shlex.split(result.stdout)

@@ -38,7 +38,10 @@ def tier(tmp_path, pool):
     init_none_hash(sha256)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     made = KvtierDiskTier(
-        spec, memoryview(pool), "KvtierDiskTier", root_dir=str(tmp_path / "disk"),
+        spec,
+        memoryview(pool),
+        "KvtierDiskTier",
+        root_dir=str(tmp_path / "disk"),
         capacity_bytes="1MiB",
     )
     yield made
@@ -216,8 +219,13 @@ def test_a_failed_key_is_a_miss_until_its_negative_entry_expires(tmp_path, pool)
 
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
-        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"),
-        store_factory=memory_store, clock=clock, negative_ttl_s=60.0,
+        spec,
+        memoryview(pool),
+        "t",
+        root_dir=str(tmp_path / "d"),
+        store_factory=memory_store,
+        clock=clock,
+        negative_ttl_s=60.0,
     )
     try:
         wait_open(tier)
@@ -343,8 +351,12 @@ def test_a_load_past_its_deadline_is_abandoned_and_never_writes_its_row(tmp_path
     stalling = StallingStore()
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
-        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"),
-        store_factory=lambda settings, namespace: stalling, clock=clock,
+        spec,
+        memoryview(pool),
+        "t",
+        root_dir=str(tmp_path / "d"),
+        store_factory=lambda settings, namespace: stalling,
+        clock=clock,
         load_deadline_s=lambda nbytes: 2.0,
     )
     try:
@@ -399,8 +411,13 @@ def test_a_share_stalled_after_loading_a_block_is_reported_at_its_deadline(tmp_p
     store = StallsOnOneKey(key(4))
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
-        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), io_threads=1,
-        store_factory=lambda settings, namespace: store, clock=clock,
+        spec,
+        memoryview(pool),
+        "t",
+        root_dir=str(tmp_path / "d"),
+        io_threads=1,
+        store_factory=lambda settings, namespace: store,
+        clock=clock,
         load_deadline_s=lambda nbytes: 2.0,
     )
     try:
@@ -479,8 +496,13 @@ def test_shutdown_behind_a_stalled_disk_returns_within_its_drain_deadline(tmp_pa
     stalled = StalledWrites()
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
-        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), io_threads=2,
-        drain_deadline_s=0.5, store_factory=lambda settings, namespace: stalled,
+        spec,
+        memoryview(pool),
+        "t",
+        root_dir=str(tmp_path / "d"),
+        io_threads=2,
+        drain_deadline_s=0.5,
+        store_factory=lambda settings, namespace: stalled,
     )
     try:
         wait_open(tier)

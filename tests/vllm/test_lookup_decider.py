@@ -334,7 +334,13 @@ def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:
     policy.add_tier("disk", via="host")
     steps = StepClock(clock, depth=2) if timed_steps else None
     d = TierDecider(
-        policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=False,
+        policy,
+        "disk",
+        TOKENS,
+        ROW,
+        clock,
+        observes_prefill=True,
+        native_context=False,
         step_clock=steps,
     )
     chunks, per_chunk, chunk_s = 4, 64, 0.5

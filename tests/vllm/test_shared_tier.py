@@ -111,8 +111,13 @@ def bounded_tier(tmp_path, store) -> KvtierSharedTier:
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
     spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
     return KvtierSharedTier(
-        spec, memoryview(pool), "t", url="redis://127.0.0.1:1", max_queued_blocks=2,
-        store_factory=lambda s, n: store, check=lambda s, r: None,
+        spec,
+        memoryview(pool),
+        "t",
+        url="redis://127.0.0.1:1",
+        max_queued_blocks=2,
+        store_factory=lambda s, n: store,
+        check=lambda s, r: None,
     )
 
 

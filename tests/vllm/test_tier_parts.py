@@ -287,9 +287,7 @@ def test_a_thread_held_by_a_late_share_is_counted_once_as_stuck():
     abandoned blocks holds one thread, not three."""
     clock = FakeClock()
     stats = TierStats()
-    table = JobTable(
-        thread_prefix="kvtier-test", io_threads=2, clock=clock, label="t", stats=stats
-    )
+    table = JobTable(thread_prefix="kvtier-test", io_threads=2, clock=clock, label="t", stats=stats)
     release, started = threading.Event(), threading.Event()
 
     def stalled(ks: list[bytes], rows: list[int], loads: list[AbandonableLoad]) -> list[bool]:

@@ -322,9 +322,8 @@ def test_steps_in_flight_and_when_a_step_is_scheduled_again():
     assert "self.batch_queue_size = vllm_config.max_concurrent_batches" in core
     assert "assert len(batch_queue) < self.batch_queue_size" in core
     queue = segment(
-        "vllm/v1/engine/core.py", methods(cls("vllm/v1/engine/core.py", "EngineCore"))[
-            "step_with_batch_queue"
-        ]
+        "vllm/v1/engine/core.py",
+        methods(cls("vllm/v1/engine/core.py", "EngineCore"))["step_with_batch_queue"],
     )
     # Schedule first (the connector's build_connector_meta runs inside schedule()), then,
     # with the queue full, wait for the oldest step and update the scheduler from it.

@@ -259,16 +259,20 @@ def verify(
                     for p in problems
                 ]
     found = sum(len(v) for v in results.values())
-    lines = [
-        f"{ns}: {p['kind']} {p.get('path') or ''} {p['detail']}"
-        + (" (fixed)" if p.get("fixed") else "")
-        for ns, problems in results.items()
-        for p in problems
-    ] + [
-        f"{ns}: {n} encrypted records not authenticated (no key: header and ciphertext "
-        "checksum checked); give --key-file or --key-env to check them"
-        for ns, n in unopened.items()
-    ] + [f"{len(summaries)} namespaces, {format_size(total)} read, {found} problems"]
+    lines = (
+        [
+            f"{ns}: {p['kind']} {p.get('path') or ''} {p['detail']}"
+            + (" (fixed)" if p.get("fixed") else "")
+            for ns, problems in results.items()
+            for p in problems
+        ]
+        + [
+            f"{ns}: {n} encrypted records not authenticated (no key: header and ciphertext "
+            "checksum checked); give --key-file or --key-env to check them"
+            for ns, n in unopened.items()
+        ]
+        + [f"{len(summaries)} namespaces, {format_size(total)} read, {found} problems"]
+    )
     data = {"namespaces": results, "problems": found, "bytes_read": total, "unopened": unopened}
     _emit(as_json, data, lines)
     if found:

@@ -488,9 +488,7 @@ class RestorePolicy:
             reached = max(engine_wait, self._backlog.wait_s(tier, now))
             restore = [self._predict(tier, h.nbytes) for h in hits]
             recompute = [self.prefill.recompute_seconds(h.cached_tokens, h.tokens) for h in hits]
-            factors = [
-                self._factor([(tier, h.nbytes)], h.cached_tokens + h.tokens) for h in hits
-            ]
+            factors = [self._factor([(tier, h.nbytes)], h.cached_tokens + h.tokens) for h in hits]
             pays = [f * r < c for f, r, c in zip(factors, restore, recompute, strict=True)]
 
             def done_s(m: int) -> float:

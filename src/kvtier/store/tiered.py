@@ -223,4 +223,3 @@ class LocalThenShared(BlockStore):
         self._write_back.shutdown(wait=True)
         self.local.close()
         self.shared.close()
-

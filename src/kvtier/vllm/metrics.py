@@ -96,7 +96,7 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         LOAD_FAILURES: counter("Block loads that became misses and were recomputed."),
         STORE_FAILURES: counter("Block stores the kvtier tier refused or failed."),
         STORES_DROPPED: counter(
-            "Block stores dropped because the tier could not keep up; under tier=\"shared\" "
+            'Block stores dropped because the tier could not keep up; under tier="shared" '
             "behind a disk tier: blocks written to the disk but not to the server, which fell "
             "behind."
         ),

@@ -217,9 +217,7 @@ class JobTable:
         futures: list[Future[bool]] = [Future() for _ in keys]
         threads = min(self.io_threads, len(keys))
         shares = [
-            self._submit(
-                self._read_pool, _load_share, task, keys, rows, loads, futures, t, threads
-            )
+            self._submit(self._read_pool, _load_share, task, keys, rows, loads, futures, t, threads)
             for t in range(threads)
         ]
         for share in shares:

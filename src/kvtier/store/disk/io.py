@@ -107,9 +107,7 @@ class RecordIO:
             native.resident_reader() if self._reader is not None and page_cache_reads else None
         )
         self._claiming = native.claiming_reader() if self._resident is not None else None
-        self._claiming_many = (
-            native.claiming_batch_reader() if self._claiming is not None else None
-        )
+        self._claiming_many = native.claiming_batch_reader() if self._claiming is not None else None
         # False once the kernel refused RWF_NOWAIT reads (read_resident): never again asked.
         self._resident_ok = self._resident is not None
 
@@ -348,7 +346,12 @@ class RecordIO:
         headers = self._headers(len(paths))
         direct = self._direct_ok and _aligned(bounce)
         answers = self._claiming_many(
-            [os.fsencode(p) for p in paths], headers, bounce, list(outs), list(cells), direct,
+            [os.fsencode(p) for p in paths],
+            headers,
+            bounce,
+            list(outs),
+            list(cells),
+            direct,
             checksum,
         )
         results: list[ClaimedRead | Exception | None] = []
@@ -449,9 +452,7 @@ class ClaimedRead(NamedTuple):
     from_page_cache: bool
 
 
-def _check_read(
-    path: Path, status: int, error: int, detail: int, detail2: int, want: int
-) -> None:
+def _check_read(path: Path, status: int, error: int, detail: int, detail2: int, want: int) -> None:
     """Return when a native read read all ``want`` bytes; else raise the Python path's error
     for its status."""
     if status == _READ_OK:

@@ -86,6 +86,7 @@ def remove_namespace(root: Path | str, digest_hex: str) -> int:
             index.close()
     return freed
 
+
 def _bytes_under(folder: Path) -> int:
     total = 0
     for dirpath, _, filenames in os.walk(folder):

@@ -443,9 +443,7 @@ class DiskStore(BlockStore):
 
         def read() -> ClaimedRead | bool | None:
             if claim is None or bounce is None:
-                header_bytes, payload_checksum, cached = self._io.read_checked(
-                    path, out, checksum
-                )
+                header_bytes, payload_checksum, cached = self._io.read_checked(path, out, checksum)
                 return ClaimedRead(out, header_bytes, payload_checksum, cached)
             if cell is not None:  # the native reader claims, in the same call as its read
                 return _outcome(self._io.read_claiming(path, bounce, out, cell, checksum))
@@ -848,4 +846,3 @@ def _outcome(
     if read.into is None or (only_into is not None and read.into is not only_into):
         return False
     return read
-

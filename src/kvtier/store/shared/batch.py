@@ -70,9 +70,7 @@ ONE_AT_A_TIME = False
 #: Per pool, the process that made its lock and the lock: a forked child makes its own (a copy
 #: of a lock held at the fork would never be given back). Two threads asking at once may each
 #: make one, which only lets two exchanges overlap once.
-_locks: weakref.WeakKeyDictionary[ConnectionPool, tuple[int, object]] = (
-    weakref.WeakKeyDictionary()
-)
+_locks: weakref.WeakKeyDictionary[ConnectionPool, tuple[int, object]] = weakref.WeakKeyDictionary()
 
 
 def _lock_of(pool: ConnectionPool) -> object | None:

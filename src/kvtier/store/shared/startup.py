@@ -76,8 +76,7 @@ def warn_if_untested(client: redis.Redis | RedisCluster, config: SharedTierSetti
     for product, release in sorted(releases):
         if product == "Redis" and _numbers(release) < OLDEST_TESTED_REDIS:
             log.warning(
-                "shared tier: %s runs Redis %s, older than any release kvtier is tested on; "
-                "use %s",
+                "shared tier: %s runs Redis %s, older than any release kvtier is tested on; use %s",
                 config.server.redacted,
                 release,
                 SUPPORTED_SERVERS,
