@@ -33,8 +33,13 @@ prompt resumed from the engine's own prefix cache.
   is read from this process's prometheus_client, which the engine core's counters do not
   reach under 0.25.1's offline ``LLM`` ("none counted"): there, whether it restored or
   recomputed is told by the engine's cached tokens.
-* d (with a shared tier only): a fresh process with an empty disk folder restores every prompt
-  from the shared tier (decision opted out), output checked against the oracle.
+* d (with a shared tier only): a fresh process whose disk folder holds no records restores
+  every prompt from the shared tier (decision opted out), output checked against the oracle.
+  The folder starts with the decision evidence of the phases before (``decision.json``), which
+  this process's shared loads join.
+* f (with a shared tier, ``KVTIER_E2E_PHASES`` naming it, after d): as c, for the shared tier: a
+  fresh process, decision on, its disk folder holding no records, only the evidence d left;
+  each prompt's TTFT next to cold (a), d's shared restore and a new prompt prefilled cold.
 * e (with ``KVTIER_E2E_PHASES`` naming it): records damaged on disk (one payload byte flipped
   in ``KVTIER_E2E_DAMAGE`` files, default 8), then a fresh process restores every prompt with
   the decision opted out: damaged records must be quarantined misses, outputs the oracle's.
@@ -305,8 +310,8 @@ def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, li
     return ttft, int(first.num_cached_tokens or 0), list(tokens.outputs[0].token_ids)
 
 
-def counted(name: str, by: str) -> dict[str, float]:
-    """kvtier's counter ``name`` of the disk tier by its label ``by``, as this process's
+def counted(name: str, by: str, tier: str = "disk") -> dict[str, float]:
+    """kvtier's counter ``name`` of ``tier`` by its label ``by``, as this process's
     prometheus_client holds it ({} if vLLM did not export it)."""
     from prometheus_client import REGISTRY
 
@@ -315,15 +320,15 @@ def counted(name: str, by: str) -> dict[str, float]:
         if family.name != name:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_total") and sample.labels.get("tier") == "disk":
+            if sample.name.endswith("_total") and sample.labels.get("tier") == tier:
                 value = sample.labels.get(by, "?")
                 found[value] = found.get(value, 0.0) + sample.value
     return found
 
 
-def decisions() -> dict[str, float]:
-    """kvtier's ``kvtier:restore_decisions`` of the disk tier by verdict."""
-    return counted("kvtier:restore_decisions", "verdict")
+def decisions(tier: str = "disk") -> dict[str, float]:
+    """kvtier's ``kvtier:restore_decisions`` of ``tier`` by verdict."""
+    return counted("kvtier:restore_decisions", "verdict", tier)
 
 
 def verdict_of(before: dict[str, float], after: dict[str, float]) -> str:
@@ -344,9 +349,9 @@ def evidence_files(folder: str) -> list[tuple[Path, dict | Exception]]:
     return found
 
 
-def evidence_summary() -> str | None:
+def evidence_summary(folder: str = "disk") -> str | None:
     """What the disk folder's decision evidence holds, in words; None if there is none."""
-    found = evidence_files("disk")
+    found = evidence_files(folder)
     if not found:
         return None
     parts = []
@@ -371,16 +376,23 @@ def kv_bytes_per_token() -> int:
     return SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * head_dim * 2 * 2
 
 
-def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
-    """What the folder's evidence predicts for each prompt, next to what a and b measured:
-    the engine's own policy (as kvtier's CUDA spec makes it) adopting the file, asked about a
-    whole-prompt disk hit on an idle engine. Shows whether a verdict follows from the
-    predictions or from the safety factor, and how far the predictions are off."""
+def replay_evidence(
+    cold: dict[str, float],
+    restored: dict[str, float],
+    folder: str = "disk",
+    tier: str = "disk",
+    phase: str = "c",
+) -> None:
+    """What the evidence of disk folder ``folder`` predicts for each prompt, next to what was
+    measured (cold: a; ``restored``: b's disk restores, or d's shared ones): the engine's own
+    policy (as kvtier's CUDA spec makes it) adopting the file, asked about a whole-prompt hit of
+    ``tier`` on an idle engine. Shows whether a verdict follows from the predictions or from
+    the safety factor, and how far the predictions are off."""
     from kvtier.policy import evidence_file
     from kvtier.vllm.lookup_decider import CUDA_HOST_COPY_PRIOR_BYTES_PER_S, make_policy
     from kvtier.vllm.step_clock import STEP_TIMED_NOTE
 
-    found = [(path, doc) for path, doc in evidence_files("disk") if isinstance(doc, dict)]
+    found = [(path, doc) for path, doc in evidence_files(folder) if isinstance(doc, dict)]
     if not found:
         return
     path, doc = found[0]
@@ -393,13 +405,13 @@ def replay_evidence(cold: dict[str, float], restored: dict[str, float]) -> None:
         CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
         prefill_timed_to_steps=str(doc["device"]).endswith(STEP_TIMED_NOTE),
     )
-    policy.add_tier("disk", via="host")
+    policy.add_tier(tier, via="host")
     policy.adopt(record.evidence)
     for n, (length, _) in prompts().items():
         nbytes = full_blocks_kv_bytes(length)
-        verdict = policy.decide("disk", 0, length, nbytes, count=False, queued=False)
+        verdict = policy.decide(tier, 0, length, nbytes, count=False, queued=False)
         line = (
-            f"c {n}: the evidence predicts restore {verdict.restore_s:.3f}s, recompute "
+            f"{phase} {n}: the evidence predicts restore {verdict.restore_s:.3f}s, recompute "
             f"{verdict.recompute_s:.3f}s ({verdict.recompute_s / verdict.restore_s:.2f}x; "
             f"restored above {verdict.margin:g}x): {'restore' if verdict.restore else 'recompute'}"
         )
@@ -562,54 +574,102 @@ def phase_c() -> bool:
         for n in LENGTHS:
             ttft = run(llm, [rng.randrange(1000, 120000) for _ in range(n)])[0]
             print(f"c calibration {n}: cold {ttft:.3f}s", flush=True)
+    return decide_each(llm, "c", before, disk, tier="disk", folder="disk") and ok
+
+
+def decide_each(
+    llm,  # type: ignore[no-untyped-def]
+    phase: str,
+    before: dict[str, dict],
+    restores: dict[str, float],
+    tier: str,
+    folder: str,
+) -> bool:
+    """Each prompt once with the decision on, after the writes of the prompts before it have
+    settled (``SETTLE``), each followed by a new prompt of its length prefilled cold
+    (``COLD_BESIDE``); its TTFT against the better of a's cold prefill and an earlier phase's
+    restores from ``tier`` (``restores``); ``folder``: this process's disk folder. True if
+    every output equalled the oracle and no hit was restored unweighed."""
     decided: dict[str, float] = {}
     ratios: dict[str, float] = {}
     beside: dict[str, float] = {}
+    ok = True
     rng = random.Random(13)
     for i, (n, (length, ids)) in enumerate(prompts().items()):
         if SETTLE and i:
             waited = time.monotonic()
-            held = wait_for_disk()
+            held = wait_for_disk(folder=folder)
             os.sync()  # and what the kernel still holds of them (the index; unaligned records)
+            if SHARED_URL:
+                wait_for_shared()
             print(
-                f"c {n}: disk writes settled in {time.monotonic() - waited:.0f}s "
-                f"({held / 2**30:.2f} GiB held)",
+                f"{phase} {n}: writes settled in {time.monotonic() - waited:.0f}s "
+                f"({held / 2**30:.2f} GiB on disk)",
                 flush=True,
             )
-        counted = decisions()
+        counted = decisions(tier)
         ttft, cached, tokens = run(llm, ids)
-        verdict = verdict_of(counted, decisions())
+        verdict = verdict_of(counted, decisions(tier))
         if COLD_BESIDE:
             # A prompt never stored, of the same length, right after: cold prefill in this
             # very process, so the ratio carries no process-to-process difference.
             cold_here = run(llm, [rng.randrange(1000, 120000) for _ in range(length)])[0]
             beside[n] = ttft / cold_here
-            print(f"c {n}: cold here (a new prompt) {cold_here:.3f}s", flush=True)
+            print(f"{phase} {n}: cold here (a new prompt) {cold_here:.3f}s", flush=True)
         equal = tokens == before[n]["oracle"]
         ok &= equal and "unmeasured" not in verdict
         did = "restored" if cached > 0 else "recomputed"
         cold = before[n]["cold"]
-        restore = disk.get(n)
+        restore = restores.get(n)
         best = min(cold, restore) if restore is not None else cold
         decided[n], ratios[n] = ttft, ttft / best
         print(
-            f"c {n}: decision {verdict}: {did} {ttft:.3f}s [{cached} cached] equal={equal}; "
-            f"cold {cold:.3f}s, disk restore "
+            f"{phase} {n}: decision {verdict}: {did} {ttft:.3f}s [{cached} cached] "
+            f"equal={equal}; cold {cold:.3f}s, {tier} restore "
             + (f"{restore:.3f}s" if restore is not None else "not run")
             + f", {ratios[n]:.2f}x the better of the two",
             flush=True,
         )
-    print("c medians: decision on " + medians(decided), flush=True)
-    # Each prompt against its own cold prefill and disk restore, then the median per length.
-    print("c medians: decision on / the better of the two " + medians(ratios, "x"), flush=True)
+    print(f"{phase} medians: decision on " + medians(decided), flush=True)
+    # Each prompt against its own cold prefill and restore, then the median per length.
+    print(
+        f"{phase} medians: decision on / the better of the two " + medians(ratios, "x"),
+        flush=True,
+    )
     if beside:
-        print("c medians: decision on / cold here " + medians(beside, "x"), flush=True)
+        print(f"{phase} medians: decision on / cold here " + medians(beside, "x"), flush=True)
     return ok
 
 
+def seed_evidence(source: str, target: str) -> int:
+    """A new disk folder ``target`` holding no records, only what each namespace of disk folder
+    ``source`` says of itself (``namespace.json``) and of its decision evidence
+    (``decision.json``), private as the store makes them. So a process on ``target`` weighs its
+    hits with the earlier processes' evidence, yet its own disk has nothing to restore: a
+    machine whose local disk has lost the prompts that the shared tier still holds. Returns the
+    evidence files copied."""
+    copied = 0
+    root = WORK / target
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for evidence in sorted((WORK / source).glob("*/decision.json")):
+        folder = root / evidence.parent.name
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for name in ("namespace.json", "decision.json"):
+            data = (evidence.parent / name).read_bytes()
+            fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        copied += 1
+    return copied
+
+
 def phase_d() -> bool:
-    """A fresh process with an empty disk folder: every prompt from the shared tier."""
+    """A fresh process whose disk folder holds no records: every prompt from the shared tier
+    (decision opted out). The folder starts with the decision evidence of the phases before,
+    so the evidence this process leaves (its shared loads added) is what f starts from."""
     before = json.loads((WORK / "a.json").read_text())
+    seeded = seed_evidence("disk", "disk-d")
+    print(f"d: no records on disk; decision evidence of the phases before: {seeded}", flush=True)
     llm = engine(disk="disk-d")
     run(llm, [5] * 512)
     ok, restored = True, {}
@@ -624,7 +684,25 @@ def phase_d() -> bool:
             flush=True,
         )
     print("d medians: shared restore " + medians(restored), flush=True)
+    (WORK / "d.json").write_text(json.dumps(restored))
     return ok
+
+
+def phase_f() -> bool:
+    """A fresh process, decision on, whose disk folder holds no records, only the evidence d
+    left (a's prefills, b's disk loads, d's shared loads): each prompt is a hit of the shared
+    tier alone, restored or recomputed as the decision weighs it."""
+    before = json.loads((WORK / "a.json").read_text())
+    shared = json.loads((WORK / "d.json").read_text()) if (WORK / "d.json").exists() else {}
+    evidence = evidence_summary("disk-d")
+    print(f"f: decision evidence d left: {evidence or 'none'}", flush=True)
+    ok = evidence is not None
+    cold = {n: v["cold"] for n, v in before.items()}
+    replay_evidence(cold, shared, folder="disk-d", tier="shared", phase="f")
+    seed_evidence("disk-d", "disk-f")
+    llm = engine(disk="disk-f")
+    run(llm, [5] * 512)
+    return decide_each(llm, "f", before, shared, tier="shared", folder="disk-f") and ok
 
 
 def phase_e() -> bool:
@@ -961,6 +1039,7 @@ PHASES = {
     "c": phase_c,
     "d": phase_d,
     "e": phase_e,
+    "f": phase_f,
     "k": phase_k,
     "l": phase_l,
     "m": phase_m,
@@ -1037,7 +1116,11 @@ def main() -> int:
     binary = os.environ.get("KVTIER_E2E_REDIS_SERVER")
     if binary:
         server, env["KVTIER_E2E_SHARED_URL"] = start_redis(binary)
-        phases += "" if "d" in phases else "d"
+        if "d" not in phases:  # before f, which starts from the evidence d leaves
+            phases = phases.replace("f", "df") if "f" in phases else phases + "d"
+    elif set(phases) & set("df"):
+        print("runner: phases d and f need a shared tier: set KVTIER_E2E_REDIS_SERVER", flush=True)
+        return 2
     threads = ",".join(map(str, DISK_THREADS_LIST)) if DISK_THREADS else "default"
     print(
         f"runner: shape {SHAPE_NAME}, lengths {LENGTHS} x {REPS}, phases {phases}, "

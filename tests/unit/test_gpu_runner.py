@@ -42,18 +42,19 @@ def test_the_half_depth_70b_shape_keeps_the_per_layer_kv(monkeypatch):
     assert runner.kv_bytes_per_token() == KV_PER_TOKEN // 2
 
 
-def save_evidence(folder: Path, disk_bytes_per_s: float) -> None:
+def save_evidence(folder: Path, disk_bytes_per_s: float, tier: str = "disk") -> None:
     """A folder's evidence: prefill at the H200's 70B-40l pace (chunks of 8192), and three
-    disk loads of the prompts' sizes at ``disk_bytes_per_s``."""
+    loads of ``tier`` of the prompts' sizes at ``disk_bytes_per_s``."""
     steps = [MeasuredStep(((0, 2048),), 0.21)]
     steps += [MeasuredStep(((m, 8192),), 0.9 + m * 1.5e-5) for m in (0, 0, 8192, 16384, 24576)]
     sizes = [n * KV_PER_TOKEN for n in (2048, 8192, 32768)]
     loads = tuple(MeasuredLoad(b, 0.002 + b / disk_bytes_per_s) for b in sizes)
     record = evidence_file.EvidenceFile(
-        "0123abcd", "cuda: NVIDIA H200", time.time(), PolicyEvidence(tuple(steps), {"disk": loads})
+        "0123abcd", "cuda: NVIDIA H200", time.time(), PolicyEvidence(tuple(steps), {tier: loads})
     )
     (folder / "0123abcd").mkdir(parents=True)
     evidence_file.save(folder / "0123abcd" / "decision.json", record)
+    (folder / "0123abcd" / "namespace.json").write_text('{"namespace": "0123abcd"}')
 
 
 @pytest.mark.parametrize(("disk_bytes_per_s", "verdict"), [(20e9, "restore"), (0.3e9, "recompute")])
@@ -102,14 +103,14 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
         return 0.5, len(ids), oracle
 
     for name, fake in {
-        "evidence_summary": lambda: "1 prefill step",
-        "replay_evidence": lambda cold, restored: None,
+        "evidence_summary": lambda folder="disk": "1 prefill step",
+        "replay_evidence": lambda cold, restored, **where: None,
         "drop_page_cache": lambda: None,
-        "engine": lambda: object(),
+        "engine": lambda **where: object(),
         "run": run,
-        "decisions": lambda: {},
+        "decisions": lambda tier="disk": {},
         "verdict_of": lambda before, after: "restore",
-        "wait_for_disk": lambda: events.append("settled") or 0,
+        "wait_for_disk": lambda folder="disk": events.append("settled") or 0,
     }.items():
         monkeypatch.setattr(runner, name, fake)
     monkeypatch.setattr(runner.os, "sync", lambda: None)
@@ -117,3 +118,93 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
     decided_at = [i for i, e in enumerate(events) if e in names]
     assert [events[i] for i in decided_at] == names
     assert [events[i] for i in decided_at if i and events[i - 1] == "settled"] == waits
+
+
+def test_the_replay_weighs_the_shared_tier_with_the_evidence_d_left(monkeypatch, tmp_path, capsys):
+    runner = load_runner(
+        monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SHAPE="llama-3-70b-40l"
+    )
+    save_evidence(tmp_path / "disk-d", 20e9, tier="shared")
+    runner.replay_evidence({"2048": 0.2}, {"2048": 0.1}, folder="disk-d", tier="shared", phase="f")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["f 2048", "f 8192", "f 32768"]
+    assert "): restore; measured restore 0.100s, cold 0.200s" in lines[0]
+    runner.replay_evidence({"2048": 0.2}, {}, folder="disk-d", tier="disk", phase="f")
+    assert "): recompute" in capsys.readouterr().out, "no disk loads there: the prior alone"
+
+
+def test_seeding_copies_the_evidence_and_no_record(monkeypatch, tmp_path):
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path))
+    save_evidence(tmp_path / "disk", 2e9)
+    record = tmp_path / "disk" / "0123abcd" / "blocks" / "ab" / "ab01.1.kvb"
+    record.parent.mkdir(parents=True)
+    record.write_bytes(b"kv")
+    assert runner.seed_evidence("disk", "disk-d") == 1
+    seeded = tmp_path / "disk-d" / "0123abcd"
+    assert sorted(p.name for p in seeded.iterdir()) == ["decision.json", "namespace.json"]
+    for name in ("decision.json", "namespace.json"):
+        assert (seeded / name).read_bytes() == (tmp_path / "disk" / "0123abcd" / name).read_bytes()
+        assert (seeded / name).stat().st_mode & 0o777 == 0o600
+    assert seeded.stat().st_mode & 0o777 == 0o700
+    assert runner.seed_evidence("nothing-here", "disk-e") == 0
+
+
+def test_phase_f_weighs_shared_hits_from_a_folder_of_evidence_alone(monkeypatch, tmp_path, capsys):
+    """f starts on a new folder holding d's evidence and no record, and sets each decided
+    prompt against the better of a's cold prefill and d's shared restore."""
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SETTLE="0")
+    oracle = [4, 5]
+    names = list(runner.prompts())
+    (tmp_path / "a.json").write_text(
+        runner.json.dumps({n: {"cold": 1.0, "oracle": oracle} for n in names})
+    )
+    (tmp_path / "d.json").write_text(runner.json.dumps({n: 0.8 for n in names}))
+    save_evidence(tmp_path / "disk-d", 2e9, tier="shared")
+    asked: list[tuple] = []
+    for name, fake in {
+        "replay_evidence": lambda cold, restored, **where: asked.append(("replay", where)),
+        "engine": lambda **where: asked.append(("engine", where)) or object(),
+        "run": lambda llm, ids, *params: (0.4, len(ids), oracle),
+        "decisions": lambda tier="disk": asked.append(("decisions", tier)) or {},
+        "verdict_of": lambda before, after: "restore",
+    }.items():
+        monkeypatch.setattr(runner, name, fake)
+    assert runner.phase_f()
+    assert ("replay", {"folder": "disk-d", "tier": "shared", "phase": "f"}) in asked
+    assert ("engine", {"disk": "disk-f"}) in asked
+    assert {tier for what, tier in asked if what == "decisions"} == {"shared"}
+    assert (tmp_path / "disk-f" / "0123abcd" / "decision.json").exists()
+    out = capsys.readouterr().out
+    assert "f 2048: decision restore: restored 0.400s" in out
+    assert "shared restore 0.800s, 0.50x the better of the two" in out
+
+
+@pytest.mark.parametrize(("asked", "ran"), [("abcf", "abcdf"), ("ab", "abd"), ("abdf", "abdf")])
+def test_with_a_shared_tier_d_runs_before_f(monkeypatch, tmp_path, asked, ran):
+    runner = load_runner(
+        monkeypatch,
+        KVTIER_E2E_WORK=str(tmp_path),
+        KVTIER_E2E_PHASES=asked,
+        KVTIER_E2E_REDIS_SERVER="redis-server",
+    )
+    phases: list[str] = []
+
+    class Server:
+        def terminate(self) -> None: ...
+
+        def wait(self, timeout: float) -> None: ...
+
+    monkeypatch.setattr(runner, "start_redis", lambda binary: (Server(), "redis://127.0.0.1:1"))
+    monkeypatch.setattr(runner, "run_phase", lambda phase, env: phases.append(phase) or (0, ""))
+    monkeypatch.setattr(runner.sys, "argv", ["runner"])
+    assert runner.main() == 0
+    assert "".join(phases) == ran
+
+
+def test_phases_d_and_f_without_a_shared_tier_are_refused(monkeypatch, tmp_path, capsys):
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_PHASES="abf")
+    monkeypatch.delenv("KVTIER_E2E_REDIS_SERVER", raising=False)
+    monkeypatch.setattr(runner, "run_phase", lambda phase, env: pytest.fail("ran " + phase))
+    monkeypatch.setattr(runner.sys, "argv", ["runner"])
+    assert runner.main() == 2
+    assert "set KVTIER_E2E_REDIS_SERVER" in capsys.readouterr().out
