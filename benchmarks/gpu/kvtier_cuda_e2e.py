@@ -40,6 +40,8 @@ prompt resumed from the engine's own prefix cache.
 * f (with a shared tier, ``KVTIER_E2E_PHASES`` naming it, after d): as c, for the shared tier: a
   fresh process, decision on, its disk folder holding no records, only the evidence d left;
   each prompt's TTFT next to cold (a), d's shared restore and a new prompt prefilled cold.
+  With a disk folder the shared server is the disk tier's second half, so the replay and the
+  engine weigh its hits as the disk tier's (one fit of that tier's loads, local and shared).
 * e (with ``KVTIER_E2E_PHASES`` naming it): records damaged on disk (one payload byte flipped
   in ``KVTIER_E2E_DAMAGE`` files, default 8), then a fresh process restores every prompt with
   the decision opted out: damaged records must be quarantined misses, outputs the oracle's.
@@ -310,8 +312,8 @@ def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, li
     return ttft, int(first.num_cached_tokens or 0), list(tokens.outputs[0].token_ids)
 
 
-def counted(name: str, by: str, tier: str = "disk") -> dict[str, float]:
-    """kvtier's counter ``name`` of ``tier`` by its label ``by``, as this process's
+def counted(name: str, by: str) -> dict[str, float]:
+    """kvtier's counter ``name`` of the disk tier by its label ``by``, as this process's
     prometheus_client holds it ({} if vLLM did not export it)."""
     from prometheus_client import REGISTRY
 
@@ -320,15 +322,15 @@ def counted(name: str, by: str, tier: str = "disk") -> dict[str, float]:
         if family.name != name:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_total") and sample.labels.get("tier") == tier:
+            if sample.name.endswith("_total") and sample.labels.get("tier") == "disk":
                 value = sample.labels.get(by, "?")
                 found[value] = found.get(value, 0.0) + sample.value
     return found
 
 
-def decisions(tier: str = "disk") -> dict[str, float]:
-    """kvtier's ``kvtier:restore_decisions`` of ``tier`` by verdict."""
-    return counted("kvtier:restore_decisions", "verdict", tier)
+def decisions() -> dict[str, float]:
+    """kvtier's ``kvtier:restore_decisions`` of the disk tier by verdict."""
+    return counted("kvtier:restore_decisions", "verdict")
 
 
 def verdict_of(before: dict[str, float], after: dict[str, float]) -> str:
@@ -574,7 +576,7 @@ def phase_c() -> bool:
         for n in LENGTHS:
             ttft = run(llm, [rng.randrange(1000, 120000) for _ in range(n)])[0]
             print(f"c calibration {n}: cold {ttft:.3f}s", flush=True)
-    return decide_each(llm, "c", before, disk, tier="disk", folder="disk") and ok
+    return decide_each(llm, "c", before, disk, "disk restore", folder="disk") and ok
 
 
 def decide_each(
@@ -582,14 +584,14 @@ def decide_each(
     phase: str,
     before: dict[str, dict],
     restores: dict[str, float],
-    tier: str,
+    restore_name: str,
     folder: str,
 ) -> bool:
     """Each prompt once with the decision on, after the writes of the prompts before it have
     settled (``SETTLE``), each followed by a new prompt of its length prefilled cold
     (``COLD_BESIDE``); its TTFT against the better of a's cold prefill and an earlier phase's
-    restores from ``tier`` (``restores``); ``folder``: this process's disk folder. True if
-    every output equalled the oracle and no hit was restored unweighed."""
+    restores (``restores``, called ``restore_name``); ``folder``: this process's disk folder.
+    True if every output equalled the oracle and no hit was restored unweighed."""
     decided: dict[str, float] = {}
     ratios: dict[str, float] = {}
     beside: dict[str, float] = {}
@@ -607,9 +609,9 @@ def decide_each(
                 f"({held / 2**30:.2f} GiB on disk)",
                 flush=True,
             )
-        counted = decisions(tier)
+        counted = decisions()
         ttft, cached, tokens = run(llm, ids)
-        verdict = verdict_of(counted, decisions(tier))
+        verdict = verdict_of(counted, decisions())
         if COLD_BESIDE:
             # A prompt never stored, of the same length, right after: cold prefill in this
             # very process, so the ratio carries no process-to-process difference.
@@ -625,7 +627,7 @@ def decide_each(
         decided[n], ratios[n] = ttft, ttft / best
         print(
             f"{phase} {n}: decision {verdict}: {did} {ttft:.3f}s [{cached} cached] "
-            f"equal={equal}; cold {cold:.3f}s, {tier} restore "
+            f"equal={equal}; cold {cold:.3f}s, {restore_name} "
             + (f"{restore:.3f}s" if restore is not None else "not run")
             + f", {ratios[n]:.2f}x the better of the two",
             flush=True,
@@ -698,11 +700,14 @@ def phase_f() -> bool:
     print(f"f: decision evidence d left: {evidence or 'none'}", flush=True)
     ok = evidence is not None
     cold = {n: v["cold"] for n, v in before.items()}
-    replay_evidence(cold, shared, folder="disk-d", tier="shared", phase="f")
+    # With a disk folder the shared server is the second half of the disk tier
+    # (kvtier.store.tiered): the engine weighs its hits as the disk tier's, with one fit of
+    # that tier's loads, local and shared alike.
+    replay_evidence(cold, shared, folder="disk-d", tier="disk", phase="f")
     seed_evidence("disk-d", "disk-f")
     llm = engine(disk="disk-f")
     run(llm, [5] * 512)
-    return decide_each(llm, "f", before, shared, tier="shared", folder="disk-f") and ok
+    return decide_each(llm, "f", before, shared, "shared restore", folder="disk-f") and ok
 
 
 def phase_e() -> bool:

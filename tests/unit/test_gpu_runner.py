@@ -108,7 +108,7 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
         "drop_page_cache": lambda: None,
         "engine": lambda **where: object(),
         "run": run,
-        "decisions": lambda tier="disk": {},
+        "decisions": lambda: {},
         "verdict_of": lambda before, after: "restore",
         "wait_for_disk": lambda folder="disk": events.append("settled") or 0,
     }.items():
@@ -120,17 +120,17 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
     assert [events[i] for i in decided_at if i and events[i - 1] == "settled"] == waits
 
 
-def test_the_replay_weighs_the_shared_tier_with_the_evidence_d_left(monkeypatch, tmp_path, capsys):
+def test_the_replay_of_f_reads_the_evidence_d_left(monkeypatch, tmp_path, capsys):
     runner = load_runner(
         monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SHAPE="llama-3-70b-40l"
     )
-    save_evidence(tmp_path / "disk-d", 20e9, tier="shared")
-    runner.replay_evidence({"2048": 0.2}, {"2048": 0.1}, folder="disk-d", tier="shared", phase="f")
+    save_evidence(tmp_path / "disk-d", 20e9)
+    runner.replay_evidence({"2048": 0.2}, {"2048": 0.1}, folder="disk-d", tier="disk", phase="f")
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["f 2048", "f 8192", "f 32768"]
     assert "): restore; measured restore 0.100s, cold 0.200s" in lines[0]
-    runner.replay_evidence({"2048": 0.2}, {}, folder="disk-d", tier="disk", phase="f")
-    assert "): recompute" in capsys.readouterr().out, "no disk loads there: the prior alone"
+    runner.replay_evidence({"2048": 0.2}, {}, folder="disk-d", tier="shared", phase="f")
+    assert "): recompute" in capsys.readouterr().out, "no loads of that tier: its prior alone"
 
 
 def test_seeding_copies_the_evidence_and_no_record(monkeypatch, tmp_path):
@@ -150,8 +150,10 @@ def test_seeding_copies_the_evidence_and_no_record(monkeypatch, tmp_path):
 
 
 def test_phase_f_weighs_shared_hits_from_a_folder_of_evidence_alone(monkeypatch, tmp_path, capsys):
-    """f starts on a new folder holding d's evidence and no record, and sets each decided
-    prompt against the better of a's cold prefill and d's shared restore."""
+    """f starts on a new folder holding d's evidence and no record, replays that evidence for
+    the disk tier (the shared server is its second half, so the engine weighs shared hits as
+    the disk tier's), and sets each decided prompt against the better of a's cold prefill and
+    d's shared restore."""
     runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SETTLE="0")
     oracle = [4, 5]
     names = list(runner.prompts())
@@ -159,20 +161,19 @@ def test_phase_f_weighs_shared_hits_from_a_folder_of_evidence_alone(monkeypatch,
         runner.json.dumps({n: {"cold": 1.0, "oracle": oracle} for n in names})
     )
     (tmp_path / "d.json").write_text(runner.json.dumps({n: 0.8 for n in names}))
-    save_evidence(tmp_path / "disk-d", 2e9, tier="shared")
+    save_evidence(tmp_path / "disk-d", 2e9)
     asked: list[tuple] = []
     for name, fake in {
         "replay_evidence": lambda cold, restored, **where: asked.append(("replay", where)),
         "engine": lambda **where: asked.append(("engine", where)) or object(),
         "run": lambda llm, ids, *params: (0.4, len(ids), oracle),
-        "decisions": lambda tier="disk": asked.append(("decisions", tier)) or {},
+        "decisions": lambda: {},
         "verdict_of": lambda before, after: "restore",
     }.items():
         monkeypatch.setattr(runner, name, fake)
     assert runner.phase_f()
-    assert ("replay", {"folder": "disk-d", "tier": "shared", "phase": "f"}) in asked
+    assert ("replay", {"folder": "disk-d", "tier": "disk", "phase": "f"}) in asked
     assert ("engine", {"disk": "disk-f"}) in asked
-    assert {tier for what, tier in asked if what == "decisions"} == {"shared"}
     assert (tmp_path / "disk-f" / "0123abcd" / "decision.json").exists()
     out = capsys.readouterr().out
     assert "f 2048: decision restore: restored 0.400s" in out
