@@ -382,16 +382,20 @@ def replay_evidence(
     cold: dict[str, float],
     restored: dict[str, float],
     folder: str = "disk",
-    tier: str = "disk",
     phase: str = "c",
 ) -> None:
     """What the evidence of disk folder ``folder`` predicts for each prompt, next to what was
     measured (cold: a; ``restored``: b's disk restores, or d's shared ones): the engine's own
     policy (as kvtier's CUDA spec makes it) adopting the file, asked about a whole-prompt hit of
-    ``tier`` on an idle engine. Shows whether a verdict follows from the predictions or from
-    the safety factor, and how far the predictions are off."""
+    the disk tier on an idle engine (with a shared tier too, the server is that tier's second
+    half: one fit of its loads, local and shared). Shows whether a verdict follows from the
+    predictions or from the safety factor, and how far the predictions are off."""
     from kvtier.policy import evidence_file
-    from kvtier.vllm.lookup_decider import CUDA_HOST_COPY_PRIOR_BYTES_PER_S, make_policy
+    from kvtier.vllm.lookup_decider import (
+        CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
+        HOST_TIER,
+        make_policy,
+    )
     from kvtier.vllm.step_clock import STEP_TIMED_NOTE
 
     found = [(path, doc) for path, doc in evidence_files(folder) if isinstance(doc, dict)]
@@ -407,11 +411,11 @@ def replay_evidence(
         CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
         prefill_timed_to_steps=str(doc["device"]).endswith(STEP_TIMED_NOTE),
     )
-    policy.add_tier(tier, via="host")
+    policy.add_tier("disk", via=HOST_TIER)
     policy.adopt(record.evidence)
     for n, (length, _) in prompts().items():
         nbytes = full_blocks_kv_bytes(length)
-        verdict = policy.decide(tier, 0, length, nbytes, count=False, queued=False)
+        verdict = policy.decide("disk", 0, length, nbytes, count=False, queued=False)
         line = (
             f"{phase} {n}: the evidence predicts restore {verdict.restore_s:.3f}s, recompute "
             f"{verdict.recompute_s:.3f}s ({verdict.recompute_s / verdict.restore_s:.2f}x; "
@@ -700,10 +704,7 @@ def phase_f() -> bool:
     print(f"f: decision evidence d left: {evidence or 'none'}", flush=True)
     ok = evidence is not None
     cold = {n: v["cold"] for n, v in before.items()}
-    # With a disk folder the shared server is the second half of the disk tier
-    # (kvtier.store.tiered): the engine weighs its hits as the disk tier's, with one fit of
-    # that tier's loads, local and shared alike.
-    replay_evidence(cold, shared, folder="disk-d", tier="disk", phase="f")
+    replay_evidence(cold, shared, folder="disk-d", phase="f")
     seed_evidence("disk-d", "disk-f")
     llm = engine(disk="disk-f")
     run(llm, [5] * 512)

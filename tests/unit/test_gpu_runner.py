@@ -125,12 +125,13 @@ def test_the_replay_of_f_reads_the_evidence_d_left(monkeypatch, tmp_path, capsys
         monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SHAPE="llama-3-70b-40l"
     )
     save_evidence(tmp_path / "disk-d", 20e9)
-    runner.replay_evidence({"2048": 0.2}, {"2048": 0.1}, folder="disk-d", tier="disk", phase="f")
+    runner.replay_evidence({"2048": 0.2}, {"2048": 0.1}, folder="disk-d", phase="f")
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["f 2048", "f 8192", "f 32768"]
     assert "): restore; measured restore 0.100s, cold 0.200s" in lines[0]
-    runner.replay_evidence({"2048": 0.2}, {}, folder="disk-d", tier="shared", phase="f")
-    assert "): recompute" in capsys.readouterr().out, "no loads of that tier: its prior alone"
+    save_evidence(tmp_path / "disk-e", 20e9, tier="shared")
+    runner.replay_evidence({"2048": 0.2}, {}, folder="disk-e", phase="f")
+    assert "): recompute" in capsys.readouterr().out, "no loads of the disk tier: its prior alone"
 
 
 def test_seeding_copies_the_evidence_and_no_record(monkeypatch, tmp_path):
@@ -172,7 +173,7 @@ def test_phase_f_weighs_shared_hits_from_a_folder_of_evidence_alone(monkeypatch,
     }.items():
         monkeypatch.setattr(runner, name, fake)
     assert runner.phase_f()
-    assert ("replay", {"folder": "disk-d", "tier": "disk", "phase": "f"}) in asked
+    assert ("replay", {"folder": "disk-d", "phase": "f"}) in asked
     assert ("engine", {"disk": "disk-f"}) in asked
     assert (tmp_path / "disk-f" / "0123abcd" / "decision.json").exists()
     out = capsys.readouterr().out
