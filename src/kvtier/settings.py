@@ -487,12 +487,16 @@ class SharedTierSettings(SettingsModel):
         default=4, ge=1, le=64, strict=True, **_option("shared_threads", "give 1 to 64, e.g. 4")
     )
     #: Stores waiting for the server beyond this are dropped and counted (behind a disk tier,
-    #: only their server part: the disk is still written).
-    max_queued_blocks: int = Field(
-        default=1024,
+    #: only their server part: the disk is still written). Unset: half the host pool's rows,
+    #: since each waiting block holds its row in the pool.
+    max_queued_blocks: int | None = Field(
+        default=None,
         ge=1,
         strict=True,
-        **_option("shared_max_queued_blocks", "give a positive whole number, e.g. 1024"),
+        **_option(
+            "shared_max_queued_blocks",
+            "give a positive whole number, or leave it unset for half the host pool",
+        ),
     )
     #: Encrypt values (and hide their keys) on the server; unset: plain records. Behind a disk
     #: tier, the disk tier's `encryption` applies instead.

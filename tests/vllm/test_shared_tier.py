@@ -16,6 +16,7 @@ from kvtier.format import HEADER_BYTES
 from kvtier.settings import SharedTierSettings
 from kvtier.store import DiskStore, MemoryStore, RecordIO
 from kvtier.store.tiered import LocalThenShared
+from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
 from tests.support.fake_remote import FakeRemoteStore
 from tests.support.store import (
@@ -165,6 +166,63 @@ def test_behind_a_disk_stores_beyond_the_bound_still_reach_the_disk_and_skip_the
         assert dropped == {("shared",): 1}, dropped
     finally:
         made.shutdown()
+
+
+def shared_or_disk_tier(tmp_path, kind: str, **options) -> KvtierSharedTier | KvtierDiskTier:
+    """A tier with a server behind it, over a fake one: a shared tier alone, or a disk tier
+    with ``shared`` options; ``options``: the server's."""
+    init_none_hash(sha256)
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    server = {"url": "redis://127.0.0.1:1", **options}
+    if kind == "shared":
+        return KvtierSharedTier(
+            spec, memoryview(pool), "t", **server,
+            store_factory=lambda s, n: FakeRemoteStore(), check=lambda s, r: None,
+        )  # fmt: skip
+    return KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB",
+        shared=server, store_factory=lambda s, n: MemoryStore(1 << 20), check=lambda s, r: None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["shared", "disk"])
+def test_stores_waiting_for_the_server_hold_at_most_half_the_host_pool_unless_set(tmp_path, kind):
+    """Each waiting block pins its host-pool row, so the default bound is the pool's, not one
+    count for every model; the start-up line says it; a set bound wins."""
+    made = shared_or_disk_tier(tmp_path, kind)
+    try:
+        assert made.settings is not None
+        assert made._jobs.max_queued_blocks == ROWS // 2
+        line = made.describe(FakeRemoteStore(), make_namespace())
+        held = f"at most {ROWS // 2} blocks (32.00 KiB of the host pool) wait for the server"
+        assert held in line, line
+    finally:
+        made.shutdown()
+    made = shared_or_disk_tier(tmp_path, kind, max_queued_blocks=3)
+    try:
+        assert made._jobs.max_queued_blocks == 3
+    finally:
+        made.shutdown()
+
+
+def test_a_disk_tier_alone_never_bounds_its_stores(tmp_path):
+    init_none_hash(sha256)
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    made = KvtierDiskTier(
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
+    )
+    try:
+        assert made._jobs.max_queued_blocks is None
+    finally:
+        made.shutdown()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "many"])
+def test_a_bad_server_queue_bound_refuses_start_up_naming_it(bad):
+    with pytest.raises(ConfigError, match="shared_max_queued_blocks"):
+        SharedTierSettings.parse({"url": "redis://cache:6379", "max_queued_blocks": bad})
 
 
 def test_bad_shared_options_refuse_start_up(tmp_path):

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from kvtier.format import Namespace
 from kvtier.log import setup_logging
 from kvtier.store import BlockStore
+from kvtier.units import format_size
 from kvtier.vllm.compat import Medium
 from kvtier.vllm.store_tier import DRAIN_DEADLINE_S, NEGATIVE_TTL_S, StoreTier
 
@@ -74,7 +75,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
             tier_type,
             open_store=lambda namespace: factory(self.settings, namespace),
             io_threads=self.io_threads(self.settings),
-            max_queued_blocks=self.max_queued_blocks(self.settings),
+            max_queued_blocks=self.max_queued_blocks(self.settings, len(primary_kv_view)),
             follow_other_processes=self.follow_other_processes,
             clock=clock,
             negative_ttl_s=negative_ttl_s,
@@ -86,6 +87,16 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
         )
         (check if check is not None else self.check_start_up)(self.settings, self.record_bytes)
         self.start()
+
+    @property
+    def server_queue(self) -> str:
+        """The start-up line's words for the bound on stores waiting for a server."""
+        bound = self._jobs.max_queued_blocks or 0
+        held = format_size(bound * self._pool_row_bytes)
+        return (
+            f"at most {bound:,} blocks ({held} of the host pool) wait for the server, "
+            "more are not sent to it (shared_max_queued_blocks)"
+        )
 
     # -- what a subclass says ------------------------------------------------------------
     @classmethod
@@ -115,6 +126,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
         return int(settings.io_threads)
 
     @staticmethod
-    def max_queued_blocks(settings: Any) -> int | None:
-        """Most store blocks waiting before new stores are dropped; None: no bound."""
+    def max_queued_blocks(settings: Any, pool_rows: int) -> int | None:
+        """Most store blocks waiting before new stores are dropped, for a host pool of
+        ``pool_rows`` rows; None: no bound."""
         return None

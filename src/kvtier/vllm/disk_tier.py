@@ -30,6 +30,7 @@ from kvtier.vllm.shared_tier import (
     check_server,
     describe_encryption,
     open_shared_store,
+    server_queue_bound,
     stored_namespace,
 )
 from kvtier.vllm.tenants import DEFAULT_TENANT
@@ -94,9 +95,9 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
         tier_keyring(settings)
 
     @staticmethod
-    def max_queued_blocks(settings: DiskTierSettings) -> int | None:
+    def max_queued_blocks(settings: DiskTierSettings, pool_rows: int) -> int | None:
         """Bounded only with a shared tier behind (a slow server must not hold the pool)."""
-        return None if settings.shared is None else settings.shared.max_queued_blocks
+        return None if settings.shared is None else server_queue_bound(settings.shared, pool_rows)
 
     @staticmethod
     def drain_deadline_s(settings: DiskTierSettings) -> float:
@@ -122,6 +123,6 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
         if self.settings.shared is not None:
             line += (
                 f"; then shared {self.settings.shared.url} (capacity is the "
-                "server's; shared hits written back to disk)"
+                f"server's; shared hits written back to disk; {self.server_queue})"
             )
         return line

@@ -31,6 +31,7 @@ from kvtier.settings import DiskTierSettings, SharedTierSettings, tier_options
 from kvtier.store import BlockStore
 from kvtier.vllm.configured_tier import ConfiguredTier
 from kvtier.vllm.tenants import DEFAULT_TENANT
+from kvtier.vllm.tier_jobs import default_queue_bound
 
 
 def open_shared_store(
@@ -68,6 +69,12 @@ def describe_encryption(settings: DiskTierSettings | SharedTierSettings) -> str:
     )
 
 
+def server_queue_bound(settings: SharedTierSettings, pool_rows: int) -> int:
+    """Most blocks waiting for the server (``shared_max_queued_blocks``, else half the pool's
+    ``pool_rows``), for a shared tier alone or behind a disk tier."""
+    return settings.max_queued_blocks or default_queue_bound(pool_rows)
+
+
 def check_server(settings: SharedTierSettings, row_bytes: int) -> None:
     """Fail closed: connect, authenticate and size-check once; raise ``ConfigError`` if not."""
     probe = Namespace(
@@ -100,8 +107,8 @@ class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
     check_start_up = staticmethod(check_server)
 
     @staticmethod
-    def max_queued_blocks(settings: SharedTierSettings) -> int | None:
-        return settings.max_queued_blocks
+    def max_queued_blocks(settings: SharedTierSettings, pool_rows: int) -> int | None:
+        return server_queue_bound(settings, pool_rows)
 
     def check_settings(self, settings: SharedTierSettings) -> None:
         tier_keyring(settings)
@@ -109,5 +116,6 @@ class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         return (
             f"shared {self.settings.url}: capacity is the server's (maxmemory), "
-            f"namespace {stored_namespace(self.settings, namespace).digest_hex()[:12]}"
+            f"namespace {stored_namespace(self.settings, namespace).digest_hex()[:12]}, "
+            f"{self.server_queue}"
         ) + describe_encryption(self.settings)

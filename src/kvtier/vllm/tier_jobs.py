@@ -48,6 +48,23 @@ logger = logging.getLogger(__name__)
 #: grace period orchestrators give); what has not started by then is dropped and counted.
 DRAIN_DEADLINE_S = 10.0
 
+#: Share of the host pool's rows that stores waiting on a bounded tier may hold, when its
+#: bound is not set (``default_queue_bound``).
+QUEUED_POOL_SHARE = 0.5
+
+
+def default_queue_bound(pool_rows: int) -> int:
+    """Most store blocks that may wait on a bounded tier (a server) by default.
+
+    vLLM pins a host-pool row from a store job's submission to its end, so waiting blocks
+    are rows the pool can neither evict nor reuse. The bound therefore scales with the pool:
+    one count for every model (it was 1,024 blocks) let a server miss a quarter of a
+    70B-shaped model's blocks on a GPU host while most of a 16 GiB pool was free
+    (docs/benchmarks.md). At most half the pool waits: the other half keeps taking new
+    blocks and restores while the server catches up."""
+    return max(1, int(pool_rows * QUEUED_POOL_SHARE))
+
+
 #: One block's store: (key, host-pool row) -> True when the block was transferred.
 StoreTask = Callable[[bytes, int], bool]
 #: A thread's share of a load: (keys, host-pool rows, their abandonable loads) -> per block,
@@ -136,6 +153,11 @@ class JobTable:
         # Every task on the I/O threads not finished yet: what shutdown waits for.
         self._inflight: set[Future[Any]] = set()
         self._inflight_lock = threading.Lock()
+
+    @property
+    def max_queued_blocks(self) -> int | None:
+        """Most store blocks that may wait on the bounded write pool; None: no bound."""
+        return self._max_queued
 
     def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Submit a task to an I/O pool, tracked until done (for ``shutdown``)."""
