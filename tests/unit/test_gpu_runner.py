@@ -4,7 +4,7 @@ evidence a disk folder keeps (``benchmarks/gpu/kvtier_cuda_e2e.py``)."""
 import importlib.util
 import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -118,6 +118,97 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
     decided_at = [i for i, e in enumerate(events) if e in names]
     assert [events[i] for i in decided_at] == names
     assert [events[i] for i in decided_at if i and events[i - 1] == "settled"] == waits
+
+
+def test_phase_a_stores_a_second_prompt_of_each_length_unless_told_not_to(monkeypatch, tmp_path):
+    """The restore beside each decided prompt needs a second stored prompt of its length, with
+    its own oracle; the disk must then hold both (``prompts_kv_bytes``)."""
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_LENGTHS="32,64")
+    seen: list[tuple[int, ...]] = []
+
+    def run(llm, ids, *params):
+        seen.append(tuple(ids))
+        return 0.1, 0, [len(ids), ids[0]]
+
+    fakes = {
+        "engine": lambda **where: SimpleNamespace(reset_prefix_cache=lambda: None),
+        "run": run,
+        "wait_for_disk": lambda folder="disk": 10**9,
+        "kv_bytes_per_token": lambda: 1,
+    }
+    for name, fake in fakes.items():
+        monkeypatch.setattr(runner, name, fake)
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    runner.phase_a()
+    stored = runner.json.loads((tmp_path / "a.json").read_text())
+    twins = runner.twins()
+    assert set(twins) == set(runner.prompts()) == {"32", "64"}
+    for n, (length, ids) in twins.items():
+        assert ids != runner.prompts()[n][1] and len(ids) == length
+        assert tuple(ids) in seen
+        assert stored[n]["twin_oracle"] == [length, ids[0]]
+    assert runner.prompts_kv_bytes() == 2 * (32 + 64)
+
+    runner = load_runner(monkeypatch, KVTIER_E2E_LENGTHS="32,64", KVTIER_E2E_RESTORE_BESIDE="0")
+    assert runner.twins() == {}
+    monkeypatch.setattr(runner, "kv_bytes_per_token", lambda: 1)
+    assert runner.prompts_kv_bytes() == 32 + 64
+
+
+@pytest.mark.parametrize("twin_equal", [True, False])
+def test_c_restores_a_second_prompt_beside_each_decided_one_and_sets_the_decision_against_both(
+    monkeypatch, tmp_path, capsys, twin_equal
+):
+    """After each decided prompt and its cold companion, once their writes settled, c restores
+    a's second prompt of that length with the decision opted out: the decision against the
+    better of a cold prefill and a restore, all in one process. A second prompt restored
+    wrong fails the phase."""
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_LENGTHS="32,64")
+    oracle, twin_oracle = [1, 2], [3, 4]
+    names = list(runner.prompts())
+    (tmp_path / "a.json").write_text(
+        runner.json.dumps({n: {"cold": 1.0, "oracle": oracle, "twin_oracle": twin_oracle}
+                           for n in names})
+    )  # fmt: skip
+    (tmp_path / "b.json").write_text(runner.json.dumps({n: 0.5 for n in names}))
+    decided = {tuple(ids): n for n, (_, ids) in runner.prompts().items()}
+    twins = {tuple(ids): n for n, (_, ids) in runner.twins().items()}
+    events: list[str] = []
+
+    def run(llm, ids, *params):
+        if tuple(ids) in twins:
+            events.append(f"twin {twins[tuple(ids)]} {params}")
+            return 0.4, len(ids), twin_oracle if twin_equal else oracle
+        events.append(decided.get(tuple(ids), "cold here"))
+        return (0.5, len(ids), oracle) if tuple(ids) in decided else (0.8, 0, [9])
+
+    for name, fake in {
+        "evidence_summary": lambda folder="disk": "1 prefill step",
+        "replay_evidence": lambda cold, restored, **where: None,
+        "drop_page_cache": lambda: None,
+        "engine": lambda **where: object(),
+        "run": run,
+        "decisions": lambda: {},
+        "verdict_of": lambda before, after: "restore",
+        "wait_for_disk": lambda folder="disk": events.append("settled") or 0,
+    }.items():
+        monkeypatch.setattr(runner, name, fake)
+    monkeypatch.setattr(runner.os, "sync", lambda: None)
+    assert runner.phase_c() is twin_equal
+    off = f"({runner.OFF!r},)"
+    assert events == [
+        "cold here",  # the engine's warm-up prompt
+        "32", "cold here", "settled", f"twin 32 {off}",
+        "settled", "64", "cold here", "settled", f"twin 64 {off}",
+    ]  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        f"c 32: disk restore here (a second stored prompt, decision off) 0.400s [32 cached] "
+        f"equal={twin_equal}; decision on 1.25x the better of the two here"
+    ) in out
+    assert (
+        "c medians: decision on / the better of cold here and disk restore here 32: 1.250x" in out
+    )
 
 
 def test_the_replay_of_f_reads_the_evidence_d_left(monkeypatch, tmp_path, capsys):
