@@ -477,15 +477,18 @@ def prompts_kv_bytes() -> int:
     return sum(full_blocks_kv_bytes(n) for n, _ in stored)
 
 
-def wait_for_disk(timeout_s: float = 120.0, folder: str = "disk") -> int:
-    """Until the disk tier's files stop growing (stores cascade from the host pool)."""
-    last, stable, deadline = -1, 0, time.monotonic() + timeout_s
+def wait_for_disk(timeout_s: float = 120.0, folder: str = "disk", server: bool = False) -> int:
+    """Until the disk tier's files stop growing (stores cascade from the host pool), and with
+    ``server`` the shared server's memory too, both in one wait (not one after the other: each
+    wait costs at least three looks two seconds apart); returns the disk's bytes."""
+    last: tuple[int, int] | None = None
+    stable, deadline = 0, time.monotonic() + timeout_s
     while time.monotonic() < deadline and stable < 3:
         time.sleep(2)
-        now = disk_bytes(folder)
+        now = (disk_bytes(folder), shared_bytes() if server else 0)
         stable = stable + 1 if now == last else 0
         last = now
-    return last
+    return -1 if last is None else last[0]
 
 
 def phase_a() -> bool:
@@ -700,10 +703,8 @@ def settle(phase: str, name: str, folder: str) -> None:
     if not SETTLE:
         return
     waited = time.monotonic()
-    held = wait_for_disk(folder=folder)
+    held = wait_for_disk(folder=folder, server=bool(SHARED_URL))
     os.sync()  # and what the kernel still holds of them (the index; unaligned records)
-    if SHARED_URL:
-        wait_for_shared()
     print(
         f"{phase} {name}: writes settled in {time.monotonic() - waited:.0f}s "
         f"({held / 2**30:.2f} GiB on disk)",

@@ -110,7 +110,7 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
         "run": run,
         "decisions": lambda: {},
         "verdict_of": lambda before, after: "restore",
-        "wait_for_disk": lambda folder="disk": events.append("settled") or 0,
+        "wait_for_disk": lambda folder="disk", server=False: events.append("settled") or 0,
     }.items():
         monkeypatch.setattr(runner, name, fake)
     monkeypatch.setattr(runner.os, "sync", lambda: None)
@@ -118,6 +118,23 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
     decided_at = [i for i, e in enumerate(events) if e in names]
     assert [events[i] for i in decided_at] == names
     assert [events[i] for i in decided_at if i and events[i - 1] == "settled"] == waits
+
+
+def test_the_settle_waits_for_the_disk_and_the_server_together(monkeypatch):
+    """Until three looks in a row find neither grown: a server still writing after the disk
+    stopped keeps the wait going, and the disk's bytes are returned."""
+    runner = load_runner(monkeypatch)
+    disk = iter([1, 2, 2, 2, 2, 2, 2, 2])
+    server = iter([5, 5, 5, 6, 6, 6, 6, 6])
+    looks: list[int] = []
+    monkeypatch.setattr(runner, "disk_bytes", lambda folder: next(disk))
+    monkeypatch.setattr(runner, "shared_bytes", lambda: next(server))
+    monkeypatch.setattr(runner.time, "sleep", lambda s: looks.append(s))
+    assert runner.wait_for_disk(folder="disk", server=True) == 2
+    assert len(looks) == 7, "the server grew at the fourth look: three more unchanged after it"
+    monkeypatch.setattr(runner, "shared_bytes", lambda: pytest.fail("no server asked"))
+    disk = iter([3, 3, 3, 3])
+    assert runner.wait_for_disk(folder="disk") == 3
 
 
 def test_phase_a_stores_a_second_prompt_of_each_length_unless_told_not_to(monkeypatch, tmp_path):
@@ -190,7 +207,7 @@ def test_c_restores_a_second_prompt_beside_each_decided_one_and_sets_the_decisio
         "run": run,
         "decisions": lambda: {},
         "verdict_of": lambda before, after: "restore",
-        "wait_for_disk": lambda folder="disk": events.append("settled") or 0,
+        "wait_for_disk": lambda folder="disk", server=False: events.append("settled") or 0,
     }.items():
         monkeypatch.setattr(runner, name, fake)
     monkeypatch.setattr(runner.os, "sync", lambda: None)
