@@ -2,7 +2,8 @@
 # On the GPU host, from the repository root: stage and unpack the pieces of
 # split-for-transfer.sh, then run kvtier's GPU measurements with every result of one run packed
 # into $OUT/NAME.tgz (one file per run; $OUT: the folder whose files come back, /tmp if unset).
-#   on-host.sh stage DIR              copy the first piece to the host's scratch (call 1)
+#   on-host.sh stage DIR              copy the first piece to the host's scratch (call 1; a
+#                                     MoE bundle's DIR/moe in a call of its own after it)
 #   on-host.sh unpack DIR             the rest, checked, unpacked into $KVTIER_GPU_ROOT/site
 #   on-host.sh overlay COMMIT         this checkout's kvtier (Python) over the bundle's, its
 #                                     native helpers kept; COMMIT is what machine.txt names
@@ -43,9 +44,12 @@ stage)
     mkdir -p "$root/pieces" && cp "${1:?folder}"/* "$root/pieces/" && ls -la "$root/pieces" ;;
 unpack)
     cp "${1:?folder}"/* "$root/pieces/" || exit 2
+    # SHA256SUMS names the MoE kernels when the bundle has them: then they must be staged.
     cd "$root/pieces" && cat vllm.part0* > vllm.tar.xz && sha256sum -c SHA256SUMS || exit 2
     rm -rf "$site" && mkdir -p "$site"
-    for t in vllm.tar.xz deps-cp312-site.tar.xz kvtier-site.tar.xz; do
+    archives=(vllm.tar.xz deps-cp312-site.tar.xz kvtier-site.tar.xz)
+    grep -q vllm-moe-kernels.tar.xz SHA256SUMS && archives+=(vllm-moe-kernels.tar.xz)
+    for t in "${archives[@]}"; do
         python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$t" "$site" || exit 2
     done
     echo "unpacked into $site" ;;

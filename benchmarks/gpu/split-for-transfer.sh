@@ -2,19 +2,28 @@
 # Re-cut the offline bundle of build-bundle.sh for a machine reached by calls that each carry at
 # most 64 MiB with the working tree: DEST/a holds the first 50 MiB of the vLLM archive, DEST/b
 # the rest of it, the wheels, kvtier and SHA256SUMS (over the joined archive). Send a in one
-# call (`on-host.sh stage DEST/a`), b in the next (`on-host.sh unpack DEST/b`).
+# call (`on-host.sh stage DEST/a`), b in the next (`on-host.sh unpack DEST/b`). A bundle built
+# with KVTIER_BUNDLE_MOE=1 also gives DEST/moe (vLLM's fused-MoE kernels, 40 MB): stage it in a
+# call between those two (`on-host.sh stage DEST/moe`); unpack then refuses without it.
 # Usage: split-for-transfer.sh BUNDLE_DIR DEST
 set -euo pipefail
 bundle=${1:?usage: split-for-transfer.sh BUNDLE_DIR DEST}
 dest=${2:?usage: split-for-transfer.sh BUNDLE_DIR DEST}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-rm -rf "$dest/a" "$dest/b" && mkdir -p "$dest/a" "$dest/b"
+rm -rf "$dest/a" "$dest/b" "$dest/moe" && mkdir -p "$dest/a" "$dest/b"
 joined=$(mktemp); trap 'rm -f "$joined"' EXIT
 cat "$bundle"/vllm-0.25.1-fa3only.tar.xz.part* > "$joined"
 split -b 50M -d "$joined" "$dest/a/vllm.part"
-mv "$dest"/a/vllm.part0[1-9] "$dest/b/"
+for part in "$dest"/a/vllm.part*; do
+    [[ $part == */vllm.part00 ]] || mv "$part" "$dest/b/"
+done
 cp "$bundle/deps-cp312-site.tar.xz" "$bundle/kvtier-site.tar.xz" "$dest/b/"
+moe=()
+if [[ -f $bundle/vllm-moe-kernels.tar.xz ]]; then
+    mkdir -p "$dest/moe" && cp "$bundle/vllm-moe-kernels.tar.xz" "$dest/moe/"
+    moe=(vllm-moe-kernels.tar.xz)
+fi
 { sha256sum "$joined" | sed "s#$joined#vllm.tar.xz#"
-  (cd "$bundle" && sha256sum deps-cp312-site.tar.xz kvtier-site.tar.xz); } > "$dest/b/SHA256SUMS"
+  (cd "$bundle" && sha256sum deps-cp312-site.tar.xz kvtier-site.tar.xz "${moe[@]}"); } > "$dest/b/SHA256SUMS"
 git -C "$repo" rev-parse --short HEAD > "$dest/b/kvtier-commit.txt"
-du -sh "$dest/a" "$dest/b"
+du -sh "$dest/a" "$dest/b" ${moe:+"$dest/moe"}
