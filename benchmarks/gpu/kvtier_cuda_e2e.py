@@ -798,13 +798,20 @@ def phase_e() -> bool:
     llm = engine()
     run(llm, [5] * 512)
     ok = True
-    for n, (_, ids) in prompts().items():
+    # a's second prompts too (RESTORE_BESIDE): the damaged records are drawn from all of them.
+    stored = [(n, ids, before[n]["oracle"]) for n, (_, ids) in prompts().items()]
+    stored += [
+        (f"{n} (second prompt)", ids, before[n]["twin_oracle"])
+        for n, (_, ids) in twins().items()
+        if "twin_oracle" in before[n]
+    ]
+    for name, ids, oracle in stored:
         ttft, cached, tokens = run(llm, ids, OFF)
-        equal = tokens == before[n]["oracle"]
+        equal = tokens == oracle
         ok &= equal
         print(
-            f"e {n}: restore over damaged records {ttft:.3f}s [{cached} cached] equal={equal} "
-            f"vs cold {before[n]['cold']:.3f}s",
+            f"e {name}: restore over damaged records {ttft:.3f}s [{cached} cached] "
+            f"equal={equal} vs cold {before[name.split()[0]]['cold']:.3f}s",
             flush=True,
         )
     quarantined = [p for p in (WORK / "disk").rglob("*") if "quarantine" in p.parts and p.is_file()]

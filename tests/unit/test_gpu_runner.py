@@ -228,6 +228,40 @@ def test_c_restores_a_second_prompt_beside_each_decided_one_and_sets_the_decisio
     )
 
 
+@pytest.mark.parametrize("twin_equal", [True, False])
+def test_damaged_records_are_restored_through_for_the_second_prompts_too(
+    monkeypatch, tmp_path, capsys, twin_equal
+):
+    """e flips bytes in records drawn from every stored prompt, a's second ones included, so it
+    restores those too, each against its own oracle."""
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_LENGTHS="32")
+    (tmp_path / "a.json").write_text(
+        runner.json.dumps({"32": {"cold": 1.0, "oracle": [1], "twin_oracle": [2]}})
+    )
+    for i in range(3):
+        record = tmp_path / "disk" / "ns" / f"{i}.kvb"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_bytes(bytes(8192))
+    (tmp_path / "disk" / "ns" / "quarantine").mkdir()
+    (tmp_path / "disk" / "ns" / "quarantine" / "0.kvb").write_bytes(b"bad")
+    second = tuple(runner.twins()["32"][1])
+
+    def run(llm, ids, *params):
+        if tuple(ids) == second:
+            return 0.3, len(ids), [2] if twin_equal else [1]
+        return 0.2, len(ids), [1]
+
+    monkeypatch.setattr(runner, "engine", lambda **where: object())
+    monkeypatch.setattr(runner, "run", run)
+    assert runner.phase_e() is twin_equal
+    out = capsys.readouterr().out
+    assert "e 32: restore over damaged records 0.200s [32 cached] equal=True" in out
+    assert (
+        f"e 32 (second prompt): restore over damaged records 0.300s [32 cached] equal={twin_equal}"
+        in out
+    )
+
+
 def test_the_replay_of_f_reads_the_evidence_d_left(monkeypatch, tmp_path, capsys):
     runner = load_runner(
         monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SHAPE="llama-3-70b-40l"
