@@ -81,6 +81,22 @@ def test_no_evidence_no_replay(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
+def fake_phase_c(monkeypatch, runner, run, events: list[str]) -> None:
+    """Phase c without an engine: ``run`` serves the prompts, and each settle is an event."""
+    for name, fake in {
+        "evidence_summary": lambda folder="disk": "1 prefill step",
+        "replay_evidence": lambda cold, restored, **where: None,
+        "drop_page_cache": lambda: None,
+        "engine": lambda **where: object(),
+        "run": run,
+        "decisions": lambda: {},
+        "verdict_of": lambda before, after: "restore",
+        "wait_for_disk": lambda folder="disk", server=False: events.append("settled") or 0,
+    }.items():
+        monkeypatch.setattr(runner, name, fake)
+    monkeypatch.setattr(runner.os, "sync", lambda: None)
+
+
 @pytest.mark.parametrize(("settle", "waits"), [("1", ["8192", "32768"]), ("0", [])])
 def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_the_first(
     monkeypatch, tmp_path, settle, waits
@@ -102,18 +118,7 @@ def test_phase_c_lets_the_disk_writes_settle_before_each_decided_prompt_after_th
         events.append(decided.get(tuple(ids), "cold here"))
         return 0.5, len(ids), oracle
 
-    for name, fake in {
-        "evidence_summary": lambda folder="disk": "1 prefill step",
-        "replay_evidence": lambda cold, restored, **where: None,
-        "drop_page_cache": lambda: None,
-        "engine": lambda **where: object(),
-        "run": run,
-        "decisions": lambda: {},
-        "verdict_of": lambda before, after: "restore",
-        "wait_for_disk": lambda folder="disk", server=False: events.append("settled") or 0,
-    }.items():
-        monkeypatch.setattr(runner, name, fake)
-    monkeypatch.setattr(runner.os, "sync", lambda: None)
+    fake_phase_c(monkeypatch, runner, run, events)
     assert runner.phase_c()
     decided_at = [i for i, e in enumerate(events) if e in names]
     assert [events[i] for i in decided_at] == names
@@ -199,18 +204,7 @@ def test_c_restores_a_second_prompt_beside_each_decided_one_and_sets_the_decisio
         events.append(decided.get(tuple(ids), "cold here"))
         return (0.5, len(ids), oracle) if tuple(ids) in decided else (0.8, 0, [9])
 
-    for name, fake in {
-        "evidence_summary": lambda folder="disk": "1 prefill step",
-        "replay_evidence": lambda cold, restored, **where: None,
-        "drop_page_cache": lambda: None,
-        "engine": lambda **where: object(),
-        "run": run,
-        "decisions": lambda: {},
-        "verdict_of": lambda before, after: "restore",
-        "wait_for_disk": lambda folder="disk", server=False: events.append("settled") or 0,
-    }.items():
-        monkeypatch.setattr(runner, name, fake)
-    monkeypatch.setattr(runner.os, "sync", lambda: None)
+    fake_phase_c(monkeypatch, runner, run, events)
     assert runner.phase_c() is twin_equal
     off = f"({runner.OFF!r},)"
     assert events == [
