@@ -97,7 +97,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 WORK = Path(os.environ.get("KVTIER_E2E_WORK", "/var/tmp/kvtier-e2e"))
 LENGTHS = [int(x) for x in os.environ.get("KVTIER_E2E_LENGTHS", "2048,8192,32768").split(",")]
@@ -477,17 +479,27 @@ def prompts_kv_bytes() -> int:
     return sum(full_blocks_kv_bytes(n) for n, _ in stored)
 
 
+T = TypeVar("T")
+
+
+def until_unchanged(look: Callable[[], T], timeout_s: float) -> T | None:
+    """``look()`` every two seconds until three looks in a row found what the one before found
+    (or ``timeout_s`` passed); the last look, None if there was none."""
+    last: T | None = None
+    stable, deadline = 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and stable < 3:
+        time.sleep(2)
+        now = look()
+        stable = stable + 1 if now == last else 0
+        last = now
+    return last
+
+
 def wait_for_disk(timeout_s: float = 120.0, folder: str = "disk", server: bool = False) -> int:
     """Until the disk tier's files stop growing (stores cascade from the host pool), and with
     ``server`` the shared server's memory too, both in one wait (not one after the other: each
     wait costs at least three looks two seconds apart); returns the disk's bytes."""
-    last: tuple[int, int] | None = None
-    stable, deadline = 0, time.monotonic() + timeout_s
-    while time.monotonic() < deadline and stable < 3:
-        time.sleep(2)
-        now = (disk_bytes(folder), shared_bytes() if server else 0)
-        stable = stable + 1 if now == last else 0
-        last = now
+    last = until_unchanged(lambda: (disk_bytes(folder), shared_bytes() if server else 0), timeout_s)
     return -1 if last is None else last[0]
 
 
@@ -547,13 +559,8 @@ def shared_bytes() -> int:
 
 def wait_for_shared(timeout_s: float = 180.0) -> int:
     """Until the shared server's memory stops growing (the tier's writes are asynchronous)."""
-    last, stable, deadline = -1, 0, time.monotonic() + timeout_s
-    while time.monotonic() < deadline and stable < 3:
-        time.sleep(2)
-        now = shared_bytes()
-        stable = stable + 1 if now == last else 0
-        last = now
-    return last
+    last = until_unchanged(shared_bytes, timeout_s)
+    return -1 if last is None else last
 
 
 def drop_page_cache() -> None:
@@ -799,19 +806,19 @@ def phase_e() -> bool:
     run(llm, [5] * 512)
     ok = True
     # a's second prompts too (RESTORE_BESIDE): the damaged records are drawn from all of them.
-    stored = [(n, ids, before[n]["oracle"]) for n, (_, ids) in prompts().items()]
+    stored = [(n, ids, before[n]["oracle"], before[n]["cold"]) for n, (_, ids) in prompts().items()]
     stored += [
-        (f"{n} (second prompt)", ids, before[n]["twin_oracle"])
+        (f"{n} (second prompt)", ids, before[n]["twin_oracle"], before[n]["cold"])
         for n, (_, ids) in twins().items()
         if "twin_oracle" in before[n]
     ]
-    for name, ids, oracle in stored:
+    for name, ids, oracle, cold in stored:
         ttft, cached, tokens = run(llm, ids, OFF)
         equal = tokens == oracle
         ok &= equal
         print(
             f"e {name}: restore over damaged records {ttft:.3f}s [{cached} cached] "
-            f"equal={equal} vs cold {before[name.split()[0]]['cold']:.3f}s",
+            f"equal={equal} vs cold {cold:.3f}s",
             flush=True,
         )
     quarantined = [p for p in (WORK / "disk").rglob("*") if "quarantine" in p.parts and p.is_file()]
