@@ -70,7 +70,7 @@ evidence to start from or decided a request unmeasured. Environment: ``KVTIER_E2
 (scratch, default /var/tmp/kvtier-e2e), ``KVTIER_E2E_LENGTHS`` (default 2048,8192,32768),
 ``KVTIER_E2E_SHAPE`` (``llama-3-8b``, the default, ``qwen2.5-32b``, ``llama-3-70b-40l``,
 ``llama-3-70b-20l`` or ``qwen3-30b-a3b``), ``KVTIER_E2E_DROP=1``
-drops the page cache before b, c and w (root), ``KVTIER_E2E_CALIBRATE=1``
+drops the page cache before b, c, l, m and w (root), ``KVTIER_E2E_CALIBRATE=1``
 also prefills cold prompts of every length in c before the stored ones (not needed: the
 evidence is the earlier processes'), ``KVTIER_E2E_REPS`` (distinct prompts per length, default
 1; medians are printed), ``KVTIER_E2E_DISK_THREADS`` (kvtier's ``disk_threads``; unset: its
@@ -1068,6 +1068,7 @@ def print_evidence(phase: str, folder: str) -> None:
 def concurrent_restore(phase: str, params: dict | None) -> bool:
     before = json.loads((WORK / "k.json").read_text())
     print_evidence(phase, "disk-k")
+    drop_page_cache()  # with KVTIER_E2E_DROP=1: read from the disk, as b and c are
     llm = engine(disk="disk-k")
     run(llm, [5] * 512)
     wall, cached, tokens = batch(llm, params)

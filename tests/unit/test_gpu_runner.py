@@ -346,3 +346,25 @@ def test_phases_d_and_f_without_a_shared_tier_are_refused(monkeypatch, tmp_path,
     monkeypatch.setattr(runner.sys, "argv", ["runner"])
     assert runner.main() == 2
     assert "set KVTIER_E2E_REDIS_SERVER" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("phase", ["l", "m"])
+def test_the_concurrent_restores_drop_the_page_cache_before_their_engine_starts(
+    monkeypatch, tmp_path, capsys, phase
+):
+    """l and m are fresh processes reading what k stored, as b and c read a's: with
+    KVTIER_E2E_DROP=1 they read it from the disk, not from the page cache k's writes filled."""
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_CONCURRENT_N="2")
+    oracle = [[1, 2], [3, 4]]
+    (tmp_path / "k.json").write_text(runner.json.dumps({"cold": 2.0, "oracle": oracle}))
+    events: list[str] = []
+    for name, fake in {
+        "drop_page_cache": lambda: events.append("dropped"),
+        "engine": lambda **where: events.append("engine") or object(),
+        "run": lambda llm, ids, *params: (0.1, 0, [0]),
+        "batch": lambda llm, params: (1.5, [4096, 0], oracle),
+    }.items():
+        monkeypatch.setattr(runner, name, fake)
+    assert runner.PHASES[phase]() == (phase == "m")  # l restores every one, or fails
+    assert events == ["dropped", "engine"]
+    assert "[Rc], equal=True" in capsys.readouterr().out
