@@ -411,13 +411,20 @@ def replay_evidence(
     restored: dict[str, float],
     folder: str = "disk",
     phase: str = "c",
+    hits: dict[str, float] | None = None,
 ) -> None:
     """What the evidence of disk folder ``folder`` predicts for each prompt, next to what was
     measured (cold: a; ``restored``: b's disk restores, or d's shared ones): the engine's own
     policy (as kvtier's CUDA spec makes it) adopting the file, asked about a whole-prompt hit of
     the disk tier on an idle engine (with a shared tier too, the server is that tier's second
     half: one fit of its loads, local and shared). Shows whether a verdict follows from the
-    predictions or from the safety factor, and how far the predictions are off."""
+    predictions or from the safety factor, and how far the predictions are off.
+
+    The predictions are each path's cost beyond what both pay (a request's own round trip, the
+    step that computes its last tokens), so next to a's prefix hits (``hits``) the line also
+    gives each measured time less that prompt's hit: what the two predictions are weighed as.
+    On short prompts that floor is most of the time (a 2k prompt of the 8B shape on the H200:
+    cold 0.055 s, prefix hit 0.051 s)."""
     from kvtier.policy import evidence_file
     from kvtier.vllm.lookup_decider import (
         CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
@@ -456,6 +463,11 @@ def replay_evidence(
                 f"{verdict.restore_s / restored[n]:.2f}, "
                 f"recompute {verdict.recompute_s / cold[n]:.2f}"
             )
+            if hits and n in hits:
+                line += (
+                    f"; less a prefix hit ({hits[n]:.3f}s): restore {restored[n] - hits[n]:.3f}s, "
+                    f"recompute {cold[n] - hits[n]:.3f}s"
+                )
         print(line, flush=True)
 
 
@@ -613,7 +625,8 @@ def phase_c() -> bool:
     evidence = evidence_summary()
     print(f"c: decision evidence in the folder: {evidence or 'none'}", flush=True)
     ok = evidence is not None
-    replay_evidence({n: v["cold"] for n, v in before.items()}, disk)
+    hits = {n: v["hit"] for n, v in before.items() if "hit" in v}
+    replay_evidence({n: v["cold"] for n, v in before.items()}, disk, hits=hits)
     drop_page_cache()
     llm = engine()
     run(llm, [5] * 512)
@@ -776,7 +789,8 @@ def phase_f() -> bool:
     print(f"f: decision evidence d left: {evidence or 'none'}", flush=True)
     ok = evidence is not None
     cold = {n: v["cold"] for n, v in before.items()}
-    replay_evidence(cold, shared, folder="disk-d", phase="f")
+    hits = {n: v["hit"] for n, v in before.items() if "hit" in v}
+    replay_evidence(cold, shared, folder="disk-d", phase="f", hits=hits)
     seed_evidence("disk-d", "disk-f")
     llm = engine(disk="disk-f")
     run(llm, [5] * 512)

@@ -75,6 +75,21 @@ def test_the_replay_prints_the_evidence_verdict_next_to_the_measured_times(
         assert "predicted / measured: restore " in line
 
 
+def test_the_replay_sets_the_predictions_against_the_times_less_a_prefix_hit(
+    monkeypatch, tmp_path, capsys
+):
+    """Both predictions leave out what a restore and a recompute both pay (the request's own
+    round trip): with a's prefix hits the line gives each measured time less that floor."""
+    runner = load_runner(
+        monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SHAPE="llama-3-70b-40l"
+    )
+    save_evidence(tmp_path / "disk", 2e9)
+    runner.replay_evidence({"2048": 0.055}, {"2048": 0.183}, hits={"2048": 0.051})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("; less a prefix hit (0.051s): restore 0.132s, recompute 0.004s")
+    assert "prefix hit" not in lines[1], "no time measured for 8192: nothing to subtract from"
+
+
 def test_no_evidence_no_replay(monkeypatch, tmp_path, capsys):
     runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path))
     runner.replay_evidence({"2048": 0.05}, {})
@@ -295,7 +310,7 @@ def test_phase_f_weighs_shared_hits_from_a_folder_of_evidence_alone(monkeypatch,
     oracle = [4, 5]
     names = list(runner.prompts())
     (tmp_path / "a.json").write_text(
-        runner.json.dumps({n: {"cold": 1.0, "oracle": oracle} for n in names})
+        runner.json.dumps({n: {"cold": 1.0, "hit": 0.1, "oracle": oracle} for n in names})
     )
     (tmp_path / "d.json").write_text(runner.json.dumps({n: 0.8 for n in names}))
     save_evidence(tmp_path / "disk-d", 2e9)
@@ -309,7 +324,8 @@ def test_phase_f_weighs_shared_hits_from_a_folder_of_evidence_alone(monkeypatch,
     }.items():
         monkeypatch.setattr(runner, name, fake)
     assert runner.phase_f()
-    assert ("replay", {"folder": "disk-d", "phase": "f"}) in asked
+    hits = dict.fromkeys(names, 0.1)
+    assert ("replay", {"folder": "disk-d", "phase": "f", "hits": hits}) in asked
     assert ("engine", {"disk": "disk-f"}) in asked
     assert (tmp_path / "disk-f" / "0123abcd" / "decision.json").exists()
     out = capsys.readouterr().out
