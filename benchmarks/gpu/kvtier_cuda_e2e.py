@@ -31,7 +31,9 @@ prompt resumed from the engine's own prefix cache.
   milliseconds two processes differ by; ``KVTIER_E2E_COLD_BESIDE=0`` skips it), then next to
   a's second prompt of that length restored from the disk with the decision opted out, once the
   cold prompt's writes settled ("restore here": the same restore b timed, free of the spread
-  between processes; ``KVTIER_E2E_RESTORE_BESIDE=0`` skips it). Before each
+  between processes; ``KVTIER_E2E_RESTORE_BESIDE=0`` skips it), and whether its verdict held
+  against those two (``judged_here``: a missed gain or a loss where the path it did not take
+  was faster by more than ``BOUND``). Before each
   decided prompt after the first, c waits until the disk tier's writes have settled, so its
   restores read as b's did, with nothing being written (``KVTIER_E2E_SETTLE=0``: it does not
   wait, and a restore shares the disk with the write-back of the prompts before it). The verdict
@@ -660,6 +662,7 @@ def decide_each(
     ratios: dict[str, float] = {}
     beside: dict[str, float] = {}
     here: dict[str, float] = {}
+    judgements: list[str] = []
     ok = True
     rng = random.Random(13)
     twin = twins()
@@ -681,10 +684,13 @@ def decide_each(
                 twin_ok = out == before[n]["twin_oracle"] and got > 0
                 ok &= twin_ok
                 here[n] = ttft / min(cold_here, restored)
+                judged = judged_here(cached > 0, cold_here, restored)
+                judgements.append(judged.split(":")[0])
                 print(
                     f"{phase} {n}: {restore_name} here (a second stored prompt, decision off) "
                     f"{restored:.3f}s [{got} cached] equal={twin_ok}; decision on "
-                    f"{here[n]:.2f}x the better of the two here",
+                    f"{here[n]:.2f}x the better of the two here; its verdict, against the two "
+                    f"here: {judged}",
                     flush=True,
                 )
         equal = tokens == before[n]["oracle"]
@@ -715,7 +721,31 @@ def decide_each(
             + medians(here, "x"),
             flush=True,
         )
+        print(
+            f"{phase} verdicts against the two here (bound {BOUND}x): "
+            f"{judgements.count('held')} held, {judgements.count('missed gain')} missed gains, "
+            f"{judgements.count('loss')} losses",
+            flush=True,
+        )
     return ok
+
+
+#: How far the path a verdict chose may be slower than the other one, measured beside it in
+#: the same process, and still count as right: the bound the decision is held to.
+BOUND = 1.05
+
+
+def judged_here(restored: bool, cold_here: float, restore_here: float) -> str:
+    """A verdict (``restored``, or recomputed) against the two paths timed beside it in its
+    own process: "held", "missed gain: ..." (recomputed where the restore here beat cold
+    here by more than ``BOUND``) or "loss: ..." (restored where cold here beat the restore
+    here by more than ``BOUND``). Unlike the decided request's own TTFT, this sets the choice
+    apart from how fast that one request happened to run."""
+    if restored and restore_here > BOUND * cold_here:
+        return f"loss: the restore here took {restore_here / cold_here:.2f}x cold here"
+    if not restored and cold_here > BOUND * restore_here:
+        return f"missed gain: cold here took {cold_here / restore_here:.2f}x the restore here"
+    return "held"
 
 
 def settle(phase: str, name: str, folder: str) -> None:

@@ -230,11 +230,32 @@ def test_c_restores_a_second_prompt_beside_each_decided_one_and_sets_the_decisio
     out = capsys.readouterr().out
     assert (
         f"c 32: disk restore here (a second stored prompt, decision off) 0.400s [32 cached] "
-        f"equal={twin_equal}; decision on 1.25x the better of the two here"
+        f"equal={twin_equal}; decision on 1.25x the better of the two here; its verdict, "
+        f"against the two here: held"
     ) in out
     assert (
         "c medians: decision on / the better of cold here and disk restore here 32: 1.250x" in out
     )
+    assert "c verdicts against the two here (bound 1.05x): 2 held, 0 missed gains, 0 losses" in out
+
+
+@pytest.mark.parametrize(
+    ("restored", "cold_here", "restore_here", "judged"),
+    [
+        (True, 2.28, 1.98, "held"),
+        (True, 2.28, 2.39, "held"),  # 4.8 % slower: within the bound
+        (True, 2.00, 2.20, "loss: the restore here took 1.10x cold here"),
+        (False, 2.28, 2.20, "held"),
+        (False, 2.28, 1.98, "missed gain: cold here took 1.15x the restore here"),
+        (False, 0.08, 0.16, "held"),
+    ],
+)
+def test_a_verdict_is_judged_against_the_two_paths_beside_it(
+    monkeypatch, restored, cold_here, restore_here, judged
+):
+    """Wrong only where the path it did not take was faster by more than the bound."""
+    runner = load_runner(monkeypatch)
+    assert runner.judged_here(restored, cold_here, restore_here) == judged
 
 
 @pytest.mark.parametrize("twin_equal", [True, False])
