@@ -409,21 +409,21 @@ def kv_bytes_per_token() -> int:
 
 
 def replay_evidence(
-    cold: dict[str, float],
+    measured: dict[str, dict],
     restored: dict[str, float],
     folder: str = "disk",
     phase: str = "c",
-    hits: dict[str, float] | None = None,
 ) -> None:
     """What the evidence of disk folder ``folder`` predicts for each prompt, next to what was
-    measured (cold: a; ``restored``: b's disk restores, or d's shared ones): the engine's own
+    measured (``measured``: a's results, each prompt's ``cold`` and ``hit``; ``restored``: b's
+    disk restores, or d's shared ones): the engine's own
     policy (as kvtier's CUDA spec makes it) adopting the file, asked about a whole-prompt hit of
     the disk tier on an idle engine (with a shared tier too, the server is that tier's second
     half: one fit of its loads, local and shared). Shows whether a verdict follows from the
     predictions or from the safety factor, and how far the predictions are off.
 
     The predictions are each path's cost beyond what both pay (a request's own round trip, the
-    step that computes its last tokens), so next to a's prefix hits (``hits``) the line also
+    step that computes its last tokens), so where a measured a prefix hit the line also
     gives each measured time less that prompt's hit: what the two predictions are weighed as.
     On short prompts that floor is most of the time (a 2k prompt of the 8B shape on the H200:
     cold 0.055 s, prefix hit 0.051 s)."""
@@ -459,16 +459,17 @@ def replay_evidence(
             f"restored above {verdict.margin:g}x): {'restore' if verdict.restore else 'recompute'}"
         )
         if n in restored:
+            cold = measured[n]["cold"]
             line += (
-                f"; measured restore {restored[n]:.3f}s, cold {cold[n]:.3f}s "
-                f"({cold[n] / restored[n]:.2f}x); predicted / measured: restore "
+                f"; measured restore {restored[n]:.3f}s, cold {cold:.3f}s "
+                f"({cold / restored[n]:.2f}x); predicted / measured: restore "
                 f"{verdict.restore_s / restored[n]:.2f}, "
-                f"recompute {verdict.recompute_s / cold[n]:.2f}"
+                f"recompute {verdict.recompute_s / cold:.2f}"
             )
-            if hits and n in hits:
+            if (hit := measured[n].get("hit")) is not None:
                 line += (
-                    f"; less a prefix hit ({hits[n]:.3f}s): restore {restored[n] - hits[n]:.3f}s, "
-                    f"recompute {cold[n] - hits[n]:.3f}s"
+                    f"; less a prefix hit ({hit:.3f}s): restore {restored[n] - hit:.3f}s, "
+                    f"recompute {cold - hit:.3f}s"
                 )
         print(line, flush=True)
 
@@ -627,8 +628,7 @@ def phase_c() -> bool:
     evidence = evidence_summary()
     print(f"c: decision evidence in the folder: {evidence or 'none'}", flush=True)
     ok = evidence is not None
-    hits = {n: v["hit"] for n, v in before.items() if "hit" in v}
-    replay_evidence({n: v["cold"] for n, v in before.items()}, disk, hits=hits)
+    replay_evidence(before, disk)
     drop_page_cache()
     llm = engine()
     run(llm, [5] * 512)
@@ -818,9 +818,7 @@ def phase_f() -> bool:
     evidence = evidence_summary("disk-d")
     print(f"f: decision evidence d left: {evidence or 'none'}", flush=True)
     ok = evidence is not None
-    cold = {n: v["cold"] for n, v in before.items()}
-    hits = {n: v["hit"] for n, v in before.items() if "hit" in v}
-    replay_evidence(cold, shared, folder="disk-d", phase="f", hits=hits)
+    replay_evidence(before, shared, folder="disk-d", phase="f")
     seed_evidence("disk-d", "disk-f")
     llm = engine(disk="disk-f")
     run(llm, [5] * 512)

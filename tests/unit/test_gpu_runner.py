@@ -67,7 +67,7 @@ def test_the_replay_prints_the_evidence_verdict_next_to_the_measured_times(
     save_evidence(tmp_path / "disk", disk_bytes_per_s)
     cold = {"2048": 0.217, "8192": 0.955, "32768": 4.603}
     restored = {"2048": 0.177, "8192": 0.607, "32768": 2.615}
-    runner.replay_evidence(cold, restored)
+    runner.replay_evidence({n: {"cold": t} for n, t in cold.items()}, restored)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["c 2048", "c 8192", "c 32768"]
     for line, n in zip(lines, cold, strict=True):
@@ -84,7 +84,7 @@ def test_the_replay_sets_the_predictions_against_the_times_less_a_prefix_hit(
         monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SHAPE="llama-3-70b-40l"
     )
     save_evidence(tmp_path / "disk", 2e9)
-    runner.replay_evidence({"2048": 0.055}, {"2048": 0.183}, hits={"2048": 0.051})
+    runner.replay_evidence({"2048": {"cold": 0.055, "hit": 0.051}}, {"2048": 0.183})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("; less a prefix hit (0.051s): restore 0.132s, recompute 0.004s")
     assert "prefix hit" not in lines[1], "no time measured for 8192: nothing to subtract from"
@@ -92,7 +92,7 @@ def test_the_replay_sets_the_predictions_against_the_times_less_a_prefix_hit(
 
 def test_no_evidence_no_replay(monkeypatch, tmp_path, capsys):
     runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path))
-    runner.replay_evidence({"2048": 0.05}, {})
+    runner.replay_evidence({"2048": {"cold": 0.05}}, {})
     assert capsys.readouterr().out == ""
 
 
@@ -100,7 +100,7 @@ def fake_phase_c(monkeypatch, runner, run, events: list[str]) -> None:
     """Phase c without an engine: ``run`` serves the prompts, and each settle is an event."""
     for name, fake in {
         "evidence_summary": lambda folder="disk": "1 prefill step",
-        "replay_evidence": lambda cold, restored, **where: None,
+        "replay_evidence": lambda measured, restored, **where: None,
         "drop_page_cache": lambda: None,
         "engine": lambda **where: object(),
         "run": run,
@@ -297,12 +297,12 @@ def test_the_replay_of_f_reads_the_evidence_d_left(monkeypatch, tmp_path, capsys
         monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_SHAPE="llama-3-70b-40l"
     )
     save_evidence(tmp_path / "disk-d", 20e9)
-    runner.replay_evidence({"2048": 0.2}, {"2048": 0.1}, folder="disk-d", phase="f")
+    runner.replay_evidence({"2048": {"cold": 0.2}}, {"2048": 0.1}, folder="disk-d", phase="f")
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["f 2048", "f 8192", "f 32768"]
     assert "): restore; measured restore 0.100s, cold 0.200s" in lines[0]
     save_evidence(tmp_path / "disk-e", 20e9, tier="shared")
-    runner.replay_evidence({"2048": 0.2}, {}, folder="disk-e", phase="f")
+    runner.replay_evidence({"2048": {"cold": 0.2}}, {}, folder="disk-e", phase="f")
     assert "): recompute" in capsys.readouterr().out, "no loads of the disk tier: its prior alone"
 
 
@@ -337,7 +337,9 @@ def test_phase_f_weighs_shared_hits_from_a_folder_of_evidence_alone(monkeypatch,
     save_evidence(tmp_path / "disk-d", 2e9)
     asked: list[tuple] = []
     for name, fake in {
-        "replay_evidence": lambda cold, restored, **where: asked.append(("replay", where)),
+        "replay_evidence": lambda measured, restored, **where: asked.append(
+            ("replay", {"hits": {n: v["hit"] for n, v in measured.items()}, **where})
+        ),
         "engine": lambda **where: asked.append(("engine", where)) or object(),
         "run": lambda llm, ids, *params: (0.4, len(ids), oracle),
         "decisions": lambda: {},
