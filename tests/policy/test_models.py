@@ -140,6 +140,48 @@ def test_one_measured_step_overrides_a_far_off_prior():
     assert model.recompute_seconds(0, 2048) == pytest.approx(0.8192, rel=0.05)
 
 
+@pytest.mark.parametrize(
+    "engine",
+    [
+        PrefillCoefficients(0.0, per_token_s=3e-5, per_pair_s=2e-10),  # mostly per token
+        PrefillCoefficients(0.0, per_token_s=1e-6, per_pair_s=5e-9),  # mostly attention
+    ],
+    ids=["per-token", "attention"],
+)
+def test_steps_of_one_shape_never_predict_another_length_dearer_than_it_is(engine):
+    """Every step an 8k prompt from token 0: the steps pin what such a prompt costs, not how
+    much of it is attention. Other lengths are predicted by the cheaper of the two splits
+    the steps allow, so at most what they cost, whichever split the engine has."""
+    model = PrefillModel()
+    for _ in range(8):
+        model.observe_step([(0, 8192)], engine.step_seconds([(0, 8192)]))
+    assert not model.split_known
+    eight_k = model.recompute_seconds(0, 8192)
+    assert eight_k == pytest.approx(engine.step_seconds([(0, 8192)]), rel=1e-3)
+    assert model.recompute_seconds(0, 2048) == pytest.approx(eight_k / 16)  # all attention
+    assert model.recompute_seconds(0, 32768) == pytest.approx(eight_k * 4)  # no growth
+    for m, n in [(0, 512), (0, 2048), (0, 32768), (8192, 8192), (30000, 2048), (1024, 4096)]:
+        truth = engine.per_token_s * n + engine.per_pair_s * attended_pairs(m, n)
+        assert model.recompute_seconds(m, n) <= truth * (1 + 1e-3), (m, n)
+
+
+def test_steps_of_two_lengths_or_a_calibration_tell_the_split():
+    model = PrefillModel()
+    for m, n in [(0, 8192), (0, 8192), (0, 6144)]:  # 4096 and 3072 tokens back: too close
+        model.observe_step([(m, n)], TRUE.step_seconds([(m, n)]))
+    assert not model.split_known
+    model.observe_step([(0, 2048)], TRUE.step_seconds([(0, 2048)]))
+    assert model.split_known
+    c = model.coefficients()
+    assert model.recompute_seconds(0, 65536) == pytest.approx(
+        c.per_token_s * 65536 + c.per_pair_s * attended_pairs(0, 65536)
+    )
+    calibrated = PrefillModel()
+    calibrated.calibrate([(m, n, TRUE.step_seconds([(m, n)])) for m, n in calibration_points(8192)])
+    assert calibrated.split_known
+    assert PrefillModel().split_known  # the prior alone: nothing measured to doubt
+
+
 def test_the_prefill_model_fits_batched_steps():
     model = PrefillModel()
     batches = [[(0, 512), (4096, 1024)], [(0, 8192)], [(16384, 2048), (0, 4096), (1000, 1)]]

@@ -275,6 +275,66 @@ def test_an_unmeasured_tier_is_beyond_the_evidence():
     assert policy.decide("disk", 0, 16, 16 * TOKEN_BYTES).margin == 1.2
 
 
+#: An engine whose prefill is mostly attention (a deep model with few KV heads, say).
+ATTENTION_HEAVY = PrefillCoefficients(step_s=0.003, per_token_s=1e-6, per_pair_s=5e-9)
+
+
+def one_shape_policy(engine: PrefillCoefficients) -> tuple[RestorePolicy, float]:
+    """A policy whose engine has prefilled only 8k prompts from token 0 (its steps cannot
+    tell per-token from attention cost), and what it predicts one such prompt to cost."""
+    model = PrefillModel()
+    for _ in range(8):
+        model.observe_step([(0, 8192)], engine.step_seconds([(0, 8192)]))
+    return RestorePolicy(PolicySettings(), model, FakeClock()), model.recompute_seconds(0, 8192)
+
+
+def measured_tier(policy: RestorePolicy, name: str, seconds_per_byte: float) -> None:
+    policy.add_tier(name)
+    for nbytes in (2 << 20, 32 << 20, 256 << 20, 4 * GIB):
+        policy.observe_load(name, nbytes, nbytes * seconds_per_byte)
+
+
+@pytest.mark.parametrize(
+    ("engine", "tokens", "restore_in_8k_prompts", "restored"),
+    [
+        (ATTENTION_HEAVY, 2048, 1 / 8, False),  # a 2k prompt: 1/16 of an 8k one, or 1/4
+        (ENGINE, 32768, 6.0, False),  # a 32k prompt: 4 times an 8k one, or 16 times
+        (ENGINE, 32768, 2.0, True),
+    ],
+    ids=["2k-refused", "32k-refused", "32k-restored"],
+)
+def test_after_steps_of_one_shape_a_restore_must_beat_the_cheaper_split(
+    engine, tokens, restore_in_8k_prompts, restored
+):
+    """Steps of 8k prompts alone cannot say how much of their cost is attention, so they
+    cannot say whether another length costs more or less than in proportion. A restore is
+    taken only if it beats the cheaper of the two: never one slower than recompute."""
+    policy, eight_k = one_shape_policy(engine)
+    nbytes = tokens * TOKEN_BYTES
+    measured_tier(policy, "disk", restore_in_8k_prompts * eight_k / nbytes)
+    decision = policy.decide("disk", 0, tokens, nbytes)
+    cheaper = min(tokens / 8192, (tokens / 8192) ** 2) * eight_k
+    assert decision.recompute_s == pytest.approx(cheaper, rel=0.01)
+    assert decision.restore is restored
+    truth = engine.per_token_s * tokens + engine.per_pair_s * attended_pairs(0, tokens)
+    assert decision.recompute_s <= truth
+
+
+def test_a_hit_in_a_chain_is_weighed_by_what_restoring_it_saves():
+    """An 8k prompt whose first half a fast tier holds and its second a slow one, after steps
+    of 8k prompts alone: restoring the first half saves a quarter of the prompt if all of
+    its cost is attention, half if none is. It is weighed at the quarter, so a restore that
+    takes a third of the prompt is refused (at the half it would have been taken)."""
+    policy, eight_k = one_shape_policy(ENGINE)
+    nbytes = 4096 * TOKEN_BYTES
+    measured_tier(policy, "disk", eight_k / 3 / nbytes)
+    measured_tier(policy, "slow", 100 * eight_k / nbytes)
+    chain = [TierHit("disk", 4096, nbytes), TierHit("slow", 4096, nbytes)]
+    assert policy.prefill.recompute_seconds(0, 4096) == pytest.approx(eight_k / 4)
+    assert policy.prefill.recompute_seconds(4096, 4096) == pytest.approx(eight_k / 2)
+    assert not policy.decide_chain(0, chain, queued=False).restore
+
+
 def test_the_prior_is_conservative():
     # Never measured: a tier that is in truth fast enough (20 GB/s vs an engine at 25 us per
     # token) is still refused, and the prefill prior predicts recompute faster than it is.

@@ -25,6 +25,16 @@ decision: an underestimate of recompute can only refuse a restore that would hav
 never choose one that is slower than recompute. The first measured prompt step replaces it;
 ``calibrate`` seeds it from a short calibration run before the first request.
 
+**Steps all of one shape.** A step's cost pins ``b + c * r`` per token, where ``r`` is the
+mean position its tokens attend up to (``mean_attended_position``). While every step the model
+learned from has about the same ``r`` (an engine whose prompts are all one length, never
+chunked), the steps cannot tell ``b`` from ``c``: the fit then splits them by its prior, which
+once put the whole cost on attention, 4x too cheap at a quarter of the length and 4x too dear
+at four times it. So when the positions measured span less than ``SPLIT_SPAN``, a recompute
+is predicted as the cheaper of the two splits that agree with the steps: no attention growth
+beyond the longest position measured, and all of it below the shortest. That errs towards
+recomputing, which costs a missed gain at worst; one prompt of another length ends it.
+
 **Recent steps.** The model keeps its last ``KEPT_STEPS`` measured steps (``recent_steps``), so
 an earlier process's measurements can be replayed into a fresh one (``observe_step`` on each,
 oldest first: they then fade under new measurements like any other). The fit itself keeps only
@@ -53,10 +63,21 @@ _PRIOR_POINTS = ((0, 128), (0, 2048), (0, 16384), (8192, 8192), (30720, 2048))
 #: step weighs less than a quarter of the newest one.
 KEPT_STEPS = 64
 
+#: How far apart (longest over shortest) the mean attended positions of the measured steps
+#: must lie for the fit to tell the per-token cost from the attention cost (module
+#: docstring, "Steps all of one shape"). Prompts of 2k and 8k tokens (4x) do; 6k and 8k do not.
+SPLIT_SPAN = 2.0
+
 
 def attended_pairs(cached: int, new: int) -> float:
     """Query-key pairs of causal attention for ``new`` tokens after ``cached`` ones."""
     return new * (2 * cached + new) / 2
+
+
+def mean_attended_position(segments: Sequence[tuple[int, int]]) -> float:
+    """Attended pairs per new token of a step: how far back its tokens attend, on average."""
+    tokens = sum(n for _, n in segments)
+    return sum(attended_pairs(m, n) for m, n in segments) / tokens
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,11 @@ class PrefillModel:
         self._recent: deque[MeasuredStep] = deque(maxlen=KEPT_STEPS)
         #: Longest context (cached + new tokens) of a calibration sample; 0 without one.
         self._calibrated_reach = 0
+        #: Mean attended positions of the calibration samples (module docstring).
+        self._calibrated_positions: tuple[float, ...] = ()
+        #: The positions measured, (shortest, longest), while they span less than
+        #: ``SPLIT_SPAN``; None when they span more or nothing was measured.
+        self._narrow: tuple[float, float] | None = None
         #: Steps used since the model was made (replayed ones included); only grows.
         self.observed = 0
 
@@ -167,6 +193,13 @@ class PrefillModel:
         """Predicted seconds of one step computing these ``(cached, new)`` segments."""
         return self.coefficients().step_seconds(segments)
 
+    @property
+    def split_known(self) -> bool:
+        """False while the steps measured cannot tell the per-token cost from the attention
+        cost (module docstring, "Steps all of one shape"); recomputes are then predicted low."""
+        self.coefficients()
+        return self._narrow is None
+
     def recompute_seconds(self, cached: int, new: int) -> float:
         """Predicted extra seconds to compute tokens ``[cached, cached + new)`` of a prompt.
 
@@ -176,15 +209,29 @@ class PrefillModel:
         if new <= 0:
             return 0.0
         c = self.coefficients()
-        seconds = c.per_token_s * new + c.per_pair_s * attended_pairs(cached, new)
-        if self.max_step_tokens is not None:
-            seconds += c.step_s * (new // self.max_step_tokens)
-        return seconds
+        position = attended_pairs(cached, new) / new
+        if self._narrow is not None:
+            shortest, longest = self._narrow
+            if position > longest:  # no attention growth beyond what was measured
+                position = longest
+            elif position < shortest:  # all of the cost is attention
+                scale = position / shortest
+                position = shortest
+                return self._chunk_steps(c, new) + scale * new * (
+                    c.per_token_s + c.per_pair_s * position
+                )
+        return self._chunk_steps(c, new) + new * (c.per_token_s + c.per_pair_s * position)
+
+    def _chunk_steps(self, c: PrefillCoefficients, new: int) -> float:
+        if self.max_step_tokens is None:
+            return 0.0
+        return c.step_s * (new // self.max_step_tokens)
 
     def most_seconds_per_token(self, max_tokens: int) -> float:
         """The most one token of a prompt of at most ``max_tokens`` tokens can add to a
         recompute: the last one's (attention grows with position), with its share of the extra
-        steps chunked prefill takes. No hit in such a prompt costs more per token."""
+        steps chunked prefill takes. No hit in such a prompt costs more per token (nor while
+        the split is unknown: ``recompute_seconds`` then predicts less than the fit)."""
         c = self.coefficients()
         seconds = c.per_token_s + c.per_pair_s * attended_pairs(max(max_tokens - 1, 0), 1)
         if self.max_step_tokens is not None:
@@ -228,6 +275,7 @@ class PrefillModel:
             raise ConfigError("policy: calibrate() needs (cached, new, seconds) with new, s > 0")
         self._fit.set_prior(rows, float(len(rows)) if weight is None else weight)
         self._calibrated_reach = max(m + n for m, n, _ in used)
+        self._calibrated_positions = tuple(mean_attended_position([(m, n)]) for m, n, _ in used)
         self._stale = True
         return self.coefficients()
 
@@ -239,6 +287,11 @@ class PrefillModel:
             # previous per-token figures rather than predict free recompute.
             per_token, per_pair = self._coef.per_token_s, self._coef.per_pair_s
         self._coef = PrefillCoefficients(step, per_token, per_pair)
+        positions = [mean_attended_position(step.segments) for step in self._recent]
+        positions += self._calibrated_positions
+        self._narrow = None
+        if positions and max(positions) < SPLIT_SPAN * min(positions):
+            self._narrow = (min(positions), max(positions))
         self._stale = False
 
 

@@ -444,9 +444,11 @@ class RestorePolicy:
                 restored_s += restore[j - 1]
                 if queued:
                     reached = max(reached, self._backlog.wait_s(hit.tier, now))
-                rest = self.prefill.recompute_seconds(
-                    cached_tokens + restored_tokens, total - restored_tokens
-                )
+                # The rest is what the restored part does not save, so that a prediction of
+                # recompute that is not linear (the prefill split unknown) is still weighed
+                # on the part restored: predicted low there, so never for a restore.
+                saved = self.prefill.recompute_seconds(cached_tokens, restored_tokens)
+                rest = max(recompute_all - saved, 0.0)
                 factor = self._factor(((h.tier, h.nbytes) for h in hits[:j]), context_end)
                 margin = max(margin, factor)
                 cost = reached + factor * restored_s + rest
