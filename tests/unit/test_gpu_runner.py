@@ -170,7 +170,7 @@ def test_phase_a_stores_a_second_prompt_of_each_length_unless_told_not_to(monkey
     fakes = {
         "engine": lambda **where: SimpleNamespace(reset_prefix_cache=lambda: None),
         "run": run,
-        "wait_for_disk": lambda folder="disk": 10**9,
+        "wait_for_disk": lambda timeout_s, server: 10**9,
         "kv_bytes_per_token": lambda: 1,
     }
     for name, fake in fakes.items():
@@ -190,6 +190,30 @@ def test_phase_a_stores_a_second_prompt_of_each_length_unless_told_not_to(monkey
     assert runner.twins() == {}
     monkeypatch.setattr(runner, "kv_bytes_per_token", lambda: 1)
     assert runner.prompts_kv_bytes() == 32 + 64
+
+
+@pytest.mark.parametrize("url", ["", "redis://127.0.0.1:1"])
+def test_phase_a_waits_once_for_the_disk_and_the_server_together(monkeypatch, tmp_path, url):
+    runner = load_runner(monkeypatch, KVTIER_E2E_WORK=str(tmp_path), KVTIER_E2E_LENGTHS="32")
+    monkeypatch.setattr(runner, "SHARED_URL", url or None)
+    waits: list[bool] = []
+
+    def wait_for_disk(timeout_s, server):
+        waits.append(server)
+        return 10**9
+
+    fakes = {
+        "engine": lambda **where: SimpleNamespace(reset_prefix_cache=lambda: None),
+        "run": lambda llm, ids, *params: (0.1, len(ids), [len(ids)]),
+        "wait_for_disk": wait_for_disk,
+        "kv_bytes_per_token": lambda: 1,
+        "shared_bytes": lambda: 2**30,
+    }
+    for name, fake in fakes.items():
+        monkeypatch.setattr(runner, name, fake)
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    assert runner.phase_a()
+    assert waits == [bool(url)]
 
 
 @pytest.mark.parametrize("twin_equal", [True, False])
