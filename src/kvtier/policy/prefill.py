@@ -287,7 +287,7 @@ class PrefillModel:
             # previous per-token figures rather than predict free recompute.
             per_token, per_pair = self._coef.per_token_s, self._coef.per_pair_s
         self._coef = PrefillCoefficients(step, per_token, per_pair)
-        positions = [mean_attended_position(step.segments) for step in self._recent]
+        positions = [mean_attended_position(measured.segments) for measured in self._recent]
         positions += self._calibrated_positions
         self._narrow = None
         if positions and max(positions) < SPLIT_SPAN * min(positions):

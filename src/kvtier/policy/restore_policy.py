@@ -444,9 +444,9 @@ class RestorePolicy:
                 restored_s += restore[j - 1]
                 if queued:
                     reached = max(reached, self._backlog.wait_s(hit.tier, now))
-                # The rest is what the restored part does not save, so that a prediction of
-                # recompute that is not linear (the prefill split unknown) is still weighed
-                # on the part restored: predicted low there, so never for a restore.
+                # What a restore saves is the recompute of its own tokens. Weighed on those
+                # alone, a prediction that is not linear (the prefill split unknown) stays
+                # low, so it can never tip a verdict towards restoring.
                 saved = self.prefill.recompute_seconds(cached_tokens, restored_tokens)
                 rest = max(recompute_all - saved, 0.0)
                 factor = self._factor(((h.tier, h.nbytes) for h in hits[:j]), context_end)
