@@ -74,10 +74,16 @@ def attended_pairs(cached: int, new: int) -> float:
     return new * (2 * cached + new) / 2
 
 
+def tokens_and_pairs(segments: Sequence[tuple[int, int]]) -> tuple[int, float]:
+    """New tokens and attended pairs of one step's ``(cached, new)`` segments."""
+    tokens = sum(n for _, n in segments)
+    return tokens, sum(attended_pairs(m, n) for m, n in segments)
+
+
 def mean_attended_position(segments: Sequence[tuple[int, int]]) -> float:
     """Attended pairs per new token of a step: how far back its tokens attend, on average."""
-    tokens = sum(n for _, n in segments)
-    return sum(attended_pairs(m, n) for m, n in segments) / tokens
+    tokens, pairs = tokens_and_pairs(segments)
+    return pairs / tokens
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,7 @@ class PrefillCoefficients:
 
     def step_seconds(self, segments: Sequence[tuple[int, int]]) -> float:
         """Predicted seconds of one step computing ``(cached, new)`` segments."""
-        tokens = sum(n for _, n in segments)
-        pairs = sum(attended_pairs(m, n) for m, n in segments)
+        tokens, pairs = tokens_and_pairs(segments)
         return self.step_s + self.per_token_s * tokens + self.per_pair_s * pairs
 
 
@@ -121,8 +126,7 @@ DEFAULT_PREFILL_PRIOR = PrefillCoefficients(step_s=0.0, per_token_s=5e-6, per_pa
 
 
 def _features(segments: Sequence[tuple[int, int]]) -> tuple[float, float, float]:
-    tokens = sum(n for _, n in segments)
-    pairs = sum(attended_pairs(m, n) for m, n in segments)
+    tokens, pairs = tokens_and_pairs(segments)
     return (1.0, tokens / _TOKENS_UNIT, pairs / _PAIRS_UNIT)
 
 
@@ -209,18 +213,14 @@ class PrefillModel:
         if new <= 0:
             return 0.0
         c = self.coefficients()
-        position = attended_pairs(cached, new) / new
+        position, scale = attended_pairs(cached, new) / new, 1.0
         if self._narrow is not None:
             shortest, longest = self._narrow
             if position > longest:  # no attention growth beyond what was measured
                 position = longest
             elif position < shortest:  # all of the cost is attention
-                scale = position / shortest
-                position = shortest
-                return self._chunk_steps(c, new) + scale * new * (
-                    c.per_token_s + c.per_pair_s * position
-                )
-        return self._chunk_steps(c, new) + new * (c.per_token_s + c.per_pair_s * position)
+                position, scale = shortest, position / shortest
+        return self._chunk_steps(c, new) + scale * new * (c.per_token_s + c.per_pair_s * position)
 
     def _chunk_steps(self, c: PrefillCoefficients, new: int) -> float:
         if self.max_step_tokens is None:
