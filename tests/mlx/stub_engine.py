@@ -151,6 +151,10 @@ class StubEngine:
         )
         self.requests: dict[str, RequestState] = {}
         self.added: list[str] = []
+        #: The block hash of each request's first block (the key of its first record).
+        self.first_block_hash: dict[str, bytes] = {}
+        #: The block table each finished request had.
+        self.block_tables: dict[str, list[int]] = {}
         self.finished: dict[str, list[int]] = {}
         #: Tokens vLLM reported already computed when it first scheduled a request.
         self.first_computed: dict[str, int] = {}
@@ -171,6 +175,7 @@ class StubEngine:
         )
         self.scheduler.add_request(request)
         self.added.append(request_id)
+        self.first_block_hash[request_id] = bytes(request.block_hashes[0])
 
     def step(self) -> bool:
         """One engine step; whether any token was computed."""
@@ -201,13 +206,9 @@ class StubEngine:
             state = self.requests[req_id]
             self.check_computed(req_id, state)
             positions = np.arange(state.computed, state.computed + count)
-            tokens = np.asarray(state.tokens)[positions]
-            for layer in range(self.shape.num_layers):
-                k, v = expected_kv(layer, tokens, positions, self.shape)
-                self.cache.write(layer, state.block_table, positions, k, v)
+            token = self.forward(req_id, state, positions)
             state.computed += count
             if state.computed >= len(state.tokens):
-                token = int((state.tokens[-1] * 31 + state.computed) % (VOCAB - 1))
                 state.tokens.append(token)
                 sampled[req_id] = [token]
             else:
@@ -233,7 +234,16 @@ class StubEngine:
                 if output.finish_reason is not None:
                     state = self.requests.pop(output.request_id)
                     self.finished[output.request_id] = state.tokens[state.prompt_len :]
+                    self.block_tables[output.request_id] = state.block_table
         return out.total_num_scheduled_tokens > 0
+
+    def forward(self, req_id: str, state: RequestState, positions: np.ndarray) -> int:
+        """Compute the KV of the tokens at ``positions`` into the cache; the next token."""
+        tokens = np.asarray(state.tokens)[positions]
+        for layer in range(self.shape.num_layers):
+            k, v = expected_kv(layer, tokens, positions, self.shape)
+            self.cache.write(layer, state.block_table, positions, k, v)
+        return int((state.tokens[-1] * 31 + positions[-1] + 1) % (VOCAB - 1))
 
     def check_computed(self, req_id: str, state: RequestState) -> None:
         """Every computed token's KV, as the engine's attention would read it, is exact."""
