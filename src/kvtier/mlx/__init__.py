@@ -23,3 +23,7 @@ except ImportError as exc:
         f"kvtier: MLX is installed but its backend does not load ({exc}); on Linux install "
         'MLX\'s CPU backend: pip install "mlx[cpu]>=0.32,<0.33"'
     ) from exc
+
+from kvtier.mlx.transfer_config import mlx_transfer_config  # noqa: E402  (after the checks)
+
+__all__ = ["mlx_transfer_config"]
