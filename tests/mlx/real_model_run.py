@@ -140,6 +140,17 @@ def reference(model, shape: CacheShape, prompt: list[int]) -> dict[str, np.ndarr
     return {"tokens": np.array(tokens), "logits": first, "prefix_kv": prefix_kv(cache, table)}
 
 
+def mutated_resume(model, cache: LayerwiseCache, table: list[int], prompt: list[int]) -> np.ndarray:
+    """The tail's next-token logits over a copy of ``cache`` whose prefix has one key changed
+    by 0.01: what the logit comparison must tell from the real resume."""
+    copy = LayerwiseCache(cache.shape)
+    copy.key_caches = [mx.array(a) for a in cache.key_caches]
+    copy.value_caches = [mx.array(a) for a in cache.value_caches]
+    copy.key_caches[0][table[0], 0, 0, 0] += 0.01
+    prefix = PREFIX_BLOCKS * BLOCK
+    return np.array(forward(model, copy, table, prompt[prefix:], prefix))
+
+
 def damage_first_record(disk: Path, first_key: str) -> Path:
     """Flip one payload byte of the record of the prompt's first block; its path."""
     (record,) = [p for p in disk.rglob("*.kvb") if p.name.startswith(first_key)]
@@ -169,10 +180,12 @@ def serve(name: str, folder: Path, model_dir: Path, model, tokenizer, other_firs
             other = tokenizer.encode("A short question about something else entirely, " * 4)
             engine.add("other", other[:OTHER_PROMPT_TOKENS], max_tokens=1)
             engine.run(timeout_s=RUN_TIMEOUT_S)
-        engine.add("prompt", prompt_tokens(tokenizer), max_tokens=MAX_TOKENS)
+        prompt = prompt_tokens(tokenizer)
+        engine.add("prompt", prompt, max_tokens=MAX_TOKENS)
         engine.run(timeout_s=RUN_TIMEOUT_S)
         table = engine.block_tables["prompt"]
         result = {
+            "mutated_logits": mutated_resume(model, engine.cache, table, prompt),
             "tokens": np.array(engine.finished["prompt"]),
             "logits": engine.logits["prompt"],
             "prefix_kv": prefix_kv(engine.cache, table),
@@ -199,6 +212,8 @@ def report(folder: Path) -> None:
             f"{run['tokens'].tolist()}  {run['block_table'][:PREFIX_BLOCKS].tolist()}"
         )
     print(f"reference tokens {reference['tokens'].tolist()}")
+    mutated = float(np.abs(runs["restore"]["mutated_logits"] - reference["logits"]).max())
+    print(f"restore with one prefix key changed by 0.01: max |dlogit| {mutated:.3g}")
     quarantined = sorted(p.name for p in (folder / "disk").rglob("quarantine/*.kvb"))
     print(f"quarantined records: {quarantined}")
 
