@@ -181,3 +181,10 @@ def test_a_layerwise_array_of_another_type_is_refused():
     cache.key_caches[0] = mx.zeros((4, 4, 2, 8), dtype=mx.int32)
     with pytest.raises(ConfigError, match=r"key_caches\[0\] is array mlx.core.int32"):
         cache_slots(cache, MlxKVLayout.LAYERWISE)
+
+
+def test_an_array_list_holding_something_else_is_refused():
+    cache = LayerwiseCache(CacheShape(1, 4, 4, 2, 8))
+    cache.value_caches[0] = np.zeros((4, 4, 2, 8), dtype=np.float32)
+    with pytest.raises(ConfigError, match=r"value_caches\[0\] is ndarray"):
+        cache_slots(cache, MlxKVLayout.LAYERWISE)

@@ -107,7 +107,6 @@ def _array_list(cache: object, attribute: str, layout: MlxKVLayout) -> MutableSe
 def _check_arrays(
     slots: Sequence[ArraySlot], ndim: int, dtypes: Sequence[Any], layout: MlxKVLayout
 ) -> None:
-    blocks = {slot.get().shape[0] if slot.get().ndim else 0 for slot in slots}
     for slot in slots:
         array = slot.get()
         if not isinstance(array, mx.array) or array.ndim != ndim or array.dtype not in dtypes:
@@ -117,6 +116,7 @@ def _check_arrays(
                 f"{getattr(array, 'dtype', '?')} {shape}; the {layout.value!r} layout has "
                 f"{ndim}-dimensional arrays of {', '.join(str(d) for d in dtypes)}"
             )
+    blocks = {slot.get().shape[0] for slot in slots}
     if len(blocks) != 1:
         raise ConfigError(
             f"kvtier: the MLX cache's arrays have different block counts {sorted(blocks)}; one "
