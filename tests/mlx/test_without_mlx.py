@@ -1,11 +1,11 @@
 """Without MLX installed, kvtier imports and works as before; only ``kvtier.mlx`` needs it, and
-importing it then says what to install."""
+importing it then says what to install. ``kvtier.mlx`` never imports vllm-metal."""
 
 import json
 import subprocess
 import sys
 
-from tests.unit.test_import_graph import REPO, SRC
+from tests.unit.test_import_graph import REPO, SRC, modules_under, offenders
 
 #: Stands in for a machine without MLX: ``import mlx`` fails and ``find_spec`` finds nothing,
 #: as when it is not installed (others probe for it: transformers does, inside vLLM's import).
@@ -55,3 +55,9 @@ def test_importing_kvtier_mlx_without_mlx_names_the_extra():
         "kvtier: kvtier's MLX data plane (kvtier.mlx) needs mlx: pip install "
         '"mlx>=0.32,<0.33" (kvtier\'s [mlx] extra)',
     ]
+
+
+def test_kvtier_mlx_imports_nothing_from_vllm_metal():
+    files = modules_under(SRC / "kvtier" / "mlx")
+    assert "kvtier.mlx.worker" in files
+    assert offenders(files, ("vllm_metal",)) == {}
