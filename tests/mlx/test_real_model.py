@@ -30,7 +30,7 @@ def run_phase(phase: str, folder: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # a phase under heavy load; its engines give up first (RUN_TIMEOUT_S)
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
