@@ -13,6 +13,7 @@ from kvtier.vllm.lookup_decider import (
     make_policy,
 )
 from kvtier.vllm.step_clock import StepClock
+from tests.support.releases import API025, API032
 
 TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token
 
@@ -253,8 +254,8 @@ def test_the_prefill_gauge_states_the_whole_prefill_cost_and_zero_until_measured
 HALF_SPEED = RestorePrior(bandwidth_bytes_per_s=2.3e8, latency_s=0.001)
 
 
-@pytest.mark.parametrize("native_context", [True, False], ids=["positions", "no-positions"])
-def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(native_context):
+@pytest.mark.parametrize("has_positions", [True, False], ids=["positions", "no-positions"])
+def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(has_positions):
     """Alone, each would be recomputed (the disk loses). Collected in one step and decided
     together in the scheduler's order, the first ones are restored (their loads start at
     once) while the engine prefills the others. Also on vLLM 0.25.1, which records no key
@@ -263,7 +264,13 @@ def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(nat
     policy = make_policy(True, clock)
     policy.add_tier("disk", HALF_SPEED, via="host")
     d = TierDecider(
-        policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=native_context
+        policy,
+        "disk",
+        TOKENS,
+        ROW,
+        clock,
+        observes_prefill=True,
+        release=API032 if has_positions else API025,
     )
     measure_prefill(d, clock, 1e-4)
     contexts = [request(16, first=100 * (r + 1)) for r in range(8)]
@@ -340,7 +347,7 @@ def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:
         ROW,
         clock,
         observes_prefill=True,
-        native_context=False,
+        release=API025,
         step_clock=steps,
     )
     chunks, per_chunk, chunk_s = 4, 64, 0.5

@@ -1,7 +1,5 @@
 """The shared tier's vLLM side without a server: composite store, remote lookups, settings."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from vllm.utils.hashing import sha256
@@ -27,7 +25,7 @@ from tests.support.store import (
     make_namespace,
     payload_of,
 )
-from tests.support.tiers import offloading_config
+from tests.support.tiers import offloading_config, stock_spec
 from tests.support.waiting import wait_until
 
 ROWS, ROW_BYTES = 8, 8192
@@ -68,7 +66,7 @@ def tier(tmp_path):
     init_none_hash(sha256)
     remote = FakeRemoteStore()
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     made = KvtierSharedTier(
         spec,
         memoryview(pool),
@@ -110,7 +108,7 @@ def bounded_tier(tmp_path, store) -> KvtierSharedTier:
     """A tier over ``store`` whose queue holds at most 2 blocks."""
     init_none_hash(sha256)
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     return KvtierSharedTier(
         spec,
         memoryview(pool),
@@ -173,7 +171,7 @@ def shared_or_disk_tier(tmp_path, kind: str, **options) -> KvtierSharedTier | Kv
     with ``shared`` options; ``options``: the server's."""
     init_none_hash(sha256)
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     server = {"url": "redis://127.0.0.1:1", **options}
     if kind == "shared":
         return KvtierSharedTier(
@@ -209,7 +207,7 @@ def test_stores_waiting_for_the_server_hold_at_most_half_the_host_pool_unless_se
 def test_a_disk_tier_alone_never_bounds_its_stores(tmp_path):
     init_none_hash(sha256)
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     made = KvtierDiskTier(
         spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
     )
@@ -227,7 +225,7 @@ def test_a_bad_server_queue_bound_refuses_start_up_naming_it(bad):
 
 def test_bad_shared_options_refuse_start_up(tmp_path):
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     with pytest.raises(ConfigError, match="op_timeout_s"):
         KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", op_timeout_s=0)
 
@@ -237,14 +235,14 @@ def test_an_unreachable_server_refuses_start_up(tmp_path):
         raise ConfigError("shared tier: cannot reach url=redis://h:1")
 
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     with pytest.raises(ConfigError, match="url"):
         KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", check=unreachable)
 
 
 def test_credentials_never_appear_in_the_tier_description(tmp_path):
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     made = KvtierSharedTier(
         spec, memoryview(pool), "t", url="redis://kv:s3cret@cache:6379/0",
         store_factory=lambda s, n: FakeRemoteStore(), check=lambda s, r: None,
@@ -280,7 +278,7 @@ def test_the_password_variable_reaches_the_store_but_never_the_settings(monkeypa
 def test_a_bad_kvtier_variable_refuses_the_tiers_start_up(tmp_path, monkeypatch):
     monkeypatch.setenv("KVTIER_LOG_LEVEL", "loud")
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     with pytest.raises(ConfigError, match=r"KVTIER_LOG_LEVEL='loud': .*use one of DEBUG, INFO"):
         KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", check=lambda s, r: None)
 

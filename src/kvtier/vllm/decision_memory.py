@@ -9,7 +9,7 @@ keeps the policy's evidence beside its records, ``<disk_dir>/<namespace>/decisio
 
 * **At open** (the tier's opener thread, before any lookup can see the store), the file is read
   and, if it is this namespace's, of this format version and measured on this device
-  (``compat.device_description``), replayed into the policy (``RestorePolicy.adopt``): the
+  (``Release.device_description``), replayed into the policy (``RestorePolicy.adopt``): the
   decision weighs the first request's hits. A missing file starts unmeasured; a damaged,
   foreign or old one is ignored with one warning and counted (metric
   ``kvtier:decision_evidence_files{outcome="ignored"}``); nothing here ever fails the engine.

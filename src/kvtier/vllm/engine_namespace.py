@@ -1,7 +1,7 @@
 """The disk tier's namespace for one engine: what must match for stored KV to be reused.
 
 Built from vLLM's ``OffloadingConfig`` or its shape on releases without one
-(``kvtier.vllm.compat.offloading_view``: model, KV dtype, groups and their layers, tokens per
+(``Release.offloading_view``: model, KV dtype, groups and their layers, tokens per
 block and per hash, bytes per worker and chunk), the KV slices a record holds
 (``kvtier.vllm.row_layout``: the head slices of the ranks, not the world size and rank, so
 engines of different tensor-parallel sizes whose ranks hold the same slices share records),
@@ -120,7 +120,7 @@ def block_hash_identity() -> str:
 
 
 def build_namespace(config: Any, layout: RowLayout) -> Namespace:
-    """``config``: 0.32's ``OffloadingConfig`` or its shape (``compat.offloading_view``);
+    """``config``: vLLM's ``OffloadingConfig`` or its shape (``Release.offloading_view``);
     ``layout``: its rows' (``engine_row_layout``). Nothing here depends on the world size or
     the rank except through ``layout``, where the slices could not be named by heads."""
     shape = model_shape(config.model.name)

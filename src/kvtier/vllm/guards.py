@@ -8,7 +8,8 @@ collects the values from vLLM and calls them:
 guard                         runs in                      reads
 ============================  ==========================  ===================================
 ``kvtier.settings``           every spec (both roles)      kvtier's options and tier entries
-``check_connector_options``   every spec                   ``kv_connector_extra_config``
+``check_tiering_options``     every spec                   ``kv_connector_extra_config``
+``check_cpu_data_plane_options``  the CPU spec         ``kv_connector_extra_config``
 ``check_hash_stability``      worker spec ``__init__``     vLLM config (hash algorithm), env
 ``check_kv_dtypes``           worker spec ``__init__``     attention layers' KV dtypes
 ``check_group_kinds``         worker spec ``__init__``     attention layers' KV cache specs
@@ -35,14 +36,18 @@ STABLE_HASH_ALGOS = frozenset({"sha256", "sha256_cbor"})
 VOLATILE_TIER_TYPES = frozenset({"example"})
 
 
-def check_connector_options(extra: Mapping[str, Any]) -> None:
-    """Refuse upstream connector options the CPU data plane or the tiering spec cannot honour."""
+def check_cpu_data_plane_options(extra: Mapping[str, Any]) -> None:
+    """Refuse upstream connector options kvtier's CPU data plane cannot honour."""
     if extra.get("canonical_layout"):
         raise ConfigError(
             f"kvtier: canonical_layout={extra['canonical_layout']!r} is not supported by the "
             "CPU data plane (it copies each rank's own pages); remove canonical_layout from "
             "kv_connector_extra_config"
         )
+
+
+def check_tiering_options(extra: Mapping[str, Any]) -> None:
+    """Refuse upstream connector options vLLM's tiering spec cannot honour (every platform)."""
     threshold = extra.get("store_threshold", 0)
     try:
         threshold_value = int(threshold)
@@ -73,12 +78,11 @@ def check_hash_stability(
 ) -> None:
     """Refuse a persistent tier under block hashes that change with every process.
 
-    vLLM seeds its block-hash chain (``NONE_HASH``) from ``PYTHONHASHSEED`` when set; otherwise
-    (0.32) from a fixed seed for sha256/sha256_cbor, and from ``os.urandom`` for
-    xxhash/xxhash_cbor, or (0.25.1: ``stable_algos`` empty, ``kvtier.vllm.compat``) from
-    ``os.urandom`` for every algorithm. With a random seed every restart, and every engine
-    process, computes other keys: the disk tier would fill with blocks no later process can
-    find, silently.
+    vLLM seeds its block-hash chain (``NONE_HASH``) from ``PYTHONHASHSEED`` when set; otherwise from
+    a fixed seed for the algorithms in ``stable_algos`` (``Release.stable_hash_algos``:
+    sha256/sha256_cbor on API 0.32, none on API 0.25) and from ``os.urandom`` for the others. With a
+    random seed every restart, and every engine process, computes other keys: the disk tier would
+    fill with blocks no later process can find, silently.
     """
     if not tier_types or hash_algo in stable_algos or pythonhashseed is not None:
         return

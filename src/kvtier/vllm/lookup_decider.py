@@ -73,15 +73,14 @@ still prefilling comes a chunk or more after its blocks were computed
 several requests per step the time is shared and the fit leans towards slower prefill, i.e.
 towards restoring; deadlines still bound a slow tier.
 
-Where vLLM records no key positions and keeps no per-request state (0.25.1, CUDA;
-``kvtier.vllm.compat``), the plan lives on the request context as an attribute, a request's
-stored blocks are counted from its start (they reach the tier in order) and a hit is weighed as
-if it began the prompt (``M`` = 0). Both err the same small way for a request that had a
-prefix hit: its prefill evidence reads a little slow (towards restoring) and its recompute
-estimate a little cheap (towards recomputing), so the two partly cancel; steps 1 and 2 need
-positions and are skipped there, so every decided hit costs the one step of case 3 unless
-the converse of step 2 refuses it at once (which needs only ``max_model_len``).
-``PREFILL_EVIDENCE`` says which applies, in the engine's start-up line.
+Where vLLM records no key positions and keeps no per-request state (``Release.has_key_positions``
+false), the plan lives on the request context as an attribute, a request's stored blocks are counted
+from its start (they reach the tier in order) and a hit is weighed as if it began the prompt (``M``
+= 0). Both err the same small way for a request that had a prefix hit: its prefill evidence reads a
+little slow (towards restoring) and its recompute estimate a little cheap (towards recomputing), so
+the two partly cancel; steps 1 and 2 need positions and are skipped there, so every decided hit
+costs the one step of case 3 unless the converse of step 2 refuses it at once (which needs only
+``max_model_len``). ``prefill_evidence`` says which applies, in the engine's start-up line.
 """
 
 from __future__ import annotations
@@ -96,24 +95,21 @@ from dataclasses import dataclass, field
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 
 from kvtier.policy import BatchHit, Decision, RestorePolicy
-from kvtier.vllm.compat import (
-    HAS_KEY_POSITIONS,
-    get_request_state,
-    key_position,
-    key_positions,
-    set_request_state,
-)
+from kvtier.vllm.release import Release, current
 from kvtier.vllm.step_clock import StepClock
 
 logger = logging.getLogger(__name__)
 
-#: How the decision learns the engine's prefill cost on the installed vLLM (start-up line).
-PREFILL_EVIDENCE = (
-    "prefill timed from the engine's store jobs at vLLM's key positions"
-    if HAS_KEY_POSITIONS
-    else "prefill timed from the engine's store jobs; no key positions in this vLLM: "
-    "blocks counted from each request's start, hits weighed as at the prompt's start"
-)
+
+def prefill_evidence(release: Release) -> str:
+    """How the decision learns the engine's prefill cost on ``release`` (start-up line)."""
+    if release.has_key_positions:
+        return "prefill timed from the engine's store jobs at vLLM's key positions"
+    return (
+        "prefill timed from the engine's store jobs; no key positions in this vLLM: "
+        "blocks counted from each request's start, hits weighed as at the prompt's start"
+    )
+
 
 #: The ``kv_transfer_params`` key by which a request opts out of the decision (``false``).
 REQUEST_DECISION_KEY = "kvtier_restore_decision"
@@ -172,21 +168,22 @@ class TierDecider:
         row_bytes: int,
         clock: Callable[[], float],
         observes_prefill: bool,
-        native_context: bool = HAS_KEY_POSITIONS,
+        release: Release | None = None,
         max_tokens: int | None = None,
         step_clock: StepClock | None = None,
     ) -> None:
-        """``native_context``: vLLM's request context keeps kvtier's state and every key's
-        position (0.32); else kvtier keeps the state on the context and counts positions
-        itself (0.25.1, see ``PREFILL_EVIDENCE``). ``max_tokens``: the longest prompt the
-        engine takes, where the tier cannot see a request's keys ahead (0.25.1); None where
+        """``release`` (default: the installed one): where its request context records
+        every key's position (``has_key_positions``) the plan reads them; else kvtier counts
+        positions itself (``prefill_evidence``). ``max_tokens``: the longest prompt the
+        engine takes, where the tier cannot see a request's keys ahead; None where
         it can or where it is not known. ``step_clock``: when the engine computed each stored
         block (read only by the tier that ``observes_prefill``); None: a store job is timed
         to its arrival."""
         self.policy = policy
         self._step_clock = step_clock
         self._max_tokens = max_tokens
-        self._native = native_context
+        self._release = current() if release is None else release
+        self._native = self._release.has_key_positions
         self.tier = tier
         self.tokens_per_key = max(tokens_per_key, 1)
         self.row_bytes = row_bytes
@@ -203,10 +200,10 @@ class TierDecider:
         self._warned_bad_param = False
 
     def _plan(self, ctx: ReqContext) -> _Plan:
-        slot = get_request_state(ctx, _PlanSlot, self._native)
+        slot = self._release.get_request_state(ctx, _PlanSlot)
         if slot is None:
             slot = _PlanSlot()
-            set_request_state(ctx, slot, self._native)
+            self._release.set_request_state(ctx, slot)
         return slot.by_tier.setdefault(self.tier, _Plan())
 
     def on_lookup(self, ctx: ReqContext) -> None:
@@ -235,7 +232,7 @@ class TierDecider:
         if self.policy.prefill.evidence < MIN_PREFILL_EVIDENCE:
             self._settle(plan, True, "unmeasured")
             return LookupResult.HIT
-        position = key_position(ctx, key, self._native)
+        position = self._release.key_position(ctx, key)
         if not plan.keys:
             run = None if holds is None else self._held_run(key, ctx, holds)
             if run is not None:
@@ -287,12 +284,12 @@ class TierDecider:
         tokens, keys, whether the run ended at a block not held or at the request's last
         recorded block); None without recorded positions.
 
-        Reads ``ReqContext._offload_key_positions`` (vLLM 0.32: every key of the request,
-        recorded by ``update_offload_keys`` before the lookups; tests/vllm/test_vllm_contract.py
-        pins it). A gap in the positions (a group with other spacing) ends the run as not
-        ended: the rest is unknown, so the caller does not refuse on it.
+        Reads the request's recorded key positions (``Release.key_positions``: every key of the
+        request, recorded by vLLM's ``update_offload_keys`` before the lookups). A gap in the
+        positions (a group with other spacing) ends the run as not ended: the rest is unknown, so
+        the caller does not refuse on it.
         """
-        positions = key_positions(ctx, self._native)
+        positions = self._release.key_positions(ctx)
         if positions is None:
             return None
         start = positions.get(key)
@@ -434,10 +431,10 @@ class TierDecider:
             now = min(computed, now)  # the job arrived steps after the engine computed it
         plan = self._plan(ctx)
         if self._native:
-            positions = [p for k in keys if (p := key_position(ctx, k, True)) is not None]
+            positions = [p for k in keys if (p := self._release.key_position(ctx, k)) is not None]
         else:
             # No positions recorded: count the request's stored blocks from its start (they
-            # arrive in order), so its cached prefix is taken as 0 (see PREFILL_EVIDENCE).
+            # arrive in order), so its cached prefix is taken as 0 (see prefill_evidence).
             first = plan.stored_end or 0
             positions = [first + (i + 1) * self.tokens_per_key for i in range(len(keys))]
         if not positions:

