@@ -27,13 +27,13 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 import kvtier
 from kvtier.errors import ConfigError
+from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.regions import region_path
+from kvtier.runtime.step_timed_manager import StepTimedManager
 from kvtier.vllm.cuda_spec import KvtierCudaSpec
-from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.lookup_decider import prefill_evidence
-from kvtier.vllm.regions import region_path
 from kvtier.vllm.release import current
-from kvtier.vllm.step_timed_manager import StepTimedManager
 
 
 def offloading_config(tmp_path, engine_id):

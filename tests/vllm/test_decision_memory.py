@@ -12,17 +12,17 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvtier.policy import RestorePrior
-from kvtier.store.disk.layout import DECISION_FILE
-from kvtier.vllm.decision_memory import (
+from kvtier.runtime.decision_memory import (
     SAVE_EVERY_MEASUREMENTS,
     SAVE_INTERVAL_S,
     UNMEASURED,
     DecisionMemory,
 )
+from kvtier.runtime.startup_line import StartupLine
+from kvtier.store.disk.layout import DECISION_FILE
 from kvtier.vllm.engine_context import EngineContext
 from kvtier.vllm.lookup_decider import TierDecider, make_policy
 from kvtier.vllm.release import current
-from kvtier.vllm.startup_line import StartupLine
 from tests.vllm.test_lookup_decider import ROW, TOKENS, Clock, ask, measure_prefill, request
 
 NS = "0123456789abcdef0123456789abcdef"

@@ -3,7 +3,7 @@
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.vllm.guards import (
+from kvtier.runtime.guards import (
     check_cpu_data_plane_options,
     check_group_kinds,
     check_hash_stability,

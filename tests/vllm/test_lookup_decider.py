@@ -4,6 +4,7 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from kvtier.policy import RestorePrior
+from kvtier.runtime.step_clock import StepClock
 from kvtier.vllm.lookup_decider import (
     CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
     HOST_COPY_PRIOR_BYTES_PER_S,
@@ -12,7 +13,6 @@ from kvtier.vllm.lookup_decider import (
     TierDecider,
     make_policy,
 )
-from kvtier.vllm.step_clock import StepClock
 from tests.support.releases import API025, API032
 
 TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token

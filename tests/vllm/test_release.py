@@ -14,8 +14,8 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from kvtier.errors import ConfigError
 from kvtier.format import Namespace
 from kvtier.policy import RestorePrior
+from kvtier.runtime.guards import check_hash_stability
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
-from kvtier.vllm.guards import check_hash_stability
 from kvtier.vllm.lookup_decider import TierDecider, make_policy, prefill_evidence
 from kvtier.vllm.release import current, detect
 from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
@@ -395,7 +395,7 @@ def test_the_device_is_the_platforms_gpu_on_0_25_and_nothing_when_it_cannot_say(
 
 
 def test_steps_in_flight_are_read_from_vllms_config_where_the_spec_sees_it():
-    """kvtier.vllm.step_clock needs how many steps the engine keeps in flight; 0.32's
+    """kvtier.runtime.step_clock needs how many steps the engine keeps in flight; 0.32's
     VllmConfig has the same property as 0.25.1's (pinned by its contract test)."""
     from vllm.config import VllmConfig
 
@@ -403,3 +403,25 @@ def test_steps_in_flight_are_read_from_vllms_config_where_the_spec_sees_it():
     assert API032.steps_in_flight(SimpleNamespace(max_concurrent_batches=2)) == 2
     assert API032.steps_in_flight(SimpleNamespace(max_concurrent_batches=0)) is None
     assert API032.steps_in_flight(None) is None
+
+
+#: Every private attribute of vLLM's that kvtier reads or writes (``Release`` methods), where
+#: vLLM sets it: (module, class, the assignment in its source).
+PRIVATE_ATTRIBUTES = [
+    ("vllm.v1.kv_offload.tiering.spec", "TieringOffloadingSpec", "self._engine_id ="),
+    ("vllm.v1.kv_offload.tiering.spec", "TieringOffloadingSpec", "self._manager"),
+    ("vllm.v1.kv_offload.tiering.spec", "TieringOffloadingSpec", "self._scheduler_mmap ="),
+    ("vllm.v1.kv_offload.cpu.shared_offload_region", "SharedOffloadRegion", "self._creator ="),
+    ("vllm.v1.kv_offload.tiering.factory", "SecondaryTierFactory", "_registry"),
+    ("vllm.v1.kv_offload.base", "ReqContext", "_offload_key_positions"),
+    ("vllm.v1.kv_offload.tiering.manager", "TieringOffloadingManager", "self.secondary_tiers ="),
+]
+
+
+@pytest.mark.parametrize(("module", "cls", "assignment"), PRIVATE_ATTRIBUTES)
+def test_api_0_32_pins_every_vllm_attribute_kvtier_touches(module, cls, assignment):
+    import importlib
+    import inspect
+
+    source = inspect.getsource(getattr(importlib.import_module(module), cls))
+    assert assignment in source, f"{cls} no longer sets {assignment}: update kvtier.vllm.release"

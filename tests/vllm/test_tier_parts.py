@@ -11,10 +11,10 @@ import time
 import pytest
 
 from kvtier.dataplane.abandonable import AbandonableLoad
-from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.vllm.tier_jobs import JobTable, StoresQueued
-from kvtier.vllm.tier_prober import ABSENT_TTL_S, ExistenceProber
-from kvtier.vllm.tier_stats import TierCounters, TierStats
+from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
+from kvtier.runtime.jobs import JobTable, StoresQueued
+from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.runtime.stats import TierCounters, TierStats
 from tests.support.waiting import wait_until
 
 
@@ -383,8 +383,8 @@ def test_the_collaborators_import_neither_vllm_nor_torch():
     """Only the adapter (``store_tier``) meets vLLM, so a version seam touches it alone."""
     code = (
         "import sys\n"
-        "import kvtier.vllm.tier_jobs, kvtier.vllm.tier_opener, kvtier.vllm.tier_prober\n"
-        "import kvtier.vllm.tier_health, kvtier.vllm.tier_stats\n"
+        "import kvtier.runtime.jobs, kvtier.runtime.opener, kvtier.runtime.prober\n"
+        "import kvtier.runtime.health, kvtier.runtime.stats\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))\n"
     )
     out = subprocess.run(

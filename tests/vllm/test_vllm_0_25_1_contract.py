@@ -312,7 +312,7 @@ def test_the_longest_prompt_is_the_model_configs_max_model_len():
 
 
 def test_steps_in_flight_and_when_a_step_is_scheduled_again():
-    """kvtier.vllm.step_clock: a block scheduled in step ``s`` was computed by the time step
+    """kvtier.runtime.step_clock: a block scheduled in step ``s`` was computed by the time step
     ``s + max_concurrent_batches`` is scheduled, because the engine loop pops (waits for) its
     oldest step's output before the queue of steps in flight takes another."""
     config = cls("vllm/config/vllm.py", "VllmConfig")
@@ -343,7 +343,7 @@ def test_steps_in_flight_and_when_a_step_is_scheduled_again():
 
 def test_a_load_to_the_gpu_is_prepared_with_its_keys_and_completed_with_the_same_keys():
     """kvtier's CUDA spec times the host pool's loads from ``prepare_load`` to
-    ``complete_load`` by key (kvtier.vllm.step_timed_manager): the scheduler prepares a
+    ``complete_load`` by key (kvtier.runtime.step_timed_manager): the scheduler prepares a
     request's load with its keys and, once every worker reported the job, completes it with
     that job's keys."""
     sched = cls(SCHED + "scheduler.py", "OffloadingConnectorScheduler")
@@ -359,7 +359,7 @@ def test_a_load_to_the_gpu_is_prepared_with_its_keys_and_completed_with_the_same
 
 
 def test_each_scheduled_step_calls_on_schedule_end_before_preparing_its_stores():
-    """The manager kvtier's CUDA spec wraps (kvtier.vllm.step_timed_manager) sees one
+    """The manager kvtier's CUDA spec wraps (kvtier.runtime.step_timed_manager) sees one
     ``on_schedule_end`` per step, then ``prepare_store`` for the blocks that step computes;
     the blocks accepted are ``keys_to_store``, the ones later cascaded to kvtier's tiers."""
     sched = cls(SCHED + "scheduler.py", "OffloadingConnectorScheduler")
@@ -381,3 +381,18 @@ def test_each_scheduled_step_calls_on_schedule_end_before_preparing_its_stores()
         methods(cls(KV + "tiering/manager.py", "TieringOffloadingManager"))["complete_store"],
     )
     assert "tier.submit_store(job_metadata)" in cascade
+
+
+@pytest.mark.parametrize(
+    ("path", "class_name", "assignment"),
+    [
+        (KV + "tiering/spec.py", "TieringOffloadingSpec", "self._manager"),
+        (KV + "tiering/spec.py", "TieringOffloadingSpec", "self._scheduler_mmap ="),
+        (KV + "cpu/shared_offload_region.py", "SharedOffloadRegion", "self._creator ="),
+        (KV + "tiering/factory.py", "SecondaryTierFactory", "_registry"),
+        (KV + "tiering/manager.py", "TieringOffloadingManager", "self.secondary_tiers ="),
+    ],
+)
+def test_every_private_attribute_the_api_0_25_release_touches(path, class_name, assignment):
+    """What ``kvtier.vllm.release`` reads or writes of vLLM's on API 0.25 (``ReleaseBase``)."""
+    assert assignment in segment(path, cls(path, class_name)), (class_name, assignment)

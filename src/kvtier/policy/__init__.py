@@ -21,6 +21,7 @@ figures behind the defaults in docs/gpu-evidence.md.
 from kvtier.policy.deadline import DeadlineRule
 from kvtier.policy.prefill import (
     DEFAULT_PREFILL_PRIOR,
+    MIN_PREFILL_EVIDENCE,
     MeasuredStep,
     PrefillCoefficients,
     PrefillModel,
@@ -44,6 +45,7 @@ from kvtier.policy.settings import PolicySettings
 __all__ = [
     "DEFAULT_PREFILL_PRIOR",
     "DEFAULT_RESTORE_PRIOR",
+    "MIN_PREFILL_EVIDENCE",
     "AdoptedEvidence",
     "BatchHit",
     "Clock",

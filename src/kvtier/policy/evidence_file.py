@@ -5,7 +5,7 @@ which served those prompts and timed its prefill (and its loads) while doing so.
 that restarts reads the disk exactly when its own policy knows nothing yet, so the earlier
 process's measurements are kept with the data and replayed at start-up
 (``RestorePolicy.adopt``). This module is the file's format; the adapter decides where it lives
-and when it is written (``kvtier.vllm.decision_memory``).
+and when it is written (``kvtier.runtime.decision_memory``).
 
 A file applies only to the engine that wrote it: the same namespace (model, weights, KV
 layout, block-hash seed, parallel layout), the same format version and the same device

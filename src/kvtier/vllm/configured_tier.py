@@ -118,7 +118,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
 
     @staticmethod
     def drain_deadline_s(settings: Any) -> float:
-        """How long ``shutdown`` lets transfers go on (see ``kvtier.vllm.tier_jobs``)."""
+        """How long ``shutdown`` lets transfers go on (see ``kvtier.runtime.jobs``)."""
         return DRAIN_DEADLINE_S
 
     @staticmethod

@@ -22,11 +22,11 @@ unchanged: nothing of kvtier's CPU data plane runs here. kvtier adds:
   start-up line, which says how the decision measures the engine's prefill on this vLLM
   (``lookup_decider.prefill_evidence``) and
   where its evidence comes from (an earlier process's, kept with the disk tier:
-  ``kvtier.vllm.decision_memory``);
+  ``kvtier.runtime.decision_memory``);
 * the scheduler's step times, so that the prefill evidence ends where the engine computed a
   stored block, not where its store job reached kvtier's tier, steps later
-  (``kvtier.vllm.step_clock``): vLLM's manager is returned wrapped
-  (``kvtier.vllm.step_timed_manager``), every call going to it unchanged.
+  (``kvtier.runtime.step_clock``): vLLM's manager is returned wrapped
+  (``kvtier.runtime.step_timed_manager``), every call going to it unchanged.
 """
 
 import logging
@@ -38,10 +38,13 @@ from typing import Any
 from vllm.v1.kv_offload.base import OffloadingManager
 
 from kvtier.log import setup_logging
+from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.guards import check_hash_stability, persistent_tiers
+from kvtier.runtime.startup_line import StartupLine
+from kvtier.runtime.step_clock import StepClock
+from kvtier.runtime.step_timed_manager import StepTimedManager
 from kvtier.units import format_size
-from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.engine_context import EngineContext, KvtierSpec, start_options
-from kvtier.vllm.guards import check_hash_stability, persistent_tiers
 from kvtier.vllm.lookup_decider import (
     CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
     HOST_TIER,
@@ -49,9 +52,6 @@ from kvtier.vllm.lookup_decider import (
     prefill_evidence,
 )
 from kvtier.vllm.release import current
-from kvtier.vllm.startup_line import StartupLine
-from kvtier.vllm.step_clock import StepClock
-from kvtier.vllm.step_timed_manager import StepTimedManager
 from kvtier.vllm.store_tier import StoreTier
 
 logger = logging.getLogger(__name__)

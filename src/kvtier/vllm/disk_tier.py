@@ -20,6 +20,8 @@ from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.keyfiles import tier_keyring
+from kvtier.runtime.opener import HOUSEKEEPING_INTERVAL_S
+from kvtier.runtime.tenants import DEFAULT_TENANT
 from kvtier.settings import DiskTierSettings, tier_options
 from kvtier.store import BlockStore, DiskStore, RecordIO, check_root
 from kvtier.store.disk.layout import DECISION_FILE
@@ -33,8 +35,6 @@ from kvtier.vllm.shared_tier import (
     server_queue_bound,
     stored_namespace,
 )
-from kvtier.vllm.tenants import DEFAULT_TENANT
-from kvtier.vllm.tier_opener import HOUSEKEEPING_INTERVAL_S
 
 #: How often the tier picks up blocks that other engines sharing its folder stored (and
 #: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
@@ -46,7 +46,7 @@ def open_disk_store(
 ) -> BlockStore:
     """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
     of the shared store when one is configured (``LocalThenShared``); both sealed with the
-    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.vllm.tenants``).
+    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.runtime.tenants``).
     ``io``: the folder's file I/O (default: the real one; tests and the soak slow it down)."""
     ring = tier_keyring(settings)
     sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
@@ -105,7 +105,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
 
     def decision_evidence_path(self, namespace: Namespace) -> Path:
         """Beside the namespace's records: what it holds was stored by earlier processes of
-        this namespace, which measured the evidence (kvtier.vllm.decision_memory)."""
+        this namespace, which measured the evidence (kvtier.runtime.decision_memory)."""
         folder = stored_namespace(self.settings, namespace).digest_hex()
         return Path(self.settings.root_dir) / folder / DECISION_FILE
 

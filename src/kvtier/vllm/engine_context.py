@@ -33,6 +33,9 @@ from kvtier.errors import ConfigError
 from kvtier.keyfiles import tier_keyring
 from kvtier.log import setup_logging
 from kvtier.policy import RestorePolicy
+from kvtier.runtime.guards import check_cpu_data_plane_options, check_tiering_options
+from kvtier.runtime.startup_line import StartupLine
+from kvtier.runtime.step_clock import StepClock
 from kvtier.settings import (
     DiskTierSettings,
     HostPoolSettings,
@@ -40,11 +43,8 @@ from kvtier.settings import (
     parse_tier,
 )
 from kvtier.store import check_root
-from kvtier.vllm.guards import check_cpu_data_plane_options, check_tiering_options
 from kvtier.vllm.lookup_decider import make_policy
 from kvtier.vllm.release import Release, current
-from kvtier.vllm.startup_line import StartupLine
-from kvtier.vllm.step_clock import StepClock
 
 logger = logging.getLogger("kvtier.vllm.spec")
 

@@ -3,7 +3,7 @@
 Built from vLLM's ``OffloadingConfig`` or its shape on releases without one
 (``Release.offloading_view``: model, KV dtype, groups and their layers, tokens per
 block and per hash, bytes per worker and chunk), the KV slices a record holds
-(``kvtier.vllm.row_layout``: the head slices of the ranks, not the world size and rank, so
+(``kvtier.runtime.row_layout``: the head slices of the ranks, not the world size and rank, so
 engines of different tensor-parallel sizes whose ranks hold the same slices share records),
 the pipeline and context-parallel sizes, the model folder (KV heads, head size, a weights
 fingerprint) and the block-hash seed (``NONE_HASH``, which folds in the prefix-caching hash
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.format import Namespace
-from kvtier.vllm.row_layout import RowLayout, row_layout
+from kvtier.runtime.row_layout import RowLayout, row_layout
 
 #: Version of the record's layout inside the namespace: the distinct KV slices of a row
-#: (``kvtier.vllm.row_layout``), where records were whole host-pool rows before.
+#: (``kvtier.runtime.row_layout``), where records were whole host-pool rows before.
 ROW_LAYOUT = "kv-slices-1"
 
 # Weights are fingerprinted by name, size and the first and last MiB of each file: cheap at
@@ -89,7 +89,7 @@ def engine_row_layout(
     ``by_heads=False`` names every worker part by its rank: for a vLLM whose row slots are
     not known to follow the TP rank (0.25.1 places a worker by its device index)."""
     shape = model_shape(config.model.name) if by_heads else ModelShape()
-    blocks_per_chunk = max(int(getattr(config.cache, "blocks_per_chunk", 1) or 1), 1)
+    blocks_per_chunk = max(int(config.cache.blocks_per_chunk), 1)
     return row_layout(
         config.parallel,
         int(config.worker_kv_bytes_per_block) * blocks_per_chunk,

@@ -59,7 +59,7 @@ request waiting). Before the engine's prefill cost has been
 measured there is nothing to weigh a restore against: hits are restored at once (verdict
 ``unmeasured``), and the load deadline bounds what a slow tier can cost. A fresh engine whose
 disk folder keeps an earlier process's measurements starts from those instead
-(``kvtier.vllm.decision_memory``), so its first restores are weighed.
+(``kvtier.runtime.decision_memory``), so its first restores are weighed.
 
 Prefill evidence comes from the engine's own work, seen from the scheduler: vLLM hands a
 tier the blocks it has computed (store jobs, with their positions), so the time from a
@@ -68,7 +68,7 @@ stored by then, measure its prefill so far (not chunk by chunk: jobs arrive late
 see ``on_store``). Where the spec keeps the scheduler's step times (``StepClock``: kvtier's
 CUDA spec) the end is that step's; elsewhere it is the job's arrival, which while a prompt is
 still prefilling comes a chunk or more after its blocks were computed
-(``kvtier.vllm.step_clock``). Jobs of fewer than
+(``kvtier.runtime.step_clock``). Jobs of fewer than
 ``MIN_EVIDENCE_KEYS`` keys are skipped (decode-time blocks). With
 several requests per step the time is shared and the fit leans towards slower prefill, i.e.
 towards restoring; deadlines still bound a slow tier.
@@ -94,9 +94,9 @@ from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 
-from kvtier.policy import BatchHit, Decision, RestorePolicy
+from kvtier.policy import MIN_PREFILL_EVIDENCE, BatchHit, Decision, RestorePolicy
+from kvtier.runtime.step_clock import StepClock
 from kvtier.vllm.release import Release, current
-from kvtier.vllm.step_clock import StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +114,6 @@ def prefill_evidence(release: Release) -> str:
 #: The ``kv_transfer_params`` key by which a request opts out of the decision (``false``).
 REQUEST_DECISION_KEY = "kvtier_restore_decision"
 
-#: Prefill measurements (steps) the fit needs before the decision may refuse a restore.
-MIN_PREFILL_EVIDENCE = 2.0
 #: Store jobs of fewer keys are decode-time blocks, not prefill chunks.
 MIN_EVIDENCE_KEYS = 2
 #: Store jobs kept for the shared-window evidence (``on_store``): no prefill window is longer

@@ -10,7 +10,7 @@ version refuses non-CUDA platforms, make the host-pool region leak-proof
 (``kvtier.vllm.host_pool``), and fail closed at start-up: every option of the spec and of
 kvtier's tiers is parsed and checked (``kvtier.vllm.engine_context.start_options``, the start
 path both of kvtier's specs take) and the disk folder is checked before any pool exists (the
-worker's spec is built first), then the guards of ``kvtier.vllm.guards`` run (hash stability,
+worker's spec is built first), then the guards of ``kvtier.runtime.guards`` run (hash stability,
 KV dtypes, KV group kinds, memory, tier sizing). The spec builds its engine's
 ``EngineContext``, which its tiers share.
 """
@@ -24,24 +24,24 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, Offloa
 
 from kvtier.errors import ConfigError
 from kvtier.log import setup_logging
-from kvtier.settings import DiskTierSettings
-from kvtier.sizing import RowGeometry, check_tiers, enforce
-from kvtier.store import effective_capacity
-from kvtier.units import format_size
-from kvtier.vllm import host_pool
-from kvtier.vllm.cpu_worker import CpuOffloadingWorker
-from kvtier.vllm.decision_memory import UNMEASURED
-from kvtier.vllm.engine_context import EngineContext, KvtierSpec, start_options
-from kvtier.vllm.guards import (
+from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.guards import (
     check_group_kinds,
     check_hash_stability,
     check_kv_dtypes,
     persistent_tiers,
     spec_kind,
 )
+from kvtier.runtime.startup_line import StartupLine
+from kvtier.settings import DiskTierSettings
+from kvtier.sizing import RowGeometry, check_tiers, enforce
+from kvtier.store import effective_capacity
+from kvtier.units import format_size
+from kvtier.vllm import host_pool
+from kvtier.vllm.cpu_worker import CpuOffloadingWorker
+from kvtier.vllm.engine_context import EngineContext, KvtierSpec, start_options
 from kvtier.vllm.lookup_decider import make_policy
 from kvtier.vllm.release import current
-from kvtier.vllm.startup_line import StartupLine
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   one task per read thread, each loading its share of the job's blocks with one
   ``get_many_into_when`` (a disk store reads the share in one native call). Both read and
   write host-pool rows in place. A record holds a row's distinct KV slices
-  (``kvtier.vllm.row_layout``): the row itself when no rank repeats another's slice, else one
+  (``kvtier.runtime.row_layout``): the row itself when no rank repeats another's slice, else one
   copy of each slice, gathered on store and copied to every rank's part on load. When more
   than ``max_queued_blocks`` stores are waiting, new stores are dropped and counted (a slow
   tier never holds the host pool); a store with a part that needs no server
@@ -37,13 +37,13 @@ that fails to open after the start-up checks passed is a run-time fault: logged 
 counted, and every lookup misses.
 
 This class is the adapter between vLLM's ``SecondaryTierManager`` and collaborators that know
-nothing of vLLM, one job each: ``tier_jobs`` (job table, I/O pools, abandonment),
-``tier_opener`` (opener thread, housekeeping), ``tier_prober`` (the server's existence checks),
-``tier_health`` (negative cache, deadlines, slow back-off) and ``tier_stats`` (counters under
+nothing of vLLM, one job each (``kvtier.runtime``): ``jobs`` (job table, I/O pools, abandonment),
+``opener`` (opener thread, housekeeping), ``prober`` (the server's existence checks),
+``health`` (negative cache, deadlines, slow back-off) and ``stats`` (counters under
 one lock). It translates vLLM's jobs and verdicts and feeds the restore decision
 (``kvtier.vllm.lookup_decider``); a tier that keeps the decision's evidence in its folder
 (``keeps_decision_evidence``: the disk tier) adopts it when its store opens and saves it from
-its housekeeping and at shutdown (``kvtier.vllm.decision_memory``).
+its housekeeping and at shutdown (``kvtier.runtime.decision_memory``).
 
 Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry,
 deadlines).
@@ -68,24 +68,24 @@ from vllm.v1.kv_offload.base import (
 
 from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadState
 from kvtier.format import Namespace
-from kvtier.store import BlockStore
-from kvtier.vllm import metrics
-from kvtier.vllm.decision_memory import DecisionMemory
-from kvtier.vllm.engine_context import EngineContext, engine_context
-from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
-from kvtier.vllm.lookup_decider import HOST_TIER, TierDecider
-from kvtier.vllm.release import current
-from kvtier.vllm.step_clock import STEP_TIMED_NOTE
-from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
-from kvtier.vllm.tier_opener import (
+from kvtier.runtime.decision_memory import DecisionMemory
+from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
+from kvtier.runtime.jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
+from kvtier.runtime.opener import (
     HOUSEKEEPING_INTERVAL_S,
     OPEN_TIMEOUT_S,
     StoreOpener,
     TierOpener,
 )
-from kvtier.vllm.tier_prober import ABSENT_TTL_S, ExistenceProber
-from kvtier.vllm.tier_stats import TierCounters, TierStats
+from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.runtime.stats import TierCounters, TierStats
+from kvtier.runtime.step_clock import STEP_TIMED_NOTE
+from kvtier.store import BlockStore
+from kvtier.vllm import metrics
+from kvtier.vllm.engine_context import EngineContext, engine_context
+from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
+from kvtier.vllm.lookup_decider import HOST_TIER, TierDecider
+from kvtier.vllm.release import current
 
 logger = logging.getLogger(__name__)
 
@@ -154,10 +154,10 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         )
         #: Payload bytes of one record: a row's distinct KV slices.
         self._row_bytes = self._layout.record_bytes
-        self._tp_size = int(getattr(config.parallel, "tp_size", 1) or 1)
+        self._tp_size = max(int(config.parallel.tp_size), 1)
         #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
-        self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * int(
-            getattr(config.cache, "blocks_per_chunk", 1) or 1
+        self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * max(
+            int(config.cache.blocks_per_chunk), 1
         )
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
         self._pool_bytes = primary_kv_view.cast("B")
@@ -244,12 +244,12 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             # Before the store is published: the first lookup already weighs with it.
             device = RELEASE.device_description()
             if device is not None:
-                # Engines of other TP sizes may share this namespace (kvtier.vllm.row_layout),
+                # Engines of other TP sizes may share this namespace (kvtier.runtime.row_layout),
                 # and prefill time scales with the ranks: their timings are not this engine's.
                 device += f", tensor parallel {self._tp_size}"
                 if self._context.step_clock is not None:
                     # Timed to the jobs' arrival instead, prefill read 12-23 % slow on vLLM
-                    # 0.25.1 (kvtier.vllm.step_clock): such timings are not adopted.
+                    # 0.25.1 (kvtier.runtime.step_clock): such timings are not adopted.
                     device += f", {STEP_TIMED_NOTE}"
             memory = DecisionMemory(
                 self.decider.policy,

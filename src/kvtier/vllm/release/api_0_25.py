@@ -97,6 +97,9 @@ class Api025(ReleaseBase):
             from vllm.v1.kv_offload.tiering.base import JobResult as job_result_cls
         self._job_result_cls = job_result_cls
 
+    def engine_id(self, spec: Any) -> str:
+        return str(spec.vllm_config.instance_id)
+
     def replicated_layout(self, spec: Any) -> bool:
         return False  # API 0.25 gives each rank its own part of a row
 

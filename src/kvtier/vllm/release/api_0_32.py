@@ -40,6 +40,9 @@ class Api032(ReleaseBase):
         self._job_result_cls = job_result_cls
         self._cpuinfo = cpuinfo
 
+    def engine_id(self, spec: Any) -> str:
+        return str(spec._engine_id)
+
     def replicated_layout(self, spec: Any) -> bool:
         """Whether every rank holds the whole row (a model whose KV heads all ranks repeat)."""
         return bool(spec.replicated_layout)

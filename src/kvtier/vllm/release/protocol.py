@@ -7,7 +7,7 @@ contract test per generation pins them all (``tests/vllm/test_release_*.py``):
 =================================  =========================  ==================================
 attribute                          of                         why kvtier touches it
 =================================  =========================  ==================================
-``_engine_id``                     ``TieringOffloadingSpec``  names the host pool's region file
+``_engine_id`` (API 0.32)          ``TieringOffloadingSpec``  names the host pool's region file
 ``_manager``, ``_scheduler_mmap``  ``TieringOffloadingSpec``  a file-backed pool's manager
 ``_creator``                       ``SharedOffloadRegion``    who unlinks the region's file
 ``_registry``                      ``SecondaryTierFactory``   register kvtier's tiers once
@@ -162,15 +162,12 @@ class ReleaseBase:
     def steps_in_flight(self, vllm_config: Any) -> int | None:
         """Engine steps vLLM keeps in flight (``VllmConfig.max_concurrent_batches``: 1, 2 with
         asynchronous scheduling, more with pipeline parallelism); None without a config that
-        says (``kvtier.vllm.step_clock``)."""
+        says (``kvtier.runtime.step_clock``)."""
         try:
             value = int(vllm_config.max_concurrent_batches)
         except (AttributeError, TypeError, ValueError):
             return None
         return value if value > 0 else None
-
-    def engine_id(self, spec: Any) -> str:
-        return str(spec._engine_id)
 
     def spec_manager(self, spec: Any) -> Any:
         return spec._manager
@@ -192,9 +189,8 @@ class ReleaseBase:
         region._creator = False
 
     def secondary_tiers(self, manager: Any) -> Sequence[Any]:
-        """The tiers of vLLM's tiering manager (a manager without them: none)."""
-        tiers = getattr(manager, "secondary_tiers", None)
-        return tuple(tiers) if tiers is not None else ()
+        """The tiers of vLLM's ``TieringOffloadingManager`` (set in its constructor)."""
+        return tuple(manager.secondary_tiers)
 
     def registered_tier_types(self, factory: Any) -> set[str]:
         return set(factory._registry)

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.dataplane.abandonable import AbandonableLoad
+from kvtier.runtime.stats import TierStats
 from kvtier.store import set_background_io_priority
 from kvtier.threads import name_os_thread
-from kvtier.vllm.tier_stats import TierStats
 
 logger = logging.getLogger(__name__)
 

@@ -35,9 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvtier.errors import KvtierError
-from kvtier.policy import AdoptedEvidence, RestorePolicy
+from kvtier.policy import MIN_PREFILL_EVIDENCE, AdoptedEvidence, RestorePolicy
 from kvtier.policy.evidence_file import EvidenceFile, EvidenceRejected, load, save
-from kvtier.vllm.lookup_decider import MIN_PREFILL_EVIDENCE
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ cap and namespace only once its store is open (after vLLM seeds its block hashes
 starts a ``StartupLine`` with the pool's part and the number of kvtier tiers; each tier
 reports its part (or that it failed); the line is logged when the last part arrives. With the
 restore decision on, the line ends with where the decision's evidence comes from: unmeasured,
-unless the tier that keeps the evidence (``kvtier.vllm.decision_memory``) says otherwise
+unless the tier that keeps the evidence (``kvtier.runtime.decision_memory``) says otherwise
 before it reports.
 """
 

@@ -1,7 +1,7 @@
 """vLLM's offloading manager, unchanged, telling a ``StepClock`` about each scheduler step.
 
 kvtier's CUDA spec returns this in place of the manager vLLM's tiering spec builds: every call
-goes to that manager as it is; two are also noted on the way (``kvtier.vllm.step_clock``):
+goes to that manager as it is; two are also noted on the way (``kvtier.runtime.step_clock``):
 
 * ``on_schedule_end``: vLLM calls it once per scheduled step, so its times are the steps';
 * ``prepare_store``: called in the same step for the blocks that step computes, so the blocks
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.vllm.step_clock import StepClock
+from kvtier.runtime.step_clock import StepClock
 
 #: Loads prepared and not completed that are remembered: a load vLLM never completes (a
 #: request aborted in between) must not hold its keys for ever.

@@ -20,7 +20,7 @@ step's scheduling later (a few milliseconds). On the run above that put the four
 the worker.
 
 ``StepClock`` keeps the times at which the latest steps were scheduled and the step in which
-each block about to be stored was scheduled (``kvtier.vllm.step_timed_manager`` tells it
+each block about to be stored was scheduled (``kvtier.runtime.step_timed_manager`` tells it
 both). It knows nothing of vLLM. Scheduler thread only, like the calls that feed it.
 """
 
