@@ -256,7 +256,8 @@ class EncryptionSettings(SettingsModel):
     """Encryption at rest of the disk and shared tiers (AES-256-GCM), and tenant isolation.
 
     The settings name where the master keys are, never the keys: files are read, and their
-    permissions checked, in the engine's processes when the tier starts (``kvtier.keyfiles``).
+    permissions checked, in the engine's processes when the tier starts
+    (``kvtier.format.keyfiles``).
     """
 
     component: ClassVar[str] = "encryption"

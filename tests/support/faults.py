@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvtier.format import HEADER_BYTES, Namespace
-from kvtier.runtime.regions import SHM_DIR
+from kvtier.hostpool.regions import SHM_DIR
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.disk.quarantine import entries
 from tests.support.host import (

@@ -27,8 +27,8 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 import kvtier
 from kvtier.errors import ConfigError
+from kvtier.hostpool.regions import region_path
 from kvtier.runtime.decision_memory import UNMEASURED
-from kvtier.runtime.regions import region_path
 from kvtier.runtime.step_timed_manager import StepTimedManager
 from kvtier.vllm.cuda_spec import KvtierCudaSpec
 from kvtier.vllm.disk_tier import KvtierDiskTier

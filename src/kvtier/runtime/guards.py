@@ -2,20 +2,21 @@
 
 Each guard is a function over plain values that raises ``ConfigError`` with what is wrong, the
 offending values and the fix, so it can be unit-tested without an engine. ``KvtierCpuSpec``
-collects the values from vLLM and calls them:
+collects the values from vLLM and calls them (both specs parse and check their options
+through ``kvtier.vllm.engine_context.start_options``):
 
-============================  ==========================  ===================================
-guard                         runs in                      reads
-============================  ==========================  ===================================
-``kvtier.settings``           every spec (both roles)      kvtier's options and tier entries
-``check_tiering_options``     every spec                   ``kv_connector_extra_config``
-``check_cpu_data_plane_options``  the CPU spec         ``kv_connector_extra_config``
-``check_hash_stability``      worker spec ``__init__``     vLLM config (hash algorithm), env
-``check_kv_dtypes``           worker spec ``__init__``     attention layers' KV dtypes
-``check_group_kinds``         worker spec ``__init__``     attention layers' KV cache specs
-sizing (``kvtier.sizing``)    worker ``get_worker``        engine KV tensors, pool rows
-memory (``kvtier.host_ram_guard``)    worker ``get_worker``        /proc/meminfo, cgroup, /dev/shm
-============================  ==========================  ===================================
+=================================  =========================  ==============================
+guard                              runs in                    reads
+=================================  =========================  ==============================
+``kvtier.settings``                every spec (both roles)    kvtier's options and tiers
+``check_tiering_options``          every spec                 ``kv_connector_extra_config``
+``check_cpu_data_plane_options``   the CPU spec               ``kv_connector_extra_config``
+``check_hash_stability``           worker spec ``__init__``   vLLM config (hash), env
+``check_kv_dtypes``                worker spec ``__init__``   attention layers' KV dtypes
+``check_group_kinds``              worker spec ``__init__``   layers' KV cache specs
+``kvtier.hostpool.sizing``         worker ``get_worker``      engine KV tensors, pool rows
+``kvtier.hostpool.ram_guard``      worker ``get_worker``      meminfo, cgroup, /dev/shm
+=================================  =========================  ==============================
 
 Why the worker: vLLM builds the worker's connector inside ``set_current_vllm_config`` with the
 engine's block count already set (``cache_config.num_gpu_blocks``), while the scheduler's spec

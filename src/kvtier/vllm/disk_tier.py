@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
-from kvtier.keyfiles import tier_keyring
+from kvtier.format.keyfiles import tier_keyring
 from kvtier.runtime.opener import HOUSEKEEPING_INTERVAL_S
 from kvtier.runtime.tenants import DEFAULT_TENANT
 from kvtier.settings import DiskTierSettings, tier_options

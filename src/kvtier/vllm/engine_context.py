@@ -30,7 +30,7 @@ from typing import Any, Literal
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.errors import ConfigError
-from kvtier.keyfiles import tier_keyring
+from kvtier.format.keyfiles import tier_keyring
 from kvtier.log import setup_logging
 from kvtier.policy import RestorePolicy
 from kvtier.runtime.guards import check_cpu_data_plane_options, check_tiering_options

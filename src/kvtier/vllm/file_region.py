@@ -36,7 +36,7 @@ import torch
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
 from kvtier.errors import ConfigError
-from kvtier.runtime.regions import clean_stale_regions
+from kvtier.hostpool.regions import clean_stale_regions
 from kvtier.units import format_size
 
 logger = logging.getLogger(__name__)

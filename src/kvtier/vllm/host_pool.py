@@ -35,8 +35,8 @@ from vllm.v1.kv_offload.tiering.manager import (
 )
 
 from kvtier.errors import ConfigError
-from kvtier.host_ram_guard import check_shm_space, clamp_host_pool, read_memory
-from kvtier.runtime.regions import clean_stale_regions, region_path
+from kvtier.hostpool.ram_guard import check_shm_space, clamp_host_pool, read_memory
+from kvtier.hostpool.regions import clean_stale_regions, region_path
 from kvtier.settings import HostPoolSettings
 from kvtier.vllm.file_region import FileOffloadRegion, clean_stale_pool_files, pool_path
 from kvtier.vllm.release import current

@@ -25,8 +25,8 @@ from typing import Any
 
 from kvtier.env import read_env
 from kvtier.format import Namespace
+from kvtier.format.keyfiles import tier_keyring
 from kvtier.format.sealing import RecordSealer, sealed_namespace
-from kvtier.keyfiles import tier_keyring
 from kvtier.runtime.jobs import default_queue_bound
 from kvtier.runtime.tenants import DEFAULT_TENANT
 from kvtier.settings import DiskTierSettings, SharedTierSettings, tier_options

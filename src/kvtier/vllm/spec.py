@@ -23,6 +23,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
 
 from kvtier.errors import ConfigError
+from kvtier.hostpool.sizing import RowGeometry, check_tiers, enforce
 from kvtier.log import setup_logging
 from kvtier.runtime.decision_memory import UNMEASURED
 from kvtier.runtime.guards import (
@@ -34,7 +35,6 @@ from kvtier.runtime.guards import (
 )
 from kvtier.runtime.startup_line import StartupLine
 from kvtier.settings import DiskTierSettings
-from kvtier.sizing import RowGeometry, check_tiers, enforce
 from kvtier.store import effective_capacity
 from kvtier.units import format_size
 from kvtier.vllm import host_pool
@@ -138,7 +138,8 @@ class KvtierCpuSpec(KvtierSpec):
         if geometry.row_bytes != self.kv_bytes_per_chunk:
             raise RuntimeError(
                 f"kvtier: row size {geometry.row_bytes} differs from vLLM's "
-                f"{self.kv_bytes_per_chunk}; vLLM's pool layout changed, update kvtier.sizing"
+                f"{self.kv_bytes_per_chunk}; vLLM's pool layout changed, update "
+                "kvtier.hostpool.sizing"
             )
         return geometry
 
