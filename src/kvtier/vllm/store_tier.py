@@ -262,8 +262,8 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
                 # and prefill time scales with the ranks: their timings are not this engine's.
                 device += f", tensor parallel {self._tp_size}"
                 if getattr(self._spec, "step_clock", None) is not None:
-                    # Timed to the jobs' arrival instead, prefill read 12-23 % slow on vLLM
-                    # 0.25.1 (kvtier.vllm.step_clock): such timings are not adopted.
+                    # Timed to the jobs' arrival instead, prefill reads slow
+                    # (kvtier.vllm.step_clock): such timings are not adopted.
                     device += f", {STEP_TIMED_NOTE}"
             memory = DecisionMemory(
                 self.decider.policy,
