@@ -17,7 +17,7 @@ as it stops writing the row (``written``; ``finish`` from COPYING says the same)
 that loads several blocks in turn never holds one it is done with out of the scheduler's
 reach while it reads the next: a WRITTEN load abandoned at the deadline is reported failed
 and its row freed, unread. The private copy costs one memcpy per
-block (measured in docs/benchmarks.md); it buys the guarantee above.
+block (docs/benchmarks.md); it buys the guarantee above.
 
 A store may claim before reading when its read cannot wait: the disk store reads a record the
 page cache holds straight into the claimed row with ``RWF_NOWAIT`` (``DiskStore.get_into_when``),
@@ -137,9 +137,8 @@ class BounceBuffers:
     which the kernel honours unless transparent huge pages are off). Why: an ``O_DIRECT`` read
     hands the device one segment per physically contiguous run of the buffer, and a 4 MiB
     buffer of scattered 4 KiB pages needs more segments than a request may carry (254 on
-    virtio), so the read is split. Measured on the CPU machine, one thread, page cache dropped:
-    a reused 4 MiB buffer of small pages read at 0.66 GB/s, the same buffer on huge pages at
-    1.11 (``docs/benchmarks.md``, "One pass over a record the page cache holds").
+    virtio), so the read is split into several requests and runs well below the disk's speed
+    (docs/bench/2026-12-04-resident-read-one-pass.md).
     """
 
     def __init__(self, nbytes: int) -> None:

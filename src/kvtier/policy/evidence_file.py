@@ -19,7 +19,7 @@ Format (JSON, version 1; at most ``layout.DECISION_FILE_MAX_BYTES``, oldest meas
 dropped first to fit)::
 
     {"format": "kvtier-decision-evidence", "version": 1,
-     "namespace": "<digest hex>", "device": "cuda: NVIDIA H200",
+     "namespace": "<digest hex>", "device": "cuda: <GPU name>",
      "saved_at": 1764590000.0,                       # Unix seconds
      "prefill_steps": [{"seconds": 0.21, "segments": [[0, 8192]]}, ...],   # oldest first
      "tier_loads": {"disk": [[nbytes, seconds], ...]}}                     # oldest first

@@ -72,13 +72,13 @@ Safety
   ``safety_factor_within_evidence`` (1.05) where every prediction it rests on interpolates
   measurements (``_factor``): the hit no larger than the tier's recent loads, nor than its
   ``via`` tier's, the prompt no longer than the longest the prefill model was measured
-  on, and no tier loaded from writing now (a load that shares the disk with write-back took
-  1.14-1.49x the same load alone in the GPU runs: docs/benchmarks.md). Within the evidence
-  the models come within a few percent (once prefill is timed to the step that computed
-  it) and a missed gain should cost at most 5 %; beyond it they extrapolate, and there a
-  fixed 1.2 refused every restore that was slower, where 1.05 took one 1.41x slower (72
-  cells measured on an H200, docs/gpu-evidence.md). The margin a batch's overlap must beat
-  is ``safety_factor``: the overlap is a prediction nothing measures.
+  on, and no tier loaded from writing now (a load that shares the disk with write-back reads
+  slower than the same load alone, by more than that margin). Within the evidence the models
+  come within a few percent (once prefill is timed to the step that computed it) and a
+  missed gain should cost at most 5 %; beyond it they extrapolate by more than 5 %, and a
+  margin of 1.05 there takes restores that are slower (docs/gpu-evidence.md, "The safety
+  factor against a 5 % bound"). The margin a batch's overlap must beat is
+  ``safety_factor``: the overlap is a prediction nothing measures.
 * Priors err towards refusing: a tier is assumed slow and prefill fast until measured.
 * Every load gets a deadline (``DeadlineRule``); an overrun abandons the load (its blocks
   become misses), marks the tier slow (predictions inflated) and feeds the elapsed time into
@@ -500,9 +500,10 @@ class RestorePolicy:
                 return max(reached + s * loads if loads else 0.0, engine_wait + prefills)
 
             # Restores beyond those that pay alone must also finish the batch sooner by the
-            # safety factor: overlap is a second prediction on top of the load times (on the
-            # H200 a predicted 5 % gain came out 30 % slower: docs/benchmarks.md). The margin
-            # is on the batch's own time: the engine's queue delays every plan alike.
+            # safety factor: overlap is a second prediction on top of the load times, and loads
+            # under concurrency run slower than alone (docs/benchmarks.md, "Requests in
+            # flight"). The margin is on the batch's own time: the engine's queue delays every
+            # plan alike.
             alone_s = done_s(0) - engine_wait
             best_m = min(range(len(hits) + 1), key=lambda m: (done_s(m), m))
             if s * (done_s(best_m) - engine_wait) >= alone_s:

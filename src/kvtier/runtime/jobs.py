@@ -58,9 +58,8 @@ def default_queue_bound(pool_rows: int) -> int:
 
     vLLM pins a host-pool row from a store job's submission to its end, so waiting blocks
     are rows the pool can neither evict nor reuse. The bound therefore scales with the pool:
-    one count for every model (it was 1,024 blocks) let a server miss a quarter of a
-    70B-shaped model's blocks on a GPU host while most of a 16 GiB pool was free
-    (docs/benchmarks.md). At most half the pool waits: the other half keeps taking new
+    one count for every model would let a server miss the blocks of a model with large KV
+    while most of the pool is free. At most half the pool waits: the other half keeps taking new
     blocks and restores while the server catches up."""
     return max(1, int(pool_rows * QUEUED_POOL_SHARE))
 

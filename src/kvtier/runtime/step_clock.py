@@ -5,19 +5,17 @@ carry its blocks to kvtier's tier (``kvtier.vllm.lookup_decider``). A job reache
 late: vLLM's worker copies a step's blocks off the GPU at the start of the next step, reports
 the copy done with a later step's output, and only then does vLLM's host pool hand the job on
 (``complete_store``). While the prompt is still prefilling, those later steps are its next
-chunks. Measured on an H100 (vLLM 0.25.1, Llama-3-70B shape with 20 layers, a 32k prompt in
-four 8k chunks): the first chunk was computed 0.45 s after the request's lookup and its job
-reached the tier after 1.57 s; only the last chunk's job came on time (2.29 s against 2.25 s).
-Timed to the jobs, the fit read prefill 12-23 % slow at 2k-32k.
+chunks, so every chunk but the last reaches the tier a chunk or two after it was computed,
+and prefill timed to the jobs reads slow by more than the decision's margin
+(docs/gpu-evidence.md, "The safety factor against a 5 % bound").
 
 The scheduler's own rhythm says when a step was computed. vLLM schedules step ``s + depth``
 only once step ``s``'s output is back, where ``depth`` is the number of steps the engine
 keeps in flight (``VllmConfig.max_concurrent_batches``: 1 without asynchronous scheduling, 2
 with it, the pipeline's stages with pipeline parallelism). So a block scheduled in step ``s``
 was computed by the time step ``s + depth`` is scheduled: with the engine busy, at most that
-step's scheduling later (a few milliseconds). On the run above that put the four chunks at
-0.452, 0.990, 1.580 and 2.263 s against 0.449, 0.987, 1.570 and 2.249 s by CUDA events on
-the worker.
+step's scheduling later (a few milliseconds), which CUDA events on the worker confirm
+(docs/gpu-evidence.md).
 
 ``StepClock`` keeps the times at which the latest steps were scheduled and the step in which
 each block about to be stored was scheduled (``kvtier.runtime.step_timed_manager`` tells it
@@ -39,8 +37,8 @@ KEPT_KEYS = 1 << 16
 
 
 #: Added to the decision evidence's device description where prefill is timed by a
-#: ``StepClock``: evidence timed to the store jobs' arrival (12-23 % slow on vLLM 0.25.1) is
-#: then not adopted, and a reader of the file can tell which it holds.
+#: ``StepClock``: evidence timed to the store jobs' arrival (slow by the steps the jobs trail
+#: the compute) is then not adopted, and a reader of the file can tell which it holds.
 STEP_TIMED_NOTE = "prefill timed by steps"
 
 

@@ -14,9 +14,9 @@ jobs arrive steps later.
 And one pair is timed: ``prepare_load`` (the scheduler sends a request's blocks from the host
 pool to the GPU) to ``complete_load`` (the workers reported them copied), the host pool's copy
 that every restore from a kvtier tier pays after its own load. Nothing else measures it on
-CUDA: vLLM's own spec runs the host pool, and the policy's prior for it (PCIe at 12 GB/s)
-was 3-4x slow on an H100 host (45-55 GB/s in the runner's host-pool restores), which put the
-disk restores' predictions 5-9 % slow there (docs/benchmarks.md). The time includes the step
+CUDA: vLLM's own spec runs the host pool, and a fixed prior for it (PCIe at 12 GB/s) is
+several times slow on a faster link, enough to tip a close verdict toward recomputing
+(docs/gpu-evidence.md, "The safety factor against a 5 % bound"). The time includes the step
 or two the report takes to come back, so it errs slow, towards recomputing. A load during
 which the engine computed blocks (a store was prepared) is not timed: it waited for that
 step, which is the engine's time, not the copy's.

@@ -24,8 +24,8 @@ answers RETRY. The policy decides per request and per tier, all or nothing (the 
    front while the engine prefills the rest. Refused at once one by one, each request would
    find the engine idle (a refusal charges it one block: the hit's size is unknown; and a
    request that waited behind a refused one is looked up only once that one's prefill step
-   has run), and on the H200 eight concurrent 8k prompts of the 32B shape were then all
-   recomputed, 1.00x all-recompute where their batch had taken 0.67-0.78x. So after a
+   has run), so a burst would be recomputed whole where its batch restores the front
+   beside the rest's prefill (docs/benchmarks.md, "Requests in flight"). So after a
    refusal the next ones are held off for twice the longest prefill the engine can run
    (``max_model_len`` tokens, predicted): a request looked up within that time may have
    waited behind it, and is collected instead, at the cost of one step.
@@ -54,8 +54,8 @@ hits whatever the policy predicts (verdict ``off``), as with the decision off se
 (``true``, the default, leaves it to the server's setting). Benchmarks use it to measure both
 settings side by side in one engine, where engine-to-engine spread would otherwise swamp them.
 
-Only case 3 costs a scheduler step (15-20 ms measured on the CPU engine, an idle step with a
-request waiting). Before the engine's prefill cost has been
+Only case 3 costs a scheduler step (an idle step with a request waiting). Before the
+engine's prefill cost has been
 measured there is nothing to weigh a restore against: hits are restored at once (verdict
 ``unmeasured``), and the load deadline bounds what a slow tier can cost. A fresh engine whose
 disk folder keeps an earlier process's measurements starts from those instead
@@ -411,15 +411,15 @@ class TierDecider:
         blocks where the spec's ``StepClock`` knows it), not the chunk between two jobs: jobs
         reach a tier when the host pool cascades them, a step or more after the chunk was
         computed, so the jobs of a chunked prefill can arrive together at its end. Timed
-        between jobs, an 8k prompt (two chunks, 3.6 s) read as 4,096 tokens in 3.6 s and
-        3,840 tokens in 10 ms, and the fit then predicted recompute ~100x too cheap and
-        refused every restore of a fast disk.
+        between jobs, a prompt of two chunks would read as one chunk in the whole prefill's
+        time and the other in a few milliseconds, and the fit would then predict recompute
+        far too cheap and refuse every restore of a fast disk.
 
         Requests prefilled while others are: the engine's time in the window was shared, so
         the other requests' tokens stored within it are counted as work done in it too
-        (``_stored``). Without that, eight concurrent 8k prompts of the 32B shape on the H200
-        read as 2.7 s each against 0.88 s alone, and the decision then restored all eight from
-        a disk slower than prefill (docs/benchmarks.md).
+        (``_stored``). Without that, each of several prompts prefilled one after another reads
+        as the prefills of all those before it, several times its own cost, and the decision
+        then restores a whole batch from a disk slower than prefill.
         """
         if not self._observes_prefill or not keys:
             return
@@ -468,14 +468,15 @@ class _PlanSlot:
 
 
 #: The host pool's copy to the engine, which every tier's restore also pays. kvtier cannot
-#: time it from the scheduler (the copy runs in the worker processes); measured at 6-9 GB/s
-#: on the CPU backend (docs/benchmarks.md), so this prior is on the slow side.
+#: time it from the scheduler (the copy runs in the worker processes); the CPU backend's
+#: copy runs faster than this (docs/benchmarks.md, "Restore bandwidth next to the physical
+#: limits"), so this prior is on the slow side.
 HOST_COPY_PRIOR_BYTES_PER_S = 4e9
 #: The same copy on CUDA, where vLLM's own CPU pool copies from pinned memory over PCIe (or
 #: NVLink-C2C): PCIe Gen3 x16's ~12 GB/s is the slowest host link a data-center GPU has, so
-#: this too errs slow. Measured through vLLM's CPU pool on the H200: 28-41 GB/s (the pool's
-#: restore minus an engine hit, 4-8 GiB; docs/benchmarks.md). With the CPU backend's prior a
-#: 2 GiB disk restore was predicted 0.45 s too slow there, a third of its time.
+#: this too errs slow. A host of a faster link copies several times faster; kvtier's CUDA
+#: spec times the copy itself (``kvtier.runtime.step_timed_manager``), so the prior only
+#: weighs until the first restores.
 CUDA_HOST_COPY_PRIOR_BYTES_PER_S = 12e9
 
 
@@ -501,8 +502,8 @@ def make_policy(
     prefill evidence ends at the step that computed each block (a ``StepClock``); only then
     may a restore within the evidence win by the narrower margin
     (``PolicySettings.safety_factor_within_evidence``). Timed to its store job's arrival, the
-    evidence read prefill 12-23 % slow on vLLM 0.25.1 (docs/benchmarks.md), more than that
-    margin."""
+    evidence reads prefill slow by the steps the job trails them (``kvtier.runtime.step_clock``),
+    more than that margin."""
     from kvtier.policy import DeadlineRule, PolicySettings, RestorePrior
 
     settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))

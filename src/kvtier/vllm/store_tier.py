@@ -248,8 +248,8 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
                 # and prefill time scales with the ranks: their timings are not this engine's.
                 device += f", tensor parallel {self._tp_size}"
                 if self._context.step_clock is not None:
-                    # Timed to the jobs' arrival instead, prefill read 12-23 % slow on vLLM
-                    # 0.25.1 (kvtier.runtime.step_clock): such timings are not adopted.
+                    # Timed to the jobs' arrival instead, prefill reads slow
+                    # (kvtier.runtime.step_clock): such timings are not adopted.
                     device += f", {STEP_TIMED_NOTE}"
             memory = DecisionMemory(
                 self.decider.policy,

@@ -8,19 +8,19 @@ Choices (figures and the command that produced them in docs/store.md):
 * Writes use ``O_DIRECT`` when the payload is page-aligned and a whole number of pages
   (host-pool rows should be): the KV never lands in the page cache, so a burst of offloads
   cannot pile up gigabytes of dirty memory next to the host pool, and a put returns once the
-  device has the data. Measured: buffered writes left 100% of the written bytes cached even
-  with ``posix_fadvise(DONTNEED)`` right after them (the pages are still dirty then, so the
-  kernel keeps them); dropping them properly needs an fdatasync first, which cost 2-3x the
-  put latency of ``O_DIRECT``. Unaligned payloads fall back to buffered ``pwritev`` +
-  ``DONTNEED`` (which at least starts write-back at once).
+  device has the data. Buffered writes leave every written byte cached even with
+  ``posix_fadvise(DONTNEED)`` right after them (the pages are still dirty then, so the
+  kernel keeps them); dropping them properly needs an fdatasync first, which multiplies the
+  put latency of ``O_DIRECT`` (docs/store.md). Unaligned payloads fall back to buffered
+  ``pwritev`` + ``DONTNEED`` (which at least starts write-back at once).
 * Reads use ``O_DIRECT`` when the caller's buffer is page-aligned. With the CPUs busy, as they
-  are in an engine that computes while it restores, ``O_DIRECT`` cold reads were 2.5x faster
-  than buffered ones (the data goes straight to the host pool; buffered reads spend CPU on
-  read-ahead pages and a copy), and in the engine a fresh process restored 2k tokens in
-  0.25 s with ``O_DIRECT`` (vLLM's fs tier) against 0.42 s with buffered reads. With idle CPUs
-  the two are within noise. Reading a record does not put it in the page cache; the host pool
-  is the RAM tier. Where the file system refuses ``O_DIRECT`` (probed on first use, warned
-  once, never failing a block), and for unaligned buffers, buffered reads.
+  are in an engine that computes while it restores, ``O_DIRECT`` cold reads are faster than
+  buffered ones (the data goes straight to the host pool; buffered reads spend CPU on
+  read-ahead pages and a copy), and so are an engine's fresh-process restores (docs/store.md,
+  "Decisions these figures support"). With idle CPUs the two are within noise. Reading a
+  record does not put it in the page cache; the host pool is the RAM tier. Where the file
+  system refuses ``O_DIRECT`` (probed on first use, warned once, never failing a block), and
+  for unaligned buffers, buffered reads.
 * A record the page cache already holds whole (written buffered where ``O_DIRECT`` writes were
   refused or the payload was unaligned, copied or read by an operator, on a tmpfs-like file
   system) is read buffered: a copy from memory, where ``O_DIRECT`` would fetch it from the
@@ -29,21 +29,22 @@ Choices (figures and the command that produced them in docs/store.md):
   ``O_DIRECT`` as above. ``read_checked`` says which way each record came, and the disk store
   counts page-cache hits. Only the native reader does this: the Python steps read every
   aligned record ``O_DIRECT``. The native reader's buffered reads go through a per-thread
-  staging chunk that the CPU cache holds, hashed and streamed into the row in one pass: on the
-  H200 host's 4 reader threads that took resident reads from 0.54 to 0.75 of a memcpy
-  (docs/benchmarks.md). For a load that must not write its row until claimed,
-  ``read_unless_resident`` and ``read_resident`` split that read around the claim, and
+  staging chunk that the CPU cache holds, hashed and streamed into the row in one pass, so a
+  resident record crosses memory once, as a memcpy does, not three times
+  (docs/bench/2026-12-04-resident-read-one-pass.md). For a load that must not write its row
+  until claimed, ``read_unless_resident`` and ``read_resident`` split that read around the
+  claim, and
   ``read_claiming`` makes both in one call, claiming on the load's claim cell in between.
 * With the native reader built (kvtier.native), a load's read is one C call: open, the checks
   below, ``preadv``, close and the payload's checksum, giving the GIL up once per block. The
   same steps in Python give it up five times, and each return waits for it while an engine
-  thread runs Python (up to the 5 ms switch interval): with a busy Python thread beside four
-  readers, the Python steps read at 0.13 GB/s where plain ``preadv`` reached 0.49 GB/s
-  (docs/benchmarks.md). A subclass that overrides ``read_into`` or ``open_for_read`` (a test's
-  fault) gets the Python steps, so its override is always what runs.
+  thread runs Python (up to the 5 ms switch interval), which beside a busy Python thread
+  costs the Python steps most of their speed (docs/benchmarks.md, "The disk tier's read path
+  beside a busy Python thread"). A subclass that overrides ``read_into`` or ``open_for_read``
+  (a test's fault) gets the Python steps, so its override is always what runs.
 * ``fsync`` policy: "never" (default: a record lost or torn by a power cut fails its checksum
-  and is a miss, never wrong data; fsync cost 2-3x the put latency), "data" (fdatasync before
-  rename), "always" (also fsync the folder after rename).
+  and is a miss, never wrong data; fsync multiplies the put latency: docs/store.md), "data"
+  (fdatasync before rename), "always" (also fsync the folder after rename).
 """
 
 from __future__ import annotations
