@@ -13,8 +13,9 @@ from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
+from kvtier.runtime.opener import HOUSEKEEPING_INTERVAL_S
 from kvtier.store import DiskStore, MemoryStore, RecordIO
-from kvtier.vllm.disk_tier import REFRESH_INTERVAL_S, KvtierDiskTier
+from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.store_tier import _ClaimForBuffer
 from tests.support import store as stores
 from tests.support.tiers import offloading_config as tier_config
@@ -268,7 +269,7 @@ def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_pat
         assert other.lookup(key(7), CTX) is LookupResult.MISS
         pool[2] = 42
         assert run(tier, 1, [key(7)], [2], False).success
-        deadline = time.monotonic() + 10 * REFRESH_INTERVAL_S + 5
+        deadline = time.monotonic() + 10 * HOUSEKEEPING_INTERVAL_S + 5
         while other.lookup(key(7), CTX) is not LookupResult.HIT:
             assert time.monotonic() < deadline, "the other tier never saw the stored block"
             time.sleep(0.05)

@@ -85,9 +85,6 @@ class TierHealth:
             allowed = policy_deadline_s()
         return self._clock() + allowed
 
-    def past(self, deadline: float) -> bool:
-        return self._clock() >= deadline
-
     def is_slow(self) -> bool:
         """True while the tier is skipped after an overrun deadline."""
         return bool(self._slow_until) and self._slow_until > self._clock()

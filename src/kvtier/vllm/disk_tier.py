@@ -7,7 +7,9 @@ unusable folder refuses start-up with the option named; faults while serving (a 
 a damaged record) are misses. The tier mechanics (lookups from memory, I/O threads, negative
 cache, the opener thread) are ``StoreTier``'s, the wiring from vLLM's options
 ``ConfiguredTier``'s; this adapter only says how to check the folder and open the store.
-Engines sharing a folder see each other's blocks within ``REFRESH_INTERVAL_S``. The tier also
+Engines sharing a folder see each other's blocks within a housekeeping round
+(``kvtier.runtime.opener.HOUSEKEEPING_INTERVAL_S``: one indexed SQLite query when nothing
+changed, off the scheduler thread). The tier also
 keeps the restore decision's evidence beside its records (``decision.json``), so a fresh
 process weighs its first restores with what an earlier one measured.
 """
@@ -20,7 +22,6 @@ from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.format.keyfiles import tier_keyring
-from kvtier.runtime.opener import HOUSEKEEPING_INTERVAL_S
 from kvtier.runtime.tenants import DEFAULT_TENANT
 from kvtier.settings import DiskTierSettings, tier_options
 from kvtier.store import BlockStore, DiskStore, RecordIO, check_root
@@ -35,10 +36,6 @@ from kvtier.vllm.shared_tier import (
     server_queue_bound,
     stored_namespace,
 )
-
-#: How often the tier picks up blocks that other engines sharing its folder stored (and
-#: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
-REFRESH_INTERVAL_S = HOUSEKEEPING_INTERVAL_S
 
 
 def open_disk_store(
