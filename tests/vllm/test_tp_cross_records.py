@@ -32,6 +32,7 @@ from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.row_layout import head_major_units
 from kvtier.vllm.shared_tier import KvtierSharedTier
 from tests.support.fake_remote import FakeRemoteStore
+from tests.support.redis_servers import RedisServer, server_binary, start_standalone
 from tests.vllm.test_disk_tier import run
 
 KV_HEADS, LAYERS, TOKENS, HEAD_SIZE, ELEMENT = 4, 2, 16, 32, 4
@@ -112,13 +113,18 @@ class Server(FakeRemoteStore):
 
 
 class Tiers:
-    """Tiers of several TP sizes on one disk folder, or on one fake server per namespace (as
-    the shared store keys records by namespace)."""
+    """Tiers of several TP sizes on one disk folder, on one Redis server, or on one fake server
+    per namespace (as the shared store keys records by namespace)."""
 
     def __init__(self, root: Path, kind: str) -> None:
         self.root, self.kind = root, kind
         self.servers: dict[bytes, Server] = {}
         self.made: list = []
+        self.redis: RedisServer | None = None
+        if kind == "redis":
+            if server_binary() is None:
+                pytest.skip("no redis-server on PATH (run scripts/redis-server.sh)")
+            self.redis = start_standalone(root / "redis")
 
     def server(self, settings, namespace) -> Server:
         server = self.servers.setdefault(namespace.digest(), Server())
@@ -133,6 +139,8 @@ class Tiers:
                 spec, memoryview(pool), "t", root_dir=str(self.root / "disk"),
                 capacity_bytes="4MiB",
             )  # fmt: skip
+        elif self.redis is not None:
+            tier = KvtierSharedTier(spec, memoryview(pool), "t", url=self.redis.url)
         else:
             tier = KvtierSharedTier(
                 spec, memoryview(pool), "t", url="redis://127.0.0.1:1",
@@ -148,9 +156,11 @@ class Tiers:
     def close(self) -> None:
         for tier in self.made:
             tier.shutdown()
+        if self.redis is not None:
+            self.redis.kill()
 
 
-@pytest.fixture(params=["disk", "shared"])
+@pytest.fixture(params=["disk", "shared", "redis"])
 def tiers(request, tmp_path):
     made = Tiers(tmp_path, request.param)
     yield made
