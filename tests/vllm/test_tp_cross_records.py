@@ -255,6 +255,31 @@ def test_a_damaged_head_makes_the_whole_block_a_miss(tmp_path):
         tiers.close()
 
 
+def test_a_damaged_head_on_the_server_makes_the_whole_block_a_miss(tmp_path):
+    """The same on the shared tier: the value is the record, one byte of head 3 flipped."""
+    tiers = Tiers(tmp_path, "redis")
+    model = model_dir(tmp_path)
+    try:
+        write_block(tiers, model, 2)
+        assert tiers.redis is not None
+        import redis  # the [shared] extra, installed wherever a server is
+
+        client = redis.Redis.from_url(tiers.redis.url)
+        (value_key,) = [k for k in client.keys("kvt:*") if k.endswith(KEY.hex().encode())]
+        offset = HEADER_BYTES + 3 * HEAD_BYTES + 5
+        byte = client.getrange(value_key, offset, offset)[0]
+        client.setrange(value_key, offset, bytes([byte ^ 0x40]))
+        client.close()
+        reader, pool = tiers.open(engine_config(model, 4))
+        assert lookup(reader) is LookupResult.HIT
+        result = run(reader, 2, [KEY], [2], True)
+        assert not result.success and not result.successful_keys
+        assert not pool[2].any(), "no rank's part was written"
+        assert lookup(reader) is LookupResult.MISS, "and it is not offered again"
+    finally:
+        tiers.close()
+
+
 def test_a_block_missing_from_the_tier_is_a_miss_for_every_tp_size(tiers, tmp_path):
     model = model_dir(tmp_path)
     write_block(tiers, model, 2)
