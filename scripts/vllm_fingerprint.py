@@ -103,7 +103,9 @@ SURFACE: dict[str, dict[str, tuple[str, ...] | None] | None] = {
         "init_none_hash": ALL,
         "resolve_none_hash_seed": ALL,
     },
-    "vllm/config/cache.py": {"CacheConfig": ("prefix_caching_hash_algo", "cache_dtype")},
+    "vllm/config/cache.py": {
+        "CacheConfig": ("prefix_caching_hash_algo", "cache_dtype", "kv_cache_layout")
+    },
     "vllm/config/kv_transfer.py": {
         "KVTransferConfig": (
             "kv_connector",
@@ -115,6 +117,19 @@ SURFACE: dict[str, dict[str, tuple[str, ...] | None] | None] = {
         )
     },
     "vllm/config/model.py": {"ModelConfig": ("model", "dtype", "max_model_len")},
+    "vllm/config/parallel.py": {
+        "ParallelConfig": (
+            "rank",
+            "world_size",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "prefill_context_parallel_size",
+            "decode_context_parallel_size",
+        )
+    },
+    "vllm/config/scheduler.py": {
+        "SchedulerConfig": ("disable_hybrid_kv_cache_manager", "async_scheduling")
+    },
     "vllm/config/vllm.py": {"VllmConfig": ("max_concurrent_batches",)},
     "vllm/v1/engine/core.py": {"EngineCore": ("__init__", "step_with_batch_queue")},
 }

@@ -511,6 +511,34 @@ REQUIRED_0_25: list[Need] = [
         "vLLM's own tiers", KV + "tiering/factory.py", "registry", ["example", "fs", "p2p", "obj"]
     ),
     Need(
+        "the parallel layout view_from_0_25 reads",
+        "vllm/config/parallel.py",
+        "fields_include",
+        [
+            "rank",
+            "world_size",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "prefill_context_parallel_size",
+            "decode_context_parallel_size",
+        ],
+        "ParallelConfig",
+    ),
+    Need(
+        "the model and KV dtype view_from_0_25 reads",
+        "vllm/config/model.py",
+        "fields_include",
+        ["model", "dtype"],
+        "ModelConfig",
+    ),
+    Need(
+        "the KV cache dtype view_from_0_25 reads",
+        "vllm/config/cache.py",
+        "fields_include",
+        ["cache_dtype"],
+        "CacheConfig",
+    ),
+    Need(
         "the spec is built from vllm_config and kv_cache_config",
         KV + "base.py",
         "params",
@@ -782,6 +810,13 @@ OFFLOADING_CONFIG_TIERS: list[Need] = [
         "uses_names",
         ["_NON_CRYPTO_HASH_FUNCTIONS", "DEFAULT_NONE_HASH_SEED"],
         "resolve_none_hash_seed",
+    ),
+    Need(
+        "KvtierCpuSpec reads whether the hybrid KV cache manager is off",
+        "vllm/config/scheduler.py",
+        "fields_include",
+        ["disable_hybrid_kv_cache_manager"],
+        "SchedulerConfig",
     ),
     Need(
         "the manager kvtier's file-backed pool builds",
