@@ -146,3 +146,21 @@ def test_script_rewrites_the_0_25_1_fingerprint_identically_when_the_wheel_is_ca
     out = tmp_path / "vllm-0.25.1.json"
     subprocess.run([sys.executable, "-c", code, str(script), str(out)], check=True)
     assert out.read_text() == (HERE / "vllm-0.25.1.json").read_text()
+
+
+def test_0_26_0_has_0_25_1s_tier_interface_but_a_config_built_spec():
+    """What a 0.26.0 implementation would change from 0.25.1's: only the spec side (the
+    spec built from an ``OffloadingConfig``, the region's ``engine_id``, the pool's
+    ``kv_bytes_per_chunk``, a ``Locality`` enum); tier jobs, results, the tier base, the
+    request context, the factory and ``NONE_HASH`` are 0.25.1's."""
+    fp = load_fingerprint("vllm", "0.26.0")
+    broken = {need.what for need in GENERATIONS["0.25"] if problems(fp, [need])}
+    assert broken == {
+        "no tier medium or locality (stand-ins)",
+        "no OffloadingConfig (the geometry comes from vllm_config)",
+        "the spec is built from vllm_config and kv_cache_config",
+        "the geometry view_from_0_25 reads off the spec",
+        "the tiering spec's constructor",
+        "vLLM's host pool size (host_pool_rows: num_blocks)",
+        "the region's keywords (region_kwargs)",
+    }
