@@ -121,66 +121,69 @@ def _field_default(fp: dict, need: Need) -> str | None:
     return next((f[2] for f in cls["fields"] if f[0] == need.member), None)
 
 
+def _subset(found: Any, expected: Any) -> bool:
+    return found is not None and set(expected) <= set(found)
+
+
+def _disjoint(found: Any, expected: Any) -> bool:
+    return found is not None and not set(expected) & set(found)
+
+
+def _equal(found: Any, expected: Any) -> bool:
+    return found == expected
+
+
+def _prefix(found: Any, expected: Any) -> bool:
+    return found is not None and found[: len(expected)] == expected
+
+
+def _facet(name: str):
+    return lambda fp, need: _behaviour(fp, need, name)
+
+
+def _module_names(key: str, absent: Any):
+    def read(fp: dict, need: Need) -> Any:
+        module = _module(fp, need)
+        return absent if module is None else sorted(module[key])
+
+    return read
+
+
+def _class_key(key: str):
+    return lambda fp, need: (_class(fp, need) or {}).get(key)
+
+
+def _registry(fp: dict, need: Need) -> list[str]:
+    return [r[0] for r in (_module(fp, need) or {}).get("registry", [])]
+
+
 #: kind -> (what is read from the fingerprint, whether it satisfies ``expected``)
 CHECKS = {
     "module_absent": (_module, lambda found, _: found is None),
     "module_present": (_module, lambda found, _: found is not None),
-    "classes_present": (
-        lambda fp, n: None if _module(fp, n) is None else sorted(_module(fp, n)["classes"]),
-        lambda found, exp: found is not None and set(exp) <= set(found),
-    ),
-    "classes_absent": (
-        lambda fp, n: [] if _module(fp, n) is None else sorted(_module(fp, n)["classes"]),
-        lambda found, exp: not set(exp) & set(found),
-    ),
-    "names_present": (
-        lambda fp, n: None if _module(fp, n) is None else sorted(_module(fp, n)["names"]),
-        lambda found, exp: found is not None and set(exp) <= set(found),
-    ),
-    "bases": (lambda fp, n: (_class(fp, n) or {}).get("bases"), lambda f, e: f == e),
-    "decorators": (lambda fp, n: (_class(fp, n) or {}).get("decorators"), lambda f, e: f == e),
-    "fields": (_fields, lambda found, exp: found == exp),
-    "fields_start": (_fields, lambda found, exp: found is not None and found[: len(exp)] == exp),
-    "fields_include": (_fields, lambda found, exp: found is not None and set(exp) <= set(found)),
-    "field_default": (_field_default, lambda found, exp: found == exp),
-    "params": (_params, lambda found, exp: found == exp),
-    "params_start": (_params, lambda found, exp: found is not None and found[: len(exp)] == exp),
-    "members_include": (_members, lambda f, exp: f is not None and set(exp) <= f),
-    "members_exclude": (_members, lambda f, exp: f is not None and not set(exp) & f),
-    "abstract": (_abstract, lambda found, exp: found == set(exp)),
-    "registry": (
-        lambda fp, n: [r[0] for r in (_module(fp, n) or {}).get("registry", [])],
-        lambda found, exp: found == exp,
-    ),
-    "calls_include": (
-        lambda fp, n: _behaviour(fp, n, "calls"),
-        lambda found, exp: found is not None and set(exp) <= set(found),
-    ),
-    "calls_exclude": (
-        lambda fp, n: _behaviour(fp, n, "calls"),
-        lambda found, exp: found is not None and not set(exp) & set(found),
-    ),
-    "calls_in_order": (lambda fp, n: _behaviour(fp, n, "calls"), _in_order),
-    "keywords_include": (
-        lambda fp, n: _behaviour(fp, n, "keywords"),
-        lambda found, exp: found is not None and set(exp) <= set(found),
-    ),
-    "strings_include": (
-        lambda fp, n: _behaviour(fp, n, "strings"),
-        lambda found, exp: found is not None and set(exp) <= set(found),
-    ),
-    "uses_names": (
-        lambda fp, n: _behaviour(fp, n, "names"),
-        lambda found, exp: found is not None and set(exp) <= set(found),
-    ),
-    "lacks_names": (
-        lambda fp, n: _behaviour(fp, n, "names"),
-        lambda found, exp: found is not None and not set(exp) & set(found),
-    ),
-    "assigns_include": (
-        lambda fp, n: _behaviour(fp, n, "assigns"),
-        lambda found, exp: found is not None and set(exp) <= set(found),
-    ),
+    "classes_present": (_module_names("classes", None), _subset),
+    "classes_absent": (_module_names("classes", []), _disjoint),
+    "names_present": (_module_names("names", None), _subset),
+    "bases": (_class_key("bases"), _equal),
+    "decorators": (_class_key("decorators"), _equal),
+    "fields": (_fields, _equal),
+    "fields_start": (_fields, _prefix),
+    "fields_include": (_fields, _subset),
+    "field_default": (_field_default, _equal),
+    "params": (_params, _equal),
+    "params_start": (_params, _prefix),
+    "members_include": (_members, _subset),
+    "members_exclude": (_members, _disjoint),
+    "abstract": (_abstract, lambda found, expected: found == set(expected)),
+    "registry": (_registry, _equal),
+    "calls_include": (_facet("calls"), _subset),
+    "calls_exclude": (_facet("calls"), _disjoint),
+    "calls_in_order": (_facet("calls"), _in_order),
+    "keywords_include": (_facet("keywords"), _subset),
+    "strings_include": (_facet("strings"), _subset),
+    "uses_names": (_facet("names"), _subset),
+    "lacks_names": (_facet("names"), _disjoint),
+    "assigns_include": (_facet("assigns"), _subset),
 }
 
 
