@@ -7,11 +7,12 @@ on, read from the published wheel without installing or importing it.
 Each wheel is fetched with ``pip download --no-deps`` into a cache outside the clone
 (``${KVTIER_CACHE_DIR:-~/.cache/kvtier}/wheels``, one at a time; nothing there is deleted), its
 sha256 taken, and the Python sources kvtier touches parsed with ``ast`` straight from the zip.
-The fingerprint (``tests/vllm/contracts/<dist>-<version>.json``) holds facts only: module,
-class and function names, signatures (parameter names, kinds, annotations and defaults as
-source text), dataclass fields, the names each class assigns on ``self``, the tier and spec
-factories' registered names, and, for the few functions whose behaviour kvtier depends on,
-the calls they make in order and the names and short strings they use. No source text longer
+The fingerprint (``tests/vllm/contracts/<dist>-<version>.json``) holds facts only: every
+offloading module with its class and function names; for the modules kvtier uses, signatures
+(parameter names, kinds, annotations and defaults as source text), dataclass fields, the
+names each class assigns on ``self``, the tier and spec factories' registered names, and, for
+the few functions whose behaviour kvtier depends on, the calls they make in order and the
+names and short strings they use. No source text longer
 than an annotation or a default is kept: the repository carries no vLLM code.
 
 The output is deterministic (sorted keys, no timestamps): a second run writes identical files.
@@ -176,6 +177,9 @@ FACETS = {
 }
 DEFAULT_FACETS = ("calls", "keywords", "strings", "assigns")
 
+#: Every module under this package is listed with its top-level class and function names
+#: (the whole offloading subsystem's map; SURFACE details the part kvtier uses).
+INVENTORY = KV
 #: Module-level ``<Factory>.<method>("name", ...)`` calls recorded as a registry.
 REGISTRIES = {
     KV + "tiering/factory.py": "register_tier",
@@ -453,6 +457,12 @@ def registry(tree: ast.Module, method: str) -> list[list[Any]]:
     return found
 
 
+def top_level_names(source: str) -> list[str]:
+    """A module's top-level classes and functions, by name only."""
+    kinds = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    return sorted(node.name for node in ast.parse(source).body if isinstance(node, kinds))
+
+
 def fingerprint(requirement: str, wheel: Path) -> dict[str, Any]:
     dist, version = requirement.split("==")
     with zipfile.ZipFile(wheel) as zf:
@@ -464,7 +474,13 @@ def fingerprint(requirement: str, wheel: Path) -> dict[str, Any]:
                 continue
             modules[path] = module_facts(path, zf.read(path).decode(), selection)
         requires = requirements(zf)
+        inventory = {
+            path: top_level_names(zf.read(path).decode())
+            for path in sorted(present)
+            if path.startswith(INVENTORY) and path.endswith(".py")
+        }
     return {
+        "inventory": inventory,
         "format": FORMAT,
         "distribution": dist,
         "version": version,
