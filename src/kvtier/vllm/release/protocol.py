@@ -19,8 +19,10 @@ attribute                          of                         why kvtier touches
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the real classes come from the installed vLLM, per generation
@@ -150,11 +152,63 @@ class Release(Protocol):
 
 
 class ReleaseBase:
-    """What every supported generation does alike: the private attributes they share and the
-    config values they name alike."""
+    """What every supported generation does alike: the private attributes they share, the
+    config values they name alike, and the device the engine computes on."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self, name: str, *, cpu_build: bool = False, cpuinfo: Path = Path("/proc/cpuinfo")
+    ) -> None:
+        """``cpu_build``: vLLM's CPU build (kvtier's CPU spec runs the host pool), else a CUDA
+        build. ``cpuinfo`` is a seam for tests."""
         self.name = name
+        self.cpu_build = cpu_build
+        self._cpuinfo = cpuinfo
+
+    def require_cpu_spec(self) -> None:
+        """kvtier's CPU spec runs only on vLLM's CPU build; refuse it elsewhere."""
+        if not self.cpu_build:
+            from kvtier.errors import ConfigError
+
+            raise ConfigError(
+                f"kvtier: spec_name 'KvtierCpuSpec' needs vLLM's CPU build; on {self.name} "
+                "(CUDA) use kvtier.kv_transfer_config(..., platform='cuda') (spec "
+                "'KvtierCudaSpec')"
+            )
+
+    def device_description(self) -> str | None:
+        """What the engine computes on, in words: the restore decision's timings are kept
+        with the disk tier only for the same device; None when it cannot be told (then no
+        timings are kept or adopted)."""
+        return self._cpu_description() if self.cpu_build else self._gpu_description()
+
+    def _cpu_description(self) -> str | None:
+        """The CPU model and the CPUs this process may use (prefill time scales with them):
+        ``cpu: AMD EPYC 9654 x 16``."""
+        model = ""
+        try:
+            with open(self._cpuinfo, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    name, sep, value = line.partition(":")
+                    if sep and name.strip() == "model name":
+                        model = " ".join(value.split())
+                        break
+        except OSError:
+            return None
+        if not model:
+            return None
+        return f"cpu: {model} x {len(os.sched_getaffinity(0))}"
+
+    def _gpu_description(self) -> str | None:
+        """The first visible GPU's name from vLLM's platform (``cuda: <GPU name>``), which
+        asks NVML and so does not initialise CUDA in the scheduler's process."""
+        try:
+            from vllm.platforms import current_platform
+
+            kind = str(current_platform.device_type)
+            name = " ".join(str(current_platform.get_device_name(0)).split())
+        except Exception:  # no GPU visible, no NVML: say nothing rather than guess
+            return None
+        return f"{kind}: {name}" if kind and name else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
