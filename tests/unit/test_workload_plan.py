@@ -12,10 +12,12 @@ from kvtier.bench.workload.text import tagged, words
 def test_text_is_a_function_of_its_seed_and_sized_in_words() -> None:
     assert words("a", 50) == words("a", 50)
     assert words("a", 50) != words("b", 50)
-    assert len(words("a", 50).replace(".", "").split()) == 50
+    text = words("a", 50)
+    assert len(text.replace(".", " .").split()) == 50  # a word or a full stop: a token each
+    assert text.count(".") == 3  # after every twelfth word
     text = tagged("doc 3:", "a", 40)
     assert text.startswith("doc 3: ")
-    assert len(text.replace(".", "").split()) == 40 - 1  # the tag's colon counted as a token
+    assert len(text.replace(".", " .").split()) == 40 - 1  # the tag's colon counted as a token
 
 
 def test_poisson_gaps_have_the_rate_and_follow_the_seed() -> None:
@@ -58,8 +60,8 @@ def test_no_reuse_has_the_chats_prompt_lengths_and_no_shared_start() -> None:
     starts = [p.messages[0][1].split()[:3] for p in requests]
     assert len({tuple(s) for s in starts}) == len(requests)
     for p in requests:
-        system_words = len(p.messages[0][1].replace(".", "").split())
-        assert system_words == 40 + p.round * (10 + 5) - 1
+        system_tokens = len(p.messages[0][1].replace(".", " .").split())
+        assert system_tokens == 40 + p.round * (10 + 5) - 1
 
 
 def test_documents_in_tile_order_ask_every_document_before_any_again() -> None:

@@ -3,9 +3,10 @@
 The driver runs against any server, so it cannot count tokens with the server's tokenizer. It
 writes text from short, common, lower-case English words, each preceded by a space: in the
 byte-pair vocabularies of the usual model families (GPT-2 style, Llama, Qwen, SmolLM) such a
-word is one token, so ``n`` words come to about ``n`` tokens (the server's own count, the
-``usage.prompt_tokens`` of every answer, is what the results report). A full stop every dozen
-words keeps the text from looking like one endless run-on, which some tokenizers merge.
+word is one token, and so is a full stop, so ``n`` words and full stops come to about ``n``
+tokens (exactly ``n`` with SmolLM2's tokenizer). The results report the server's own count,
+``usage.prompt_tokens``. A full stop after every twelfth word keeps the text from being one
+endless run-on.
 
 The same seed gives the same text. Texts of different seeds share no leading block in practice:
 each starts with a tag naming what it is (``doc 17``, ``user 3``), and the words after it differ.
@@ -36,14 +37,16 @@ _PARAGRAPH = (
 WORDS = tuple(_PARAGRAPH.split())
 
 
-def words(seed: str, count: int) -> str:
-    """``count`` words (about ``count`` tokens) of the generator seeded with ``seed``, each
-    with a leading space, a full stop after every twelfth."""
+def words(seed: str, tokens: int) -> str:
+    """About ``tokens`` tokens of the generator seeded with ``seed``: words, each with a
+    leading space, and a full stop (a token too) after every twelfth."""
     rng = random.Random(seed)  # a str seed is hashed with SHA-512: the same in every process
     out = []
-    for i in range(count):
+    count = 0
+    while len(out) < tokens:
         out.append(" " + rng.choice(WORDS))
-        if i % 12 == 11:
+        count += 1
+        if count % 12 == 0 and len(out) < tokens:
             out.append(".")
     return "".join(out)
 
