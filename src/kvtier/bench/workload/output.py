@@ -109,7 +109,7 @@ def header(runs: list[dict[str, Any]]) -> list[str]:
         "E2E p50 (s)",
         "requests/s",
         "output tok/s",
-        *(f"prompt tok: {label}" for label in _sources(runs)),
+        *(f"{label} (tok)" for label in _sources(runs)),
     ]
 
 
@@ -200,6 +200,7 @@ def plot(runs: list[dict[str, Any]], png: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     for run in runs:
@@ -214,6 +215,7 @@ def plot(runs: list[dict[str, Any]], png: Path) -> None:
     split = runs[-1]["config"].get("split_round")
     if split is not None:
         ax.axvline(split + 0.5, linestyle=":", color="grey", label="command between rounds")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round" if shape["workload"] != "documents" else "times the document was asked")
     ax.set_ylabel("TTFT p50 (s)")
     ax.set_title(f"Workload {shape['workload']}: time to first token per round")

@@ -100,6 +100,7 @@ async def run(
     segment_start: dict[int, float] = {}
     slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
     sent: list[Sent] = []
+    every = max(1, len(plan) // 10)  # a progress line per tenth of the run
     record = RunRecord(sent=sent, segments=[])
 
     async def one(p: PlannedRequest) -> None:
@@ -124,6 +125,8 @@ async def run(
         sent.append(Sent(p.index, p.unit, p.round, p.segment, sent_s, completion))
         if completion.error:
             progress(f"request {p.index} (unit {p.unit}, round {p.round}): {completion.error}")
+        elif len(sent) % every == 0:
+            progress(f"{len(sent)} of {len(plan)} answered")
         answered[p.index].set()
 
     tasks = [asyncio.create_task(one(p)) for p in plan]
