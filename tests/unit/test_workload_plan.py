@@ -144,3 +144,28 @@ def test_counters_and_pool_come_from_vllm_families_only() -> None:
     }
     assert metrics.pool_tokens(text) == 1600
     assert metrics.counters("not { metrics") == {} and metrics.pool_tokens(None) is None
+
+
+def test_tier_lines_name_each_tier_and_skip_a_server_without_offloading() -> None:
+    from kvtier.bench.workload.output import tier_lines
+
+    counters = {
+        "vllm:kv_offload_tiering_chunk_queries{tier=0:primary}": 64.0,
+        "vllm:kv_offload_tiering_chunk_hits{tier=0:primary}": 24.0,
+        "vllm:kv_offload_tiering_chunk_queries{tier=1:KvtierDiskTier}": 40.0,
+        "vllm:kv_offload_tiering_chunk_hits{tier=1:KvtierDiskTier}": 16.0,
+        "kvtier:tier_bytes_read{tier=disk}": 3 * 2**20,
+        "kvtier:restore_decisions{verdict=restore}": 2.0,
+        "vllm:prompt_tokens_by_source{source=local_compute}": 100.0,
+    }
+    run = {"summary": {"sources": {"counters": counters}}}
+    assert tier_lines(run) == [
+        "host pool 24 of 64 chunk lookups hit",
+        "disk 16 of 40 chunk lookups hit",
+        "disk read 3.0 MiB",
+        "restore decisions: restore 2",
+    ]
+    plain = {
+        "summary": {"sources": {"counters": {k: v for k, v in counters.items() if "source" in k}}}
+    }
+    assert tier_lines(plain) == []

@@ -148,6 +148,40 @@ def round_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     return names, table
 
 
+#: vLLM's tier type -> the word the tables use.
+_TIER_WORDS = {"primary": "host pool", "KvtierDiskTier": "disk", "KvtierSharedTier": "shared"}
+
+
+def _labels(key: str) -> str:
+    """``family{a=x,b=y}`` -> ``x,y`` (the counter keys of ``metrics.counters``)."""
+    return key[key.index("{") + 1 : -1].split("=", 1)[-1]
+
+
+def tier_lines(run: dict[str, Any]) -> list[str]:
+    """What the offloading tiers did over the run, from vLLM's tiering counters and kvtier's
+    own (none for a server without offloading)."""
+    counters: dict[str, float] = run["summary"]["sources"]["counters"]
+    hits: dict[str, list[float]] = {}
+    moved: list[str] = []
+    verdicts: list[str] = []
+    for key, value in sorted(counters.items()):
+        family, label = key.split("{", 1)[0], _labels(key)
+        if family.startswith("vllm:kv_offload_tiering_chunk_"):
+            word = _TIER_WORDS.get(label.split(":", 1)[-1], label)
+            pair = hits.setdefault(word, [0.0, 0.0])
+            pair[0 if family.endswith("_hits") else 1] += value
+        elif family in ("kvtier:tier_bytes_read", "kvtier:tier_bytes_written") and value:
+            what = "read" if family.endswith("_read") else "written"
+            moved.append(f"{label} {what} {value / 2**20:,.1f} MiB")
+        elif family == "kvtier:restore_decisions" and value:
+            verdicts.append(f"{label} {value:.0f}")
+    parts = [f"{w} {h:.0f} of {q:.0f} chunk lookups hit" for w, (h, q) in hits.items() if q]
+    parts += moved
+    if verdicts:
+        parts.append("restore decisions: " + ", ".join(verdicts))
+    return parts
+
+
 def describe(report: dict[str, Any]) -> str:
     """One paragraph: the workload, how it was sent, the server's cache, the working set."""
     config, summary = report["config"], report["summary"]
@@ -174,6 +208,10 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     parts = [describe(runs[-1]), "", markdown_table(header(runs), rows(runs))]
     names, table = round_rows(runs)
     parts += ["", markdown_table(names, table)]
+    tiers = [(run["config"]["label"], tier_lines(run)) for run in runs]
+    if any(lines for _, lines in tiers):
+        parts += ["", "Offloading tiers over the run:", ""]
+        parts += [f"- {label}: {'; '.join(lines)}" for label, lines in tiers if lines]
     return "\n".join(parts) + "\n"
 
 
@@ -242,4 +280,7 @@ def publish(out: Path, report: dict[str, Any], note: Callable[[str], None]) -> l
         console = Console(width=200)  # a log keeps every column rather than wrapping cells
     for rich_table in rich_tables(runs):
         console.print(rich_table)
+    for run in runs:
+        if lines := tier_lines(run):
+            console.print(f"{run['config']['label']}: {'; '.join(lines)}", markup=False)
     return [raw, table, png]
