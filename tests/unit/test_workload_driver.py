@@ -65,6 +65,28 @@ def test_each_round_resends_the_history_with_the_previous_answer(server, tmp_pat
     assert len(systems) == 1 and len(next(iter(systems))) > 10  # one shared system prompt
 
 
+def test_the_completions_endpoint_sends_the_chat_as_plain_text(server, tmp_path) -> None:
+    shape = plan.Shape("chat", users=2, rounds=2, system_tokens=12, question_tokens=6)
+    result = runner.invoke(
+        app,
+        [
+            "bench", "workload", "--url", server.url + "/v1/", "--endpoint", "completions",
+            "--users", "2", "--rounds", "2", "--system-tokens", "12", "--question-tokens", "6",
+            "--answer-tokens", "3", "--json", "--out", str(tmp_path),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed["config"]["endpoint"] == "completions"
+    assert printed["summary"]["requests"] == 4 and printed["summary"]["failed"] == 0
+    assert {r.path for r in server.received} == {"/v1/completions"}
+    first, second = by_user_round(server)[(0, 0)], by_user_round(server)[(0, 1)]
+    assert first.body["prompt"].startswith("system: system:")
+    assert first.body["prompt"].endswith("assistant:")
+    assert second.body["prompt"].startswith(first.body["prompt"] + " " + first.answer)
+    assert plan.build(shape)[2].messages[0][1] in second.body["prompt"]
+
+
 def test_requests_wait_for_their_poisson_arrival(server, tmp_path) -> None:
     shape = plan.Shape("no-reuse", users=4, rounds=2, system_tokens=10, question_tokens=5)
     qps = 25.0

@@ -347,6 +347,12 @@ def bench_workload(
         ),
     ] = "run",
     out: OutOption = Path("bench-out"),
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the run's settings and figures as JSON instead of the tables."
+        ),
+    ] = False,
 ) -> None:
     """Serving workloads against any OpenAI-compatible server: TTFT, ITL, throughput, tokens
     by source.
@@ -358,6 +364,7 @@ def bench_workload(
     Example: kvtier bench workload --url http://127.0.0.1:8000 --workload chat --users 16
     --rounds 4 --qps 2 --label kvtier
     """
+    import json
     import re
 
     require("bench", "kvtier bench workload", ("httpx", "matplotlib"))
@@ -431,7 +438,9 @@ def bench_workload(
     except ConfigError as exc:
         note(str(exc))
         raise typer.Exit(2) from None
-    files = output.publish(out, report, note)
+    files = output.publish(out, report, note, print_tables=not json_output)
+    if json_output:
+        print(json.dumps({"config": report["config"], "summary": report["summary"]}, indent=1))
     note("raw data, table and plot: " + ", ".join(str(p) for p in files))
     if report["summary"]["failed"]:
         note(f"{report['summary']['failed']} of {report['summary']['requests']} requests failed")

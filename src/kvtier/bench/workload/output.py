@@ -265,9 +265,11 @@ def plot(runs: list[dict[str, Any]], png: Path) -> None:
     plt.close(fig)
 
 
-def publish(out: Path, report: dict[str, Any], note: Callable[[str], None]) -> list[Path]:
+def publish(
+    out: Path, report: dict[str, Any], note: Callable[[str], None], print_tables: bool = True
+) -> list[Path]:
     """Write the run's JSON, then the folder's table and plot for its workload; print the
-    tables (stdout). Returns the files written."""
+    tables (stdout) unless told not to. Returns the files written."""
     raw = write_raw(out, report)
     runs = comparable(out, report, note)
     workload = report["config"]["shape"]["workload"]
@@ -275,6 +277,8 @@ def publish(out: Path, report: dict[str, Any], note: Callable[[str], None]) -> l
     table.write_text(markdown(runs))
     png = out / f"workload-{workload}.png"
     plot(runs, png)
+    if not print_tables:
+        return [raw, table, png]
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # a log keeps every column rather than wrapping cells

@@ -32,6 +32,12 @@ def _ok(sent: Sequence[Sent]) -> list[Sent]:
     return [s for s in sent if s.completion.error is None]
 
 
+def _times(sent: Sequence[Sent], name: str) -> list[float]:
+    """``name`` (``ttft_s`` or ``e2e_s``) of every request that has it."""
+    values = (getattr(s.completion, name) for s in sent)
+    return [v for v in values if v is not None]
+
+
 def per_round(sent: Sequence[Sent]) -> list[dict[str, Any]]:
     """Per round: requests, TTFT percentiles, prompt and cached tokens (from ``usage``)."""
     rounds = sorted({s.round for s in sent})
@@ -45,7 +51,7 @@ def per_round(sent: Sequence[Sent]) -> list[dict[str, Any]]:
                 "round": r,
                 "requests": len(mine),
                 "failed": len(mine) - len(ok),
-                "ttft_s": percentiles([s.completion.ttft_s for s in ok if s.completion.ttft_s]),
+                "ttft_s": percentiles(_times(ok, "ttft_s")),
                 "prompt_tokens": sum(s.completion.prompt_tokens or 0 for s in ok),
                 "cached_tokens": sum(cached) if cached else None,
             }
@@ -75,9 +81,9 @@ def summarize(record: RunRecord, unique: bool = False) -> dict[str, Any]:
         "failed": len(record.sent) - len(ok),
         "duration_s": duration,
         "command_s": record.command_s,
-        "ttft_s": percentiles([s.completion.ttft_s for s in ok if s.completion.ttft_s]),
+        "ttft_s": percentiles(_times(ok, "ttft_s")),
         "itl_s": percentiles(gaps),
-        "e2e_s": percentiles([s.completion.e2e_s for s in ok if s.completion.e2e_s]),
+        "e2e_s": percentiles(_times(ok, "e2e_s")),
         "requests_per_s": len(ok) / duration if duration > 0 else None,
         "output_tokens_per_s": output / duration if duration > 0 else None,
         "prompt_tokens_per_s": prompt / duration if duration > 0 else None,
