@@ -105,6 +105,10 @@ def test_a_shape_refuses_unknown_names_and_empty_sizes() -> None:
         plan.Shape("documents", order="tiled")
     with pytest.raises(ValueError, match="users=0"):
         plan.Shape("chat", users=0)
+    with pytest.raises(ValueError, match="question_tokens=0"):
+        plan.Shape("chat", question_tokens=0)
+    with pytest.raises(ValueError, match="system_tokens=-1"):
+        plan.Shape("chat", system_tokens=-1)
 
 
 def test_pool_sizing_gives_the_asked_multiple_of_the_engine_cache() -> None:

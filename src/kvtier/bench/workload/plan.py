@@ -63,9 +63,19 @@ class Shape:
             raise ValueError(f"workload {self.workload!r}: use one of {', '.join(WORKLOADS)}")
         if self.order not in ORDERS:
             raise ValueError(f"order {self.order!r}: use one of {', '.join(ORDERS)}")
-        for name in ("users", "rounds", "documents", "questions", "answer_tokens"):
+        for name in (
+            "users",
+            "rounds",
+            "documents",
+            "questions",
+            "answer_tokens",
+            "question_tokens",
+            "document_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: give at least 1")
+        if self.system_tokens < 0:
+            raise ValueError(f"system_tokens={self.system_tokens}: give 0 or more")
         if self.workload == "restart" and self.rounds < 2:
             raise ValueError(f"restart: rounds={self.rounds}; give at least 2 (before, after)")
         if self.restart_round is not None and not 1 <= self.restart_round < self.rounds:
