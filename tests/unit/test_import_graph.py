@@ -168,3 +168,17 @@ def test_the_library_and_operator_commands_import_without_vllm_or_extras() -> No
     loaded = loaded_after_importing(OPERATOR, BLOCK)
     assert "kvtier.cli.ops" in loaded and "kvtier.store.disk.store" in loaded
     assert [m for m in loaded if m.split(".")[0] in ABSENT] == []
+
+
+def test_the_policy_imports_no_store_module() -> None:
+    # The decision is pure: it predicts and learns from what the adapters measure. Its
+    # evidence file reaches the disk through kvtier.small_files, which the store uses too.
+    policy = modules_under(SRC / "kvtier" / "policy")
+    assert "kvtier.policy.evidence_file" in policy
+    assert offenders(policy, ("kvtier.store", "kvtier.vllm", "vllm", "torch")) == {}
+
+
+def test_the_policy_loads_no_store_module() -> None:
+    loaded = loaded_after_importing(["kvtier.policy", "kvtier.policy.evidence_file"])
+    assert "kvtier.policy.evidence_file" in loaded
+    assert [m for m in loaded if within(m, ("kvtier.store",))] == []

@@ -13,6 +13,7 @@ from kvtier.vllm.lookup_decider import (
     make_policy,
 )
 from kvtier.vllm.step_clock import StepClock
+from tests.support.policy import engine_wait_s, predict_restore_s
 
 TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token
 
@@ -277,7 +278,7 @@ def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(nat
     assert 0 < restored < 8
     assert verdicts == [LookupResult.HIT] * restored + [LookupResult.MISS] * (8 - restored)
     assert (d.counts.restore, d.counts.recompute) == (restored, 8 - restored)
-    assert policy.engine_wait_s() > 0
+    assert engine_wait_s(policy) > 0
 
     # The same request alone, once the queues have drained, is recomputed again.
     clock.now += 60.0
@@ -312,13 +313,13 @@ def test_the_host_copy_is_predicted_at_the_platforms_prior():
     gib2 = 2 * 2**30
     cpu = make_policy(True, lambda: 0.0)
     cuda = make_policy(True, lambda: 0.0, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
-    assert cpu.predict_restore_s("host", gib2) == pytest.approx(
+    assert predict_restore_s(cpu, "host", gib2) == pytest.approx(
         gib2 / HOST_COPY_PRIOR_BYTES_PER_S, rel=0.01
     )
-    assert cuda.predict_restore_s("host", gib2) == pytest.approx(
+    assert predict_restore_s(cuda, "host", gib2) == pytest.approx(
         gib2 / CUDA_HOST_COPY_PRIOR_BYTES_PER_S, rel=0.01
     )
-    assert cuda.predict_restore_s("host", gib2) < cpu.predict_restore_s("host", gib2) / 2
+    assert predict_restore_s(cuda, "host", gib2) < predict_restore_s(cpu, "host", gib2) / 2
 
 
 def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:

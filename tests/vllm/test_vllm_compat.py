@@ -17,6 +17,7 @@ from kvtier.vllm import compat
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.guards import check_hash_stability
 from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE, TierDecider, make_policy
+from tests.support.policy import engine_wait_s
 
 
 def versions(installed: dict[str, str]):
@@ -300,7 +301,7 @@ def test_without_key_positions_requests_behind_queued_prefill_are_batched_not_re
     queued = d.policy.decide("disk", 0, 4096, 256 * ROW)
     assert not queued.restore
     d.policy.commit(queued)  # another request's recompute queued on the engine
-    assert d.policy.engine_wait_s() > 0
+    assert engine_wait_s(d.policy) > 0
     assert d.hit(b"b0", Ctx025("second")) is LookupResult.RETRY
 
 
@@ -315,7 +316,7 @@ def test_without_key_positions_a_burst_is_batched_after_its_first_request():
     assert d.hit(b"k0", burst[0]) is LookupResult.MISS
     d.end_step()
     clock.now += longest  # the first one's prefill step
-    assert d.policy.engine_wait_s() == 0
+    assert engine_wait_s(d.policy) == 0
     for i, ctx in enumerate(burst[1:], start=1):
         assert d.hit(bytes([i]) * 4, ctx) is LookupResult.RETRY, "collected for the batch"
     d.end_step()

@@ -484,11 +484,6 @@ HOST_COPY_PRIOR_BYTES_PER_S = 4e9
 CUDA_HOST_COPY_PRIOR_BYTES_PER_S = 12e9
 
 
-#: No load is abandoned sooner than this: on a busy host a load waits for I/O threads and
-#: for the engine's next step (when vLLM polls jobs) for tens to hundreds of milliseconds.
-DEADLINE_FLOOR_S = 1.0
-
-
 #: The policy's name for the host pool's copy to the engine, which every tier's restore
 #: pays after its own load (the tiers are added ``via`` it).
 HOST_TIER = "host"
@@ -508,9 +503,9 @@ def make_policy(
     (``PolicySettings.safety_factor_within_evidence``). Timed to its store job's arrival, the
     evidence read prefill 12-23 % slow on vLLM 0.25.1 (docs/benchmarks.md), more than that
     margin."""
-    from kvtier.policy import DeadlineRule, PolicySettings, RestorePrior
+    from kvtier.policy import PolicySettings, RestorePrior
 
-    settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))
+    settings = PolicySettings(enabled=enabled)
     if not prefill_timed_to_steps:
         settings = settings.model_copy(
             update={"safety_factor_within_evidence": settings.safety_factor}
