@@ -75,6 +75,7 @@ from kvtier.buffers import address_of
 from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO
+from kvtier.store.base import FixedClaim
 
 
 def _pin(buffer: mmap.mmap) -> str:
@@ -246,7 +247,7 @@ def run(
             if ok and read.from_page_cache:
                 reader_hits.append(i)  # the store's counters see none of these reads
         elif how == "load-py-claim":
-            ok = using.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
+            ok = using.get_into_when(keys[i], rows[i], FixedClaim(), bounce.get())
         else:
             ok = using.get_into(keys[i], rows[i])
         if not ok:

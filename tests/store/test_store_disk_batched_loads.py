@@ -15,6 +15,7 @@ from kvtier import native
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO
+from kvtier.store.base import FixedClaim
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]
@@ -118,7 +119,7 @@ def test_claims_without_a_cell_are_read_one_by_one(open_disk: OpenDisk) -> None:
     fill(store, range(3))
     outs = rows(3)
     answers = store.get_many_into_when(
-        [key_of(n) for n in range(3)], outs, [lambda: True] * 3, aligned_buffer(PAYLOAD_BYTES)
+        [key_of(n) for n in range(3)], outs, [FixedClaim()] * 3, aligned_buffer(PAYLOAD_BYTES)
     )
     assert answers == [True] * 3 and io.list_calls == 0
     assert [bytes(o) for o in outs] == [payload_of(n) for n in range(3)]

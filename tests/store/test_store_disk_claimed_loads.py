@@ -18,6 +18,7 @@ from kvtier import native
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES
 from kvtier.store import DiskStore, RecordIO
+from kvtier.store.base import FixedClaim
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]
@@ -65,16 +66,20 @@ def flip_a_payload_bit(path: Path, resident: bool) -> None:
         pytest.skip("the kernel did not keep (or drop) the record's pages as asked")
 
 
-class Claims:
-    """A load's claim that records what the row and the bounce buffer held when it was asked."""
+class Claims(FixedClaim):
+    """A load's claim that records what the row and the bounce buffer held when it was asked
+    (claimed from Python: no native cell)."""
+
+    __slots__ = ("bounce", "row", "seen")
 
     def __init__(self, row: memoryview, bounce: memoryview, grant: bool = True) -> None:
-        self.row, self.bounce, self.grant = row, bounce, grant
+        super().__init__(grant)
+        self.row, self.bounce = row, bounce
         self.seen: list[tuple[bool, bool]] = []
 
-    def __call__(self) -> bool:
+    def claim(self) -> bool:
         self.seen.append((any(bytes(self.row)), any(bytes(self.bounce))))
-        return self.grant
+        return super().claim()
 
 
 def test_a_resident_record_is_claimed_then_read_straight_into_the_row(
@@ -306,8 +311,9 @@ class Releasable(Claims):
         super().__init__(row, bounce)
         self.released = 0
 
-    def release(self) -> None:
+    def release(self) -> bool:
         self.released += 1
+        return True
 
 
 def test_a_refused_nowait_read_gives_the_claim_back_and_reads_through_the_bounce_buffer(

@@ -15,6 +15,7 @@ from kvtier.errors import ConfigError
 from kvtier.format import HEADER_BYTES
 from kvtier.settings import SharedTierSettings
 from kvtier.store import DiskStore, MemoryStore, RecordIO
+from kvtier.store.base import FixedClaim
 from kvtier.store.tiered import LocalThenShared
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
@@ -290,9 +291,11 @@ def test_a_composite_read_refused_by_its_claim_leaves_the_row_untouched():
     store = LocalThenShared(local, shared)
     assert store.put(key(3), b"c" * 64)
     row, bounce = bytearray(64), bytearray(64)
-    assert not store.get_into_when(key(3), memoryview(row), lambda: False, memoryview(bounce))
+    assert not store.get_into_when(
+        key(3), memoryview(row), FixedClaim(grant=False), memoryview(bounce)
+    )
     assert row == bytearray(64)
-    assert store.get_into_when(key(3), memoryview(row), lambda: True, memoryview(bounce))
+    assert store.get_into_when(key(3), memoryview(row), FixedClaim(), memoryview(bounce))
     assert row == b"c" * 64
     store.close()
 

@@ -79,12 +79,10 @@ from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import DISK_MIN_CAPACITY_BYTES
 from kvtier.store.base import (
     BlockStore,
+    LoadClaim,
     Problem,
     StoreAbilities,
     StoreStats,
-    mark_written,
-    release_claim,
-    was_abandoned,
 )
 from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
@@ -320,9 +318,9 @@ class DiskStore(BlockStore):
         return self._load(key, memoryview(out), None, None)
 
     def get_into_when(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
     ) -> bool:
-        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+        """``get_into`` that writes ``out`` only after ``claim.claim()`` returned True.
 
         A record the page cache holds whole is read straight into ``out`` once claimed,
         hashed chunk by chunk as it lands: one copy where the bounce buffer costs two and a
@@ -350,13 +348,13 @@ class DiskStore(BlockStore):
         return super().get_into_when(key, out, claim, bounce)
 
     def _read_refused_again(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
     ) -> bool:
         """After ``NowaitRefused`` (claimed, nothing read; the reader takes the bounce buffer
         from now on): give the claim back and read the record that way, rather than lose the
         load. On tmpfs every record is resident, so every load in flight meets the refusal
         once. A claim that cannot be given back was spent: a miss."""
-        if not release_claim(claim):
+        if not claim.release():
             return self._missed()
         return super().get_into_when(key, out, claim, bounce)
 
@@ -364,7 +362,7 @@ class DiskStore(BlockStore):
         self,
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
-        claims: Sequence[Callable[[], bool]],
+        claims: Sequence[LoadClaim],
         bounce: memoryview,
     ) -> list[bool]:
         """``get_into_when`` of each key, the records read in one native call for them all
@@ -374,7 +372,7 @@ class DiskStore(BlockStore):
         verified in turn, so a load abandoned meanwhile is never read into. Sealed records
         go one by one through ``get_into_when`` (opened before their claim)."""
         outs = [memoryview(out) for out in outs]
-        cells = [getattr(claim, "native_cell", None) for claim in claims]
+        cells = [claim.native_cell for claim in claims]
         if (
             len(keys) < 2
             or self._sealer is not None
@@ -424,7 +422,7 @@ class DiskStore(BlockStore):
         self,
         key: bytes,
         out: memoryview,
-        claim: Callable[[], bool] | None,
+        claim: LoadClaim | None,
         bounce: memoryview | None,
     ) -> bool:
         """``get_into``, or with ``claim`` and ``bounce`` ``get_into_when``'s read: in one
@@ -439,7 +437,7 @@ class DiskStore(BlockStore):
         # A claim with a native cell (kvtier.dataplane.abandonable) the reader can make itself.
         cell = None
         if claim is not None and bounce is not None and bounce.nbytes == out.nbytes:
-            cell = getattr(claim, "native_cell", None) if self._io.claims_into(out) else None
+            cell = claim.native_cell if self._io.claims_into(out) else None
 
         def read() -> ClaimedRead | bool | None:
             if claim is None or bounce is None:
@@ -451,13 +449,13 @@ class DiskStore(BlockStore):
             if not isinstance(opened, int):
                 return ClaimedRead(bounce, *opened, False)
             # Resident: nothing read yet; read straight into out once claimed.
-            if not claim():
+            if not claim.claim():
                 os.close(opened)
                 return False
             try:
                 resident = self._io.read_resident(opened, path, out, checksum)
             finally:
-                mark_written(claim)
+                claim.written()
             return None if resident is None else ClaimedRead(out, *resident, True)
 
         return self._settle(key, name, entry, out, claim, read)
@@ -489,7 +487,7 @@ class DiskStore(BlockStore):
         key: bytes,
         entry: _Entry,
         out: memoryview,
-        claim: Callable[[], bool] | None,
+        claim: LoadClaim | None,
         read: Callable[[], ClaimedRead | bool | None],
     ) -> bool:
         """Run ``read`` (a pinned record's read: what it read, False when the load was
@@ -502,7 +500,7 @@ class DiskStore(BlockStore):
                 return self._missed()
             if isinstance(landed, bool):
                 return False  # abandoned: out untouched
-            if landed.into is out and was_abandoned(claim):
+            if landed.into is out and claim is not None and claim.abandoned:
                 # Written, then abandoned at the deadline: the row is vLLM's again (it may be
                 # reused already), so it is neither served nor checked.
                 return False
@@ -547,10 +545,10 @@ class DiskStore(BlockStore):
         # Read into the bounce buffer: checked all the same (a damaged record is quarantined
         # even for a load abandoned after its read), written to out only once claimed.
         assert claim is not None
-        if not claim():
+        if not claim.claim():
             return False
         copy_into(out, landed.into)
-        mark_written(claim)
+        claim.written()
         return True
 
     def contains(self, key: bytes) -> bool:
