@@ -14,7 +14,7 @@ from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
 from kvtier.format import HEADER_BYTES
 from kvtier.settings import SharedTierSettings
-from kvtier.store import DiskStore, MemoryStore, RecordIO
+from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
 from kvtier.store.base import FixedClaim
 from kvtier.store.tiered import LocalThenShared
 from kvtier.vllm.disk_tier import KvtierDiskTier
@@ -312,7 +312,7 @@ def test_the_shared_tier_is_remote_storage_over_a_store_that_asks_its_server(tie
 
 def resident_local_disk(tmp_path) -> DiskStore:
     """A local disk store whose records stay in the page cache (written buffered, fsynced)."""
-    io = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    io = RecordIO(RecordWriter(fsync="data", direct_writes=False, drop_written_pages=False))
     return DiskStore(
         tmp_path / "local",
         make_namespace(),
@@ -381,8 +381,8 @@ def test_a_list_read_takes_the_local_copies_in_one_call_and_the_rest_from_the_sh
         f.seek(HEADER_BYTES + 9)
         f.write(flipped)
     calls = []
-    real = local._io.read_claiming_many
-    local._io.read_claiming_many = lambda *args: calls.append(len(args[0])) or real(*args)
+    real = local._io.reader.read_claiming_many
+    local._io.reader.read_claiming_many = lambda *args: calls.append(len(args[0])) or real(*args)
     keys = [key_of(n) for n in (1, 2, 3)]
     rows = [aligned_buffer(PAYLOAD_BYTES) for _ in keys]
     loads = [AbandonableLoad() for _ in keys]

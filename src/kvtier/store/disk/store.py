@@ -2,7 +2,8 @@
 
 Layout: see kvtier.store.disk.layout. Index (one per root, shared by its namespaces): see
 kvtier.store.disk.index. Root settings and preflight: kvtier.store.disk.root. Opening and recovery:
-kvtier.store.disk.recovery. Trash: kvtier.store.disk.trash. File I/O: kvtier.store.disk.io.
+kvtier.store.disk.recovery. Trash: kvtier.store.disk.trash. File I/O: kvtier.store.disk.writer
+and kvtier.store.disk.reader.
 
 Writing a record (``put``), and what a crash at each step leaves behind:
 
@@ -89,10 +90,12 @@ from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.access_times import AccessTimes
 from kvtier.store.disk.folders import FolderCharge
 from kvtier.store.disk.index import TXN_ROWS_MAX, Row, Trashed, charge
-from kvtier.store.disk.io import ClaimedRead, NowaitRefused, RecordIO
 from kvtier.store.disk.quarantine import Limits, quarantine
+from kvtier.store.disk.reader import ClaimedRead, NativeRecordReader, NowaitRefused
+from kvtier.store.disk.record_io import RecordIO
 from kvtier.store.disk.session import Session, reap_dead_sessions
 from kvtier.store.disk.trash import Trash
+from kvtier.store.disk.writer import RecordWriter
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +167,7 @@ class DiskStore(BlockStore):
         root's (default 0.9), an explicit value replaces it. ``free_space_floor_bytes``: keep
         at least this much free on the file system, evicting if needed; default 5% of the
         file system, at most 10 GiB. ``fsync``: "never", "data" or "always"
-        (kvtier.store.disk.io). ``io``: replaces the file I/O, fsync policy included (the
+        (kvtier.store.disk.writer). ``io``: replaces the file I/O, fsync policy included (the
         fault-injection seam). ``quarantine_max_entries``/``quarantine_max_bytes``: the
         root's quarantine is pruned, oldest first, to these (bytes default: a quarter of the cap).
         ``sealer``: encrypt records and store them under keyed names (module docstring);
@@ -193,7 +196,11 @@ class DiskStore(BlockStore):
             fs_bytes = st.f_blocks * st.f_frsize
             free_space_floor_bytes = min(int(fs_bytes * FLOOR_FRACTION), FLOOR_MAX_BYTES)
         self.free_space_floor_bytes = free_space_floor_bytes
-        self._io = io if io is not None else RecordIO(fsync)
+        self._io = io if io is not None else RecordIO(RecordWriter(fsync))
+        self._writer = self._io.writer
+        self._reader = self._io.reader
+        #: The reader again where it is the native one: the claimed reads are its alone.
+        self._native = self._reader if isinstance(self._reader, NativeRecordReader) else None
         self._sealer = sealer
         self._known: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
@@ -221,8 +228,8 @@ class DiskStore(BlockStore):
                 self._index, self.root, capacity_bytes, low_watermark
             )
             self._namespaces = len(root_settings.namespace_folders(self.root))
-            self._trash = Trash(self.root, self._index, self._io)
-            recovery.clean_temp(self.namespace_dir, self._session.session_id, self._io)
+            self._trash = Trash(self.root, self._index, self._writer)
+            recovery.clean_temp(self.namespace_dir, self._session.session_id, self._writer)
             recovery.reclaim_dead(self.root, self._index, self._trash)
             reap_dead_sessions(self.namespace_dir)
             self._index.trim_changes()
@@ -294,8 +301,8 @@ class DiskStore(BlockStore):
         final = self.namespace_dir / layout.record_name(key, record_id)
         temp = self.namespace_dir / layout.temp_name(key, record_id, self._session.session_id)
         try:
-            self._io.write_temp(temp, header, view)
-            self._io.publish(temp, final)
+            self._writer.write_temp(temp, header, view)
+            self._writer.publish(temp, final)
             self._folders.note_put(final.parent, temp.parent)
             committed = self._index.commit(record_id, key)
         except (OSError, sqlite3.Error) as exc:
@@ -340,7 +347,11 @@ class DiskStore(BlockStore):
         when the scheduler may already have abandoned the load and vLLM reused the row.
         """
         out = memoryview(out)
-        if self._sealer is None and self._io.reads_resident_into(out):
+        if (
+            self._sealer is None
+            and self._native is not None
+            and self._native.reads_resident_into(out)
+        ):
             try:
                 return self._load(key, out, claim, bounce)
             except NowaitRefused:
@@ -373,11 +384,13 @@ class DiskStore(BlockStore):
         go one by one through ``get_into_when`` (opened before their claim)."""
         outs = [memoryview(out) for out in outs]
         cells = [claim.native_cell for claim in claims]
+        native = self._native
         if (
             len(keys) < 2
             or self._sealer is not None
+            or native is None
             or any(cell is None for cell in cells)
-            or any(out.nbytes != bounce.nbytes or not self._io.claims_into(out) for out in outs)
+            or any(out.nbytes != bounce.nbytes or not native.claims_into(out) for out in outs)
         ):
             return super().get_many_into_when(keys, outs, claims, bounce)
         answers = [False] * len(keys)
@@ -391,7 +404,7 @@ class DiskStore(BlockStore):
         refused: list[int] = []
         settled = 0
         try:
-            reads = self._io.read_claiming_many(
+            reads = native.read_claiming_many(
                 [self._path_of(name, entry) for _, name, entry in batch],
                 bounce,
                 [outs[i] for i, _, _ in batch],
@@ -435,17 +448,23 @@ class DiskStore(BlockStore):
         path = self._path_of(name, entry)
         checksum = self._sealer is None
         # A claim with a native cell (kvtier.dataplane.abandonable) the reader can make itself.
+        native = self._native
         cell = None
         if claim is not None and bounce is not None and bounce.nbytes == out.nbytes:
-            cell = claim.native_cell if self._io.claims_into(out) else None
+            cell = claim.native_cell if native is not None and native.claims_into(out) else None
 
         def read() -> ClaimedRead | bool | None:
             if claim is None or bounce is None:
-                header_bytes, payload_checksum, cached = self._io.read_checked(path, out, checksum)
+                header_bytes, payload_checksum, cached = self._reader.read_checked(
+                    path, out, checksum
+                )
                 return ClaimedRead(out, header_bytes, payload_checksum, cached)
+            # A claimed load comes here only where the native reader reads resident records
+            # (get_into_when); any other goes through the bounce buffer (BlockStore's).
+            assert native is not None
             if cell is not None:  # the native reader claims, in the same call as its read
-                return _outcome(self._io.read_claiming(path, bounce, out, cell, checksum))
-            opened = self._io.read_unless_resident(path, bounce, checksum)
+                return _outcome(native.read_claiming(path, bounce, out, cell, checksum))
+            opened = native.read_unless_resident(path, bounce, checksum)
             if not isinstance(opened, int):
                 return ClaimedRead(bounce, *opened, False)
             # Resident: nothing read yet; read straight into out once claimed.
@@ -453,7 +472,7 @@ class DiskStore(BlockStore):
                 os.close(opened)
                 return False
             try:
-                resident = self._io.read_resident(opened, path, out, checksum)
+                resident = native.read_resident(opened, path, out, checksum)
             finally:
                 claim.written()
             return None if resident is None else ClaimedRead(out, *resident, True)
@@ -657,7 +676,7 @@ class DiskStore(BlockStore):
             self.root,
             self.namespace,
             self._index,
-            self._io,
+            self._reader,
             self._session.session_id,
             self._quarantine_limits(),
             fix,
@@ -832,8 +851,8 @@ class DiskStore(BlockStore):
 def _outcome(
     read: ClaimedRead | Exception | None, only_into: memoryview | None = None
 ) -> ClaimedRead | bool | None:
-    """A claimed read (``RecordIO.read_claiming``) as ``DiskStore._settle`` takes it: raises
-    what the read raised; False when the load was no longer pending (nothing read). With
+    """A claimed read (``NativeRecordReader.read_claiming``) as ``DiskStore._settle`` takes it:
+    raises what the read raised; False when the load was no longer pending (nothing read). With
     ``only_into`` (a list read, whose later records went through the same bounce buffer), a
     record that landed anywhere else (the bounce buffer, for a load abandoned after its read)
     is False too: its bytes are gone, so it is not checked."""
