@@ -383,3 +383,13 @@ def test_a_chunked_prefill_is_timed_to_the_steps_that_computed_it_not_to_late_jo
         timed = on_time.policy.prefill.recompute_seconds(0, tokens)
         assert abs(timed / seconds - 1) < 0.05, (tokens, timed)
     assert abs(late.policy.prefill.recompute_seconds(0, 32768) / 2.0 - 1) > 0.15
+
+
+def test_the_engines_loads_are_held_to_the_deadline_rule_as_the_policy_defines_it():
+    """One value per knob: the engine's policy takes every deadline bound from
+    ``DeadlineRule``'s own defaults, not from a second value of its own."""
+    from kvtier.policy import DeadlineRule
+
+    for timed in (False, True):
+        settings = make_policy(True, lambda: 0.0, prefill_timed_to_steps=timed).settings
+        assert settings.deadline == DeadlineRule()
