@@ -287,3 +287,17 @@ def test_the_probe_scan_sees_a_probe(tmp_path: Path) -> None:
         "    return getattr(spec, 'x', None), hasattr(claim, 'y'), getattr(spec, name)\n"
     )
     assert len(probes(probe)) == 2
+
+
+def test_the_policy_imports_no_store_module() -> None:
+    # The decision is pure: it predicts and learns from what the adapters measure. Its
+    # evidence file reaches the disk through kvtier.small_files, which the store uses too.
+    policy = modules_under(SRC / "kvtier" / "policy")
+    assert "kvtier.policy.evidence_file" in policy
+    assert offenders(policy, ("kvtier.store", "kvtier.vllm", "vllm", "torch")) == {}
+
+
+def test_the_policy_loads_no_store_module() -> None:
+    loaded = loaded_after_importing(["kvtier.policy", "kvtier.policy.evidence_file"])
+    assert "kvtier.policy.evidence_file" in loaded
+    assert [m for m in loaded if within(m, ("kvtier.store",))] == []

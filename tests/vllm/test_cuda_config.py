@@ -74,7 +74,7 @@ def serve_once(tmp_path, caplog, prefill_steps: int = 0) -> str:
             assert isinstance(tier, KvtierDiskTier)
             assert tier.decider.policy is spec.kvtier.policy, "tiers share the spec's policy"
             assert tier.decider.policy.settings.enabled
-            writing = spec.kvtier.policy._writing[tier.metric_tier]
+            writing = spec.kvtier.policy.chain._tier(tier.metric_tier).writing
             assert writing == tier._jobs.writing, "the decision sees the disk's writes"
             assert tier._opener.wait() is not None, "the disk tier opened"
             deadline = time.monotonic() + 30

@@ -14,7 +14,7 @@ from vllm.v1.kv_offload.tiering.base import TransferJob
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
 from kvtier.runtime.opener import HOUSEKEEPING_INTERVAL_S
-from kvtier.store import DiskStore, MemoryStore, RecordIO
+from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.store_tier import _ClaimForBuffer
 from tests.support import store as stores
@@ -526,7 +526,9 @@ def test_a_read_into_a_record_buffer_leaves_the_load_claimed_until_its_row_is_wr
     """Rows gathered from slices are read into the thread's record buffer and then scattered
     into the row: the store may claim the load, but only the scatter may mark it written
     (a written load may be abandoned, and its row reused, at once)."""
-    io = RecordIO(fsync="data", direct_writes=not resident, drop_written_pages=not resident)
+    io = RecordIO(
+        RecordWriter(fsync="data", direct_writes=not resident, drop_written_pages=not resident)
+    )
     store = DiskStore(
         tmp_path, stores.make_namespace(), stores.disk_capacity(4), free_space_floor_bytes=0, io=io
     )

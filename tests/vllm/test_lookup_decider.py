@@ -13,6 +13,7 @@ from kvtier.vllm.lookup_decider import (
     TierDecider,
     make_policy,
 )
+from tests.support.policy import engine_wait_s, predict_restore_s
 from tests.support.releases import API025, API032
 
 TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token
@@ -284,7 +285,7 @@ def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(has
     assert 0 < restored < 8
     assert verdicts == [LookupResult.HIT] * restored + [LookupResult.MISS] * (8 - restored)
     assert (d.counts.restore, d.counts.recompute) == (restored, 8 - restored)
-    assert policy.engine_wait_s() > 0
+    assert engine_wait_s(policy) > 0
 
     # The same request alone, once the queues have drained, is recomputed again.
     clock.now += 60.0
@@ -319,13 +320,13 @@ def test_the_host_copy_is_predicted_at_the_platforms_prior():
     gib2 = 2 * 2**30
     cpu = make_policy(True, lambda: 0.0)
     cuda = make_policy(True, lambda: 0.0, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
-    assert cpu.predict_restore_s("host", gib2) == pytest.approx(
+    assert predict_restore_s(cpu, "host", gib2) == pytest.approx(
         gib2 / HOST_COPY_PRIOR_BYTES_PER_S, rel=0.01
     )
-    assert cuda.predict_restore_s("host", gib2) == pytest.approx(
+    assert predict_restore_s(cuda, "host", gib2) == pytest.approx(
         gib2 / CUDA_HOST_COPY_PRIOR_BYTES_PER_S, rel=0.01
     )
-    assert cuda.predict_restore_s("host", gib2) < cpu.predict_restore_s("host", gib2) / 2
+    assert predict_restore_s(cuda, "host", gib2) < predict_restore_s(cpu, "host", gib2) / 2
 
 
 def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:
@@ -389,3 +390,13 @@ def test_a_chunked_prefill_is_timed_to_the_steps_that_computed_it_not_to_late_jo
         timed = on_time.policy.prefill.recompute_seconds(0, tokens)
         assert abs(timed / seconds - 1) < 0.05, (tokens, timed)
     assert abs(late.policy.prefill.recompute_seconds(0, 32768) / 2.0 - 1) > 0.15
+
+
+def test_the_engines_loads_are_held_to_the_deadline_rule_as_the_policy_defines_it():
+    """One value per knob: the engine's policy takes every deadline bound from
+    ``DeadlineRule``'s own defaults, not from a second value of its own."""
+    from kvtier.policy import DeadlineRule
+
+    for timed in (False, True):
+        settings = make_policy(True, lambda: 0.0, prefill_timed_to_steps=timed).settings
+        assert settings.deadline == DeadlineRule()

@@ -20,6 +20,7 @@ from kvtier.vllm.lookup_decider import TierDecider, make_policy, prefill_evidenc
 from kvtier.vllm.release import current, detect
 from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
 from kvtier.vllm.release.api_0_32 import Api032
+from tests.support.policy import engine_wait_s
 from tests.support.releases import API025, API026, API032, JobResult025
 
 
@@ -325,7 +326,7 @@ def test_without_key_positions_requests_behind_queued_prefill_are_batched_not_re
     queued = d.policy.decide("disk", 0, 4096, 256 * ROW)
     assert not queued.restore
     d.policy.commit(queued)  # another request's recompute queued on the engine
-    assert d.policy.engine_wait_s() > 0
+    assert engine_wait_s(d.policy) > 0
     assert d.hit(b"b0", Ctx025("second")) is LookupResult.RETRY
 
 
@@ -340,7 +341,7 @@ def test_without_key_positions_a_burst_is_batched_after_its_first_request():
     assert d.hit(b"k0", burst[0]) is LookupResult.MISS
     d.end_step()
     clock.now += longest  # the first one's prefill step
-    assert d.policy.engine_wait_s() == 0
+    assert engine_wait_s(d.policy) == 0
     for i, ctx in enumerate(burst[1:], start=1):
         assert d.hit(bytes([i]) * 4, ctx) is LookupResult.RETRY, "collected for the batch"
     d.end_step()

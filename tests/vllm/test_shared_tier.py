@@ -12,7 +12,8 @@ from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
 from kvtier.format import HEADER_BYTES
 from kvtier.settings import SharedTierSettings
-from kvtier.store import DiskStore, MemoryStore, RecordIO
+from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
+from kvtier.store.base import FixedClaim
 from kvtier.store.tiered import LocalThenShared
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
@@ -288,9 +289,11 @@ def test_a_composite_read_refused_by_its_claim_leaves_the_row_untouched():
     store = LocalThenShared(local, shared)
     assert store.put(key(3), b"c" * 64)
     row, bounce = bytearray(64), bytearray(64)
-    assert not store.get_into_when(key(3), memoryview(row), lambda: False, memoryview(bounce))
+    assert not store.get_into_when(
+        key(3), memoryview(row), FixedClaim(grant=False), memoryview(bounce)
+    )
     assert row == bytearray(64)
-    assert store.get_into_when(key(3), memoryview(row), lambda: True, memoryview(bounce))
+    assert store.get_into_when(key(3), memoryview(row), FixedClaim(), memoryview(bounce))
     assert row == b"c" * 64
     store.close()
 
@@ -307,7 +310,7 @@ def test_the_shared_tier_is_remote_storage_over_a_store_that_asks_its_server(tie
 
 def resident_local_disk(tmp_path) -> DiskStore:
     """A local disk store whose records stay in the page cache (written buffered, fsynced)."""
-    io = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    io = RecordIO(RecordWriter(fsync="data", direct_writes=False, drop_written_pages=False))
     return DiskStore(
         tmp_path / "local",
         make_namespace(),
@@ -376,8 +379,8 @@ def test_a_list_read_takes_the_local_copies_in_one_call_and_the_rest_from_the_sh
         f.seek(HEADER_BYTES + 9)
         f.write(flipped)
     calls = []
-    real = local._io.read_claiming_many
-    local._io.read_claiming_many = lambda *args: calls.append(len(args[0])) or real(*args)
+    real = local._io.reader.read_claiming_many
+    local._io.reader.read_claiming_many = lambda *args: calls.append(len(args[0])) or real(*args)
     keys = [key_of(n) for n in (1, 2, 3)]
     rows = [aligned_buffer(PAYLOAD_BYTES) for _ in keys]
     loads = [AbandonableLoad() for _ in keys]

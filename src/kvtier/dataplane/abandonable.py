@@ -63,7 +63,7 @@ _FALLBACK_LOCK = threading.Lock()
 class AbandonableLoad:
     """One block's load into one destination row (see the module docstring).
 
-    Called, it claims (``claim``): a store's ``get_into_when`` takes it as its ``claim``. Its
+    A ``kvtier.store.base.LoadClaim``: a store's ``get_into_when`` takes it as its ``claim``. Its
     state lives in ``native_cell``, a 4-byte cell moved only by compare-and-swap, so the disk
     store's native reader claims the row inside its read call (one GIL hand-over per block
     instead of two) while the scheduler may abandon it.
@@ -93,8 +93,6 @@ class AbandonableLoad:
         """I/O thread, data in hand: True if it may now copy into the row."""
         return self._move(LoadState.PENDING, LoadState.COPYING)
 
-    __call__ = claim
-
     def written(self) -> None:
         """I/O thread: the row will not be written again (a no-op unless copying)."""
         self._move(LoadState.COPYING, LoadState.WRITTEN)
@@ -103,13 +101,15 @@ class AbandonableLoad:
         if not self._move(LoadState.WRITTEN, LoadState.DONE):
             self._move(LoadState.COPYING, LoadState.DONE)
 
-    def release(self) -> None:
+    def release(self) -> bool:
         """I/O thread: give back a claim whose read failed, so that another source may claim
-        the row later (a no-op unless copying or written). The row may hold part of the
-        failed read; it is not written again unless claimed again, and a load abandoned
-        meanwhile is freed unread like any failed one."""
+        the row later (a no-op unless copying or written); True: this load's claims can
+        always be given back. The row may hold part of the failed read; it is not written
+        again unless claimed again, and a load abandoned meanwhile is freed unread like any
+        failed one."""
         if not self._move(LoadState.WRITTEN, LoadState.PENDING):
             self._move(LoadState.COPYING, LoadState.PENDING)
+        return True
 
     def abandon(self) -> bool:
         """Scheduler: True if the load will never touch its row again; False while it is

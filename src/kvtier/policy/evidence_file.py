@@ -15,7 +15,7 @@ other hardware does not inherit foreign timings. Anything else is *rejected* wit
 (``EvidenceRejected``), and the caller starts unmeasured: a file can make the decision better
 informed, never break it.
 
-Format (JSON, version 1; at most ``layout.DECISION_FILE_MAX_BYTES``, oldest measurements
+Format (JSON, version 1; at most ``DECISION_FILE_MAX_BYTES``, oldest measurements
 dropped first to fit)::
 
     {"format": "kvtier-decision-evidence", "version": 1,
@@ -26,7 +26,7 @@ dropped first to fit)::
 
 Times are rounded to 6 significant digits (a few microseconds of a millisecond step: well
 inside the noise) to keep the file small. Written atomically, private (0600), fsynced:
-``kvtier.store.disk.layout.write_small_file``.
+``kvtier.small_files.write_small_file``.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import KvtierError
+from kvtier.policy.evidence import PolicyEvidence
 from kvtier.policy.prefill import MeasuredStep
 from kvtier.policy.restore import MeasuredLoad
-from kvtier.policy.restore_policy import PolicyEvidence
-from kvtier.store.disk.layout import DECISION_FILE_MAX_BYTES, read_small_file, write_small_file
+from kvtier.small_files import DECISION_FILE_MAX_BYTES, read_small_file, write_small_file
 
 FORMAT = "kvtier-decision-evidence"
 VERSION = 1

@@ -480,11 +480,6 @@ HOST_COPY_PRIOR_BYTES_PER_S = 4e9
 CUDA_HOST_COPY_PRIOR_BYTES_PER_S = 12e9
 
 
-#: No load is abandoned sooner than this: on a busy host a load waits for I/O threads and
-#: for the engine's next step (when vLLM polls jobs) for tens to hundreds of milliseconds.
-DEADLINE_FLOOR_S = 1.0
-
-
 #: The policy's name for the host pool's copy to the engine, which every tier's restore
 #: pays after its own load (the tiers are added ``via`` it).
 HOST_TIER = "host"
@@ -504,9 +499,9 @@ def make_policy(
     (``PolicySettings.safety_factor_within_evidence``). Timed to its store job's arrival, the
     evidence reads prefill slow by the steps the job trails them (``kvtier.runtime.step_clock``),
     more than that margin."""
-    from kvtier.policy import DeadlineRule, PolicySettings, RestorePrior
+    from kvtier.policy import PolicySettings, RestorePrior
 
-    settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))
+    settings = PolicySettings(enabled=enabled)
     if not prefill_timed_to_steps:
         settings = settings.model_copy(
             update={"safety_factor_within_evidence": settings.safety_factor}

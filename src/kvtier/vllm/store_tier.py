@@ -607,11 +607,20 @@ class _ClaimForBuffer:
 
     __slots__ = ("_load",)
 
+    native_cell = None
+
     def __init__(self, load: AbandonableLoad) -> None:
         self._load = load
 
-    def __call__(self) -> bool:
+    def claim(self) -> bool:
         return self._load.claim()
 
-    def release(self) -> None:
-        self._load.release()
+    def written(self) -> None:
+        """The row is written after the store returns (the scatter); marked there."""
+
+    def release(self) -> bool:
+        return self._load.release()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._load.abandoned
