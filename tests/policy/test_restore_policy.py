@@ -670,3 +670,19 @@ def test_the_reported_bandwidth_is_the_one_predictions_use_not_the_fits():
     tier = policy.snapshot().tiers["disk"]
     assert tier.bandwidth_bytes_per_s == pytest.approx(rate, rel=0.01)
     assert tier.fitted_bandwidth_bytes_per_s > 2 * rate, "the fit alone overrates this disk"
+
+
+def test_a_tier_never_measured_gets_the_ceiling_and_then_the_rule():
+    """The one place a load's deadline is set: the policy's ticket. A tier whose prior knows
+    nothing of its disk or server may take the rule's ceiling; once a load was measured, the
+    rule on its estimate."""
+    clock = FakeClock()
+    policy = RestorePolicy(PolicySettings(), trained_engine(), clock)
+    policy.add_tier("disk")
+    first = policy.begin_load("disk", GIB)
+    assert first.deadline_s == policy.settings.deadline.ceiling_s
+    clock.advance(0.5)
+    policy.end_load(first)
+    second = policy.begin_load("disk", GIB)
+    assert second.deadline_s == policy.settings.deadline.deadline_s(second.predicted_s)
+    assert second.deadline_s < policy.settings.deadline.ceiling_s

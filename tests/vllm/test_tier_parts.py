@@ -123,9 +123,9 @@ def test_overruns_double_the_back_off_and_a_completed_load_resets_it():
 
 def test_a_callers_deadline_rule_wins_over_the_policys():
     clock = FakeClock()
-    assert TierHealth(clock).deadline(8192, lambda: 3.0) == clock.now + 3.0
+    assert TierHealth(clock).deadline(8192, 3.0) == clock.now + 3.0
     explicit = TierHealth(clock, load_deadline_s=lambda nbytes: nbytes / 1024)
-    assert explicit.deadline(8192, lambda: 3.0) == clock.now + 8.0
+    assert explicit.deadline(8192, 3.0) == clock.now + 8.0
 
 
 # -- tier_prober --------------------------------------------------------------------------

@@ -4,9 +4,10 @@ Every load gets a deadline from one rule (``kvtier.policy.deadline.DeadlineRule`
 the tier's *unslowed* estimate of the bytes it must wait for: its own and those of the tier's
 loads still running when it was submitted, since its reads queue behind theirs and a restore
 chosen behind a queue must not be abandoned for waiting. A slow tier is held to the normal
-standard, so it recovers only by really meeting it. An overrun abandons the load (its blocks
-become misses), marks the tier slow and feeds the elapsed time into the estimate; the load's
-true time, when its I/O finally returns, refines the estimate too.
+standard, so it recovers only by really meeting it. A tier with no measured load yet gets the
+rule's ceiling: its prior knows nothing of this disk or server. An overrun abandons the load
+(its blocks become misses), marks the tier slow and feeds the elapsed time into the estimate;
+the load's true time, when its I/O finally returns, refines the estimate too.
 
 The estimate learns a load's own time, not its wait: from when the tier began on it (its
 submission, or the end of the last load queued ahead of it) to its end. Else eight loads at
@@ -88,7 +89,8 @@ class LoadTickets:
         ahead = tuple(t for t in running if not t.abandoned)
         predicted = est.base_seconds(nbytes)
         queued_s = est.base_seconds(nbytes + sum(t.nbytes for t in ahead))
-        ticket = LoadTicket(tier, nbytes, now, predicted, self._rule.deadline_s(queued_s), ahead)
+        deadline_s = self._rule.deadline_s(queued_s) if est.loads else self._rule.ceiling_s
+        ticket = LoadTicket(tier, nbytes, now, predicted, deadline_s, ahead)
         running.add(ticket)
         return ticket
 

@@ -5,8 +5,8 @@
   request re-promotes a bad block forever (the livelock of vLLM issue 49176); the store drops
   a bad record itself. A good store of the key lifts it at once (a fresh copy is
   authoritative).
-* **Deadlines.** Every load job gets one: the restore policy's for a tier it has measured
-  (``TierDecider.load_deadline_s``), or a caller's own rule (tests), on the tier's clock.
+* **Deadlines.** Every load job gets one: its ticket's from the restore policy (one rule,
+  ``kvtier.policy.load_tickets``), or a caller's own rule (tests), on the tier's clock.
 * **Slow back-off.** A job that overran its deadline marks the tier slow: lookups miss for
   ``SLOW_BACKOFF_S``, doubling (up to 16x) while the tier keeps overrunning, back to the base
   once a load completes.
@@ -76,14 +76,13 @@ class TierHealth:
             return False
 
     # -- deadlines and back-off ----------------------------------------------------------
-    def deadline(self, nbytes: int, policy_deadline_s: Callable[[], float]) -> float:
+    def deadline(self, nbytes: int, policy_deadline_s: float) -> float:
         """When a load job of ``nbytes`` starting now must have finished (tier clock): the
-        caller's rule if one was given, else ``policy_deadline_s()`` seconds from now."""
+        caller's rule if one was given (tests), else ``policy_deadline_s`` (the load's ticket:
+        ``kvtier.policy.load_tickets``) seconds from now."""
         if self._explicit_deadline is not None:
-            allowed = self._explicit_deadline(nbytes)
-        else:
-            allowed = policy_deadline_s()
-        return self._clock() + allowed
+            return self._clock() + self._explicit_deadline(nbytes)
+        return self._clock() + policy_deadline_s
 
     def is_slow(self) -> bool:
         """True while the tier is skipped after an overrun deadline."""

@@ -395,14 +395,6 @@ class TierDecider:
             return 0.0
         return prefill.recompute_seconds(0, GAUGE_PREFILL_TOKENS) / GAUGE_PREFILL_TOKENS
 
-    def load_deadline_s(self, ticket_deadline_s: float) -> float:
-        """Seconds a load may take: the policy's, or its ceiling while this tier has no
-        measured load (the prior knows nothing of this disk or server yet)."""
-        estimate = self.policy.snapshot().tiers.get(self.tier)
-        if estimate is None or estimate.loads == 0:
-            return self.policy.settings.deadline.ceiling_s
-        return ticket_deadline_s
-
     def on_store(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
         """vLLM stores blocks it just computed: measure the request's prefill so far.
 

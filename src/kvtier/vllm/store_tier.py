@@ -370,9 +370,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             keys,
             rows,
             self._load_share,
-            deadline=lambda: self._health.deadline(
-                nbytes, lambda: self.decider.load_deadline_s(ticket.deadline_s)
-            ),
+            deadline=lambda: self._health.deadline(nbytes, ticket.deadline_s),
             ticket=ticket,
         )
 
