@@ -19,12 +19,12 @@ on huge pages where the kernel gives them) three ways, each on several thread co
 * ``tier-batch``: ``tier`` with each thread's share of the records loaded in one
   ``DiskStore.get_many_into_when`` call (one native call, one GIL hand-over for the share), as
   the disk tier loads a job's blocks;
-* ``reader``: the native call that ``tier`` makes for each record (``RecordIO.read_claiming``:
-  open, probe, claim, read, hash, copy), called alone: no index lookup, header check or
-  counters. Side by side with ``tier`` it splits a record's cost between the reader and the
-  store's Python steps around it (which hold the GIL);
-* ``store-py`` and ``tier-py``: the same two with the native record reader turned off
-  (``RecordIO(native_reads=False)``: open, checks, read and checksum as separate Python calls),
+* ``reader``: the native call that ``tier`` makes for each record
+  (``NativeRecordReader.read_claiming``: open, probe, claim, read, hash, copy), called alone: no
+  index lookup, header check or counters. Side by side with ``tier`` it splits a record's cost
+  between the reader and the store's Python steps around it (which hold the GIL);
+* ``store-py`` and ``tier-py``: the same two read by the Python steps instead of the native
+  record reader (``RecordReader``: open, checks, read and checksum as separate Python calls),
   when the reader is built; the side-by-side shows what reading a block in one GIL-free call
   gives.
 
@@ -41,8 +41,8 @@ reader's own probe), and the reference is what memory gives:
 * ``memcpy``: the same bytes copied from a resident source buffer of the same size into the
   same rows, one ``memcpy`` per record on the same threads: the ceiling;
 * ``buffered``: each file read with one plain buffered ``preadv`` into its row, no checks;
-* ``tier-odirect``: ``tier`` with the page-cache probe off (``RecordIO(page_cache_reads=
-  False)``), reading every record ``O_DIRECT`` as if the page cache held nothing;
+* ``tier-odirect``: ``tier`` with the page-cache probe off (``NativeRecordReader(
+  page_cache_reads=False)``), reading every record ``O_DIRECT`` as if the page cache held nothing;
 
 beside ``plain``, ``store`` and ``tier`` (the target: the tier's path at least 0.8 of the
 memcpy). The count of page-cache hits shows which way kvtier's reads went.
@@ -74,7 +74,8 @@ from kvtier.bench.report import drop_page_cache, environment_line, markdown_tabl
 from kvtier.buffers import address_of
 from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, NativeRecordReader, RecordIO, RecordReader, default_reader
+from kvtier.store.base import FixedClaim
 
 
 def _pin(buffer: mmap.mmap) -> str:
@@ -159,8 +160,10 @@ def run(
     written = np.random.default_rng(0).integers(0, 255, blocks * record_bytes, dtype=np.uint8)
     total = blocks * record_bytes
     capacity = 2 * total + 2**30
-    native_io = RecordIO()
-    store = DiskStore(work / "tier", namespace(record_bytes), capacity, io=native_io)
+    native_io = default_reader()
+    store = DiskStore(
+        work / "tier", namespace(record_bytes), capacity, io=RecordIO(reader=native_io)
+    )
     keys = [i.to_bytes(4, "big") * 8 for i in range(blocks)]
     source = memoryview(written)
     for i, key in enumerate(keys):
@@ -177,15 +180,15 @@ def run(
         "tier-py-claim": (store, "load-py-claim"),
         "tier-batch": (store, "load-batch"),
     }
-    if native_io.claims_into(rows[0]):
+    if isinstance(native_io, NativeRecordReader) and native_io.claims_into(rows[0]):
         loads["reader"] = (store, "reader")
     if warm:
-        odirect_io = RecordIO(page_cache_reads=False)
+        odirect_io = RecordIO(reader=default_reader(page_cache_reads=False))
         odirect = DiskStore(work / "tier", namespace(record_bytes), capacity, io=odirect_io)
         stores.append(odirect)
         loads["tier-odirect"] = (odirect, "load")
-    elif native_io.native_reads:
-        python_io = RecordIO(native_reads=False)
+    elif native_io.native:
+        python_io = RecordIO(reader=RecordReader())
         python_reads = DiskStore(work / "tier", namespace(record_bytes), capacity, io=python_io)
         stores.append(python_reads)
         loads.update({"store-py": (python_reads, "get"), "tier-py": (python_reads, "load")})
@@ -195,7 +198,7 @@ def run(
     if unknown:
         raise UnknownKinds(f"unknown kinds {', '.join(unknown)}; here: {', '.join(loads)}")
     kinds = (*references, *(k for k in loads if only is None or k in only))
-    reader = "native one-call reader" if native_io.native_reads else "Python calls (not built)"
+    reader = "native one-call reader" if native_io.native else "Python calls (not built)"
     # memcpy's source: the same bytes in resident memory of the same size as the records.
     source_map = mmap.mmap(-1, total) if warm else None
     if source_map is not None:
@@ -239,6 +242,7 @@ def run(
         if how == "load":
             ok = using.get_into_when(keys[i], rows[i], AbandonableLoad(), bounce.get())
         elif how == "reader":
+            assert isinstance(native_io, NativeRecordReader)
             read = native_io.read_claiming(
                 paths[i], bounce.get(), rows[i], AbandonableLoad().native_cell, True
             )
@@ -246,7 +250,7 @@ def run(
             if ok and read.from_page_cache:
                 reader_hits.append(i)  # the store's counters see none of these reads
         elif how == "load-py-claim":
-            ok = using.get_into_when(keys[i], rows[i], lambda: True, bounce.get())
+            ok = using.get_into_when(keys[i], rows[i], FixedClaim(), bounce.get())
         else:
             ok = using.get_into(keys[i], rows[i])
         if not ok:

@@ -52,7 +52,7 @@ from kvtier.bench.report import (
 )
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.format.sealing import KeyRing, MasterKey, RecordSealer
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, RecordIO, RecordWriter, default_reader
 from kvtier.store.disk.root import INDEX_ALLOWANCE_BYTES
 from kvtier.threads import usable_cpus
 
@@ -212,8 +212,14 @@ def plain_pass(folder: Path, block: int, count: int, direct: bool, cold: bool) -
     return Pass(write_s, sync_s, cold_s, warm_s, put_ms, get_ms, resident)
 
 
-def _store_case(**io_options: object) -> Callable[[Path, int, int, bool], Pass]:
-    return lambda d, b, n, c: store_pass(d, b, n, RecordIO(**io_options), c)  # type: ignore[arg-type]
+def _store_case(
+    direct_reads: bool = True, **writer_options: object
+) -> Callable[[Path, int, int, bool], Pass]:
+    def case(d: Path, b: int, n: int, c: bool) -> Pass:
+        writer = RecordWriter(**writer_options)  # type: ignore[arg-type]
+        return store_pass(d, b, n, RecordIO(writer, default_reader(direct_reads)), c)
+
+    return case
 
 
 def bench_sealer() -> RecordSealer:
@@ -381,7 +387,11 @@ def _cold_read_rows(work: Path, total_mib: int, rounds: int, cpus: str) -> list[
         stores = {
             "O_DIRECT": DiskStore(folder, namespace(block), capacity, 0, io=RecordIO()),
             "buffered": DiskStore(
-                folder, namespace(block), capacity, 0, io=RecordIO(direct_reads=False)
+                folder,
+                namespace(block),
+                capacity,
+                0,
+                io=RecordIO(reader=default_reader(direct_reads=False)),
             ),
         }
         payload = aligned(block, os.urandom(4096))

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Offline bundle for running kvtier on vLLM 0.25.1 (CUDA 13, torch 2.11) on a GPU host that has
+# Offline bundle for running kvtier on vLLM $VLLM_VERSION (default 0.25.1; 0.26.0 also pins
+# torch 2.11 and builds the same way) on a GPU host that has
 # Python 3.12, torch 2.11.0+cu130 and triton 3.6.0 but no package registry: the vLLM tree cut
 # down to what a dense model on Hopper needs, the wheels LLM(...) imports that the host lacks,
 # and kvtier itself (pure Python from this checkout; its optional native copier is not needed
 # there: vLLM's own GPU worker runs the host pool) with its pure-Python dependencies and xxhash.
-# Output in OUT_DIR: vllm-0.25.1-fa3only.tar.xz.part00.., deps-cp312-site.tar.xz,
+# Output in OUT_DIR: vllm-$VLLM_VERSION-fa3only.tar.xz.part00.., deps-cp312-site.tar.xz,
 # kvtier-site.tar.xz, SHA256SUMS (each piece at most 60 MiB); with KVTIER_BUNDLE_MOE=1 also
 # vllm-moe-kernels.tar.xz (vLLM's fused-MoE kernels, 40 MB: for a MoE shape such as
 # qwen3-30b-a3b; extract it into site/ like the other two). On the host:
-#   cat vllm-0.25.1-fa3only.tar.xz.part0* | python3 -c "import tarfile,sys; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('site')"
+#   cat vllm-$VLLM_VERSION-fa3only.tar.xz.part0* | python3 -c "import tarfile,sys; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('site')"
 #   for t in deps-cp312-site.tar.xz kvtier-site.tar.xz; do python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall('site')" $t; done
 #   PYTHONPATH=$PWD/site python3 site/benchmarks_gpu/kvtier_cuda_e2e.py
 # Needs: python3 with pip, unzip, xz, split, sha256sum; a few minutes and 1.5 GB of scratch.
 set -euo pipefail
-OUT_DIR=${1:?usage: build-bundle.sh OUT_DIR}
+OUT_DIR=${1:?usage: [VLLM_VERSION=0.26.0] build-bundle.sh OUT_DIR}
+# Releases whose wheels pin the GPU host's torch (2.11.0); 0.27.0 and later pin 2.13 or 2.14.
+version=${VLLM_VERSION:-0.25.1}
+case $version in
+  0.25.1|0.26.0) ;;
+  *) echo "build-bundle.sh: VLLM_VERSION=$version pins a torch the GPU host lacks (it has 2.11.0); use 0.25.1 or 0.26.0" >&2; exit 2 ;;
+esac
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -21,8 +28,11 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_26_x86_64
       --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64
       --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
-python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/wheels" vllm==0.25.1
-# What LLM(...) imports on the host that it lacks (the versions that ran there).
+python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/wheels" "vllm==$version"
+# What LLM(...) imports on the host that it lacks (the versions that ran there with 0.25.1).
+# 0.26.0's Requires-Dist differs from 0.25.1's only in packages this list leaves out
+# (flashinfer, cutlass-dsl, quack-kernels, tokenspeed-mla, diskcache) and in apache-tvm-ffi's
+# pin (0.1.9 -> 0.1.10; the 0.1.15.post2 below served 0.25.1 there), so the list is the same.
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/deps" \
   annotated-types==0.8.0 apache-tvm-ffi==0.1.15.post2 cachetools==8.0.2 cbor2==6.3.0 distro==1.9.0 \
   fastapi==0.136.3 jiter==0.19.0 llguidance==1.7.6 msgspec==0.23.0 openai==2.54.0 openai-harmony==0.0.8 \
@@ -35,7 +45,7 @@ python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/kvdeps" \
   mdurl==0.1.2 pygments==2.21.0 annotated-doc==0.0.7 \
   redis==8.1.0 hiredis==3.5.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
 mkdir -p "$work/tree" "$work/site" "$work/kvsite"
-unzip -q "$work"/wheels/vllm-0.25.1-*.whl -d "$work/tree"
+unzip -q "$work"/wheels/vllm-"$version"-*.whl -d "$work/tree"
 moe=()
 if [[ ${KVTIER_BUNDLE_MOE:-0} == 1 ]]; then
   ( cd "$work/tree" && tar -cf - vllm/_moe_C_stable_libtorch.abi3.so | xz -6 -T1 > "$OUT_DIR/vllm-moe-kernels.tar.xz" )
@@ -65,10 +75,11 @@ if server=$(command -v redis-server); then
   ldd "$server" | awk '$3 ~ /^\// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' \
     | xargs -r cp -L -t "$work/kvsite/redis-bin/"
 fi
-( cd "$work/tree" && tar -cf - vllm vllm-0.25.1.dist-info | xz -6 -T1 > "$work/vllm-0.25.1-fa3only.tar.xz" )
+archive=vllm-$version-fa3only.tar.xz
+( cd "$work/tree" && tar -cf - vllm "vllm-$version.dist-info" | xz -6 -T1 > "$work/$archive" )
 ( cd "$work/site" && tar -cf - . | xz -6 -T1 > "$OUT_DIR/deps-cp312-site.tar.xz" )
 ( cd "$work/kvsite" && tar -cf - . | xz -6 -T1 > "$OUT_DIR/kvtier-site.tar.xz" )
-( cd "$OUT_DIR" && rm -f vllm-0.25.1-fa3only.tar.xz.part* \
-  && split -b 60M -d "$work/vllm-0.25.1-fa3only.tar.xz" vllm-0.25.1-fa3only.tar.xz.part \
-  && sha256sum deps-cp312-site.tar.xz kvtier-site.tar.xz "${moe[@]}" vllm-0.25.1-fa3only.tar.xz.part* > SHA256SUMS \
+( cd "$OUT_DIR" && rm -f vllm-*-fa3only.tar.xz.part* \
+  && split -b 60M -d "$work/$archive" "$archive.part" \
+  && sha256sum deps-cp312-site.tar.xz kvtier-site.tar.xz "${moe[@]}" "$archive".part* > SHA256SUMS \
   && ls -la )

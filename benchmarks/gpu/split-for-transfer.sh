@@ -5,14 +5,19 @@
 # call (`on-host.sh stage DEST/a`), b in the next (`on-host.sh unpack DEST/b`). A bundle built
 # with KVTIER_BUNDLE_MOE=1 also gives DEST/moe (vLLM's fused-MoE kernels, 40 MB): stage it in a
 # call between those two (`on-host.sh stage DEST/moe`); unpack then refuses without it.
-# Usage: split-for-transfer.sh BUNDLE_DIR DEST
+# Usage: split-for-transfer.sh BUNDLE_DIR DEST (the bundle holds one vLLM release's archive)
 set -euo pipefail
 bundle=${1:?usage: split-for-transfer.sh BUNDLE_DIR DEST}
 dest=${2:?usage: split-for-transfer.sh BUNDLE_DIR DEST}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$dest/a" "$dest/b" "$dest/moe" && mkdir -p "$dest/a" "$dest/b"
 joined=$(mktemp); trap 'rm -f "$joined"' EXIT
-cat "$bundle"/vllm-0.25.1-fa3only.tar.xz.part* > "$joined"
+parts=("$bundle"/vllm-*-fa3only.tar.xz.part*)
+releases=$(printf '%s\n' "${parts[@]##*/}" | sed 's/-fa3only.*//' | sort -u)
+[[ -f ${parts[0]} && $(wc -l <<< "$releases") == 1 ]] \
+    || { echo "split-for-transfer.sh: want one vLLM archive in $bundle, found: $releases" >&2; exit 2; }
+cat "${parts[@]}" > "$joined"
+echo "$releases" > "$dest/b/vllm-release.txt"
 split -b 50M -d "$joined" "$dest/a/vllm.part"
 for part in "$dest"/a/vllm.part*; do
     [[ $part == */vllm.part00 ]] || mv "$part" "$dest/b/"

@@ -4,7 +4,7 @@ Reads the log of a diagnostic run (the runner with DEBUG lines at the scheduler'
 worker's calls: ``docs/bench/gpu-h100-cuda-e2e-70b20l-store-timing-diag-2026-12-05.patch``
 applied over the bundle's kvtier) and prints, per store job of a prompt, seconds after the
 request's lookup: the end of its compute by a CUDA event on the worker, by the scheduler's
-steps (``kvtier.vllm.step_clock``: step s + 2 scheduled, two steps in flight), and the job's
+steps (``kvtier.runtime.step_clock``: step s + 2 scheduled, two steps in flight), and the job's
 arrival at the tier, which is what the decision's evidence ended at before.
 
     python benchmarks/gpu/store_timing.py \

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from kvtier.store.disk import layout
 
-#: The host-pool region files vLLM maps (``kvtier.vllm.regions.REGION_GLOB`` is the narrower
+#: The host-pool region files vLLM maps (``kvtier.hostpool.regions.REGION_GLOB`` is the narrower
 #: ``vllm_offload_*.mmap*``; any ``vllm_offload_`` file left behind is a leak). kvtier keeps
 #: no other files in /dev/shm: its disk-backed pool lives in ``host_pool_dir``.
 SHM_DIR = Path("/dev/shm")

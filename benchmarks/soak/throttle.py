@@ -1,5 +1,5 @@
 """The soak's throttled disk, engine-process side: the stock disk tier (shared tier behind it
-included) whose folder reads go through ``tests.support.throttled_tier.ThrottledIO``.
+included) whose folder reads go through ``tests.support.throttled_tier.ThrottledReader``.
 
 The runner throttles a server's record reads by writing a rate into the control file named by
 ``KVTIER_TEST_THROTTLE_FILE`` (``ThrottledDisk.throttle``). Unlike the tests' throttled tier
@@ -14,16 +14,15 @@ from typing import Any
 
 from kvtier.format import Namespace
 from kvtier.settings import DiskTierSettings
-from kvtier.store import BlockStore
+from kvtier.store import BlockStore, RecordIO, RecordWriter
 from kvtier.vllm.disk_tier import KvtierDiskTier, open_disk_store
-from tests.support.throttled_tier import CONTROL_ENV, ThrottledIO
+from tests.support.throttled_tier import CONTROL_ENV, ThrottledReader
 
 
 def _throttled_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
     """The stock tier's store (shared tier behind it included), folder reads throttled."""
-    return open_disk_store(
-        settings, namespace, io=ThrottledIO(Path(os.environ[CONTROL_ENV]), settings.fsync)
-    )
+    reader = ThrottledReader(Path(os.environ[CONTROL_ENV]))
+    return open_disk_store(settings, namespace, io=RecordIO(RecordWriter(settings.fsync), reader))
 
 
 class SoakThrottledDiskTier(KvtierDiskTier):

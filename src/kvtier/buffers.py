@@ -2,10 +2,11 @@
 
 ``dst[:] = src`` on memoryviews is a memcpy done while holding the GIL, so I/O threads that
 copy verified records into their rows take turns, and stall the engine's own Python threads
-(vLLM's scheduler and model loop) for as long as each copy lasts: about 0.2-0.5 ms per 2 MiB
-block, thousands of times for one long prompt. ``ctypes.memmove`` releases the GIL for the
-copy. Small copies keep the slice assignment (a foreign call costs more than it saves there),
-and so do read-only sources (``ctypes`` needs a writable buffer to take an address).
+(vLLM's scheduler and model loop) for as long as each copy lasts, a fraction of a
+millisecond per block, thousands of times for one long prompt. ``ctypes.memmove`` releases
+the GIL for the copy. Small copies keep the slice assignment (a foreign call costs more than
+it saves there), and so do read-only sources (``ctypes`` needs a writable buffer to take an
+address).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ then the server: ``kvtier.store.tiered`` says why), so vLLM counts shared-tier t
 
 The second server starts while the first restarts: start-up is partly single-threaded
 (imports, model loading), so on two idle cores both are up sooner than one after the other
-(measured: 88 s against 2 x 59 s; no gain when other work holds the cores). Each is measured
+(no gain when other work holds the cores). Each is measured
 alone: the second idles while the restarted one serves, and the restarted one is stopped
 before the second serves.
 

@@ -20,7 +20,3 @@ class CorruptRecordError(KvtierError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         #: Short machine-readable reason, also used in quarantine file names.
         self.reason = reason
-
-
-class StoreFullError(KvtierError):
-    """A record cannot fit under the store's byte cap or free-space floor."""

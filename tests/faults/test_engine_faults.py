@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.bench.harness import EngineConfig, EngineError, ProcessEngine
-from kvtier.vllm.regions import SHM_DIR
+from kvtier.hostpool.regions import SHM_DIR
 from tests.support.engine import (
     DISK_CAP_BYTES,
     ENGINE_BLOCKS,

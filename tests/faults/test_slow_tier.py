@@ -63,7 +63,7 @@ WARM_PROMPTS = 3
 SLACK_S = 30.0
 #: The reliability table's words for each kind of slow disk.
 HOW = {
-    "recordio": "the tier's RecordIO waits per read",
+    "recordio": "the tier's record reader waits per read",
     "blkio": "cgroup v1 blkio throttle on a loop device",
 }
 

@@ -1,9 +1,10 @@
 """Storage faults under a running store: injected errnos, full file systems, read-only folders.
 
-Store level (no engine). Faults enter at the I/O seam (``RecordIO`` subclasses) or come from
-real file systems the test mounts (tmpfs, a loop-mounted ext4 image: root only). In every case
-a load returns the key's last stored payload or misses, a put either stores or returns False,
-nothing raises, and once the fault is gone the folder holds no file the index does not name.
+Store level (no engine). Faults enter at the I/O seam (a store's ``RecordIO``: writer and reader
+subclasses) or come from real file systems the test mounts (tmpfs, a loop-mounted ext4 image: root
+only). In every case a load returns the key's last stored payload or misses, a put either stores or
+returns False, nothing raises, and once the fault is gone the folder holds no file the index does
+not name.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from kvtier import native
 from kvtier.format.checksum import Buffer
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, NativeRecordReader, RecordIO, RecordReader, RecordWriter
 from kvtier.store.disk.index import charge
 from kvtier.store.disk.quarantine import entries
 from tests.support.faults import (
@@ -49,65 +51,107 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EACCES, errno.EROFS, errno.EDQUOT
 READ_ERRNOS = (errno.EIO, errno.EACCES, errno.EMFILE, errno.ENOMEM)
 
 
-class FlakyIO(RecordIO):
-    """Fails a random share of I/O calls, the way a sick disk or a full one does.
-
-    ``write_file``: fails before writing, or after the whole file is written (a failed
-    fdatasync). ``publish``: fails before the rename, or after it (a failed folder fsync).
-    ``remove``: the unlink fails (the file stays; like the real one, it only logs).
-    ``read_into``: fails, or the bytes read are damaged in memory (must be caught by checksum).
-    Rot: sometimes a record is damaged on disk right after it was published.
-    """
+class Faults:
+    """Draws the injected faults of one run and counts them."""
 
     def __init__(self, rng: random.Random, rate: float) -> None:
-        super().__init__()
         self.rng = rng
         self.rate = rate
         self.injected: Counter[str] = Counter()
 
-    def _fail(self, where: str, errnos: tuple[int, ...]) -> None:
+    def fail(self, where: str, errnos: tuple[int, ...]) -> None:
         if self.rng.random() < self.rate:
             code = self.rng.choice(errnos)
             self.injected[f"{where}:{errno.errorcode[code]}"] += 1
             raise OSError(code, f"injected {os.strerror(code)}")
 
+    def happens(self, what: str, rate: float) -> bool:
+        if self.rng.random() < rate:
+            self.injected[what] += 1
+            return True
+        return False
+
+
+def flip_a_byte(path: Path, rng: random.Random) -> None:
+    """Damage one byte of the file at ``path`` on disk (a bit rotted on the device)."""
+    with open(path, "r+b") as f:
+        f.seek(rng.randrange(os.fstat(f.fileno()).st_size))
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+class FlakyWriter(RecordWriter):
+    """Fails a random share of writes, the way a sick disk or a full one does.
+
+    ``write_file``: fails before writing, or after the whole file is written (a failed
+    fdatasync). ``publish``: fails before the rename, or after it (a failed folder fsync).
+    ``remove``: the unlink fails (the file stays; like the real one, it only logs).
+    Rot: sometimes a record is damaged on disk right after it was published.
+    """
+
+    def __init__(self, faults: Faults) -> None:
+        super().__init__()
+        self.faults = faults
+
     def write_file(self, path: Path, header: Buffer, payload: memoryview, direct: bool) -> None:
-        self._fail("write", WRITE_ERRNOS)
+        self.faults.fail("write", WRITE_ERRNOS)
         super().write_file(path, header, payload, direct)
-        self._fail("fsync", (errno.EIO, errno.ENOSPC))
+        self.faults.fail("fsync", (errno.EIO, errno.ENOSPC))
 
     def publish(self, temp: Path, final: Path) -> None:
-        self._fail("rename", WRITE_ERRNOS)
+        self.faults.fail("rename", WRITE_ERRNOS)
         super().publish(temp, final)
-        self._fail("dir_fsync", (errno.EIO,))
-        if self.rng.random() < self.rate / 2:
-            self.injected["rot"] += 1
-            with open(final, "r+b") as f:
-                f.seek(self.rng.randrange(os.fstat(f.fileno()).st_size))
-                byte = f.read(1)
-                f.seek(-1, os.SEEK_CUR)
-                f.write(bytes([byte[0] ^ 0x40]))
+        self.faults.fail("dir_fsync", (errno.EIO,))
+        if self.faults.happens("rot", self.faults.rate / 2):
+            flip_a_byte(final, self.faults.rng)
 
     def remove(self, path: Path) -> bool:  # type: ignore[override]
-        if self.rng.random() < self.rate:
-            self.injected["unlink:EIO"] += 1
-            logging.getLogger("kvtier.store.disk.io").warning("injected: cannot remove %s", path)
+        if self.faults.happens("unlink:EIO", self.faults.rate):
+            logging.getLogger("kvtier.store.disk.writer").warning(
+                "injected: cannot remove %s", path
+            )
             return False
         return super().remove(path)
 
-    def read_into(self, path: Path, out: memoryview) -> memoryview:
-        self._fail("read", READ_ERRNOS)
-        header = super().read_into(path, out)
-        if self.rng.random() < self.rate / 2:
-            self.injected["read_bitflip"] += 1
-            out[self.rng.randrange(out.nbytes)] ^= 0x01
-        return header
+
+#: The readers a store can be given: the native one-call reader (production's, where built)
+#: and the Python steps.
+READERS: dict[str, type[RecordReader]] = {
+    "native-reader": NativeRecordReader,
+    "python-reader": RecordReader,
+}
 
 
-def io_fault_run(root: Path, seed: int, ops: int, rate: float) -> tuple[Counter[str], Counter[str]]:
-    """Random puts/loads/deletes through FlakyIO against a model; returns (injected, outcomes)."""
+def flaky_reader(kind: str, faults: Faults) -> RecordReader:
+    """A reader of ``kind`` whose reads fail a random share of the time, or hand back damaged
+    bytes: damaged in memory after a read the caller hashes itself (the Python steps), or on
+    disk just before a read that hashes what it reads (the native reader), so that the
+    damage always lies where the reader's check must see it."""
+
+    class FlakyReader(READERS[kind]):  # type: ignore[misc, valid-type]
+        def read_checked(
+            self, path: Path, out: memoryview, checksum: bool
+        ) -> tuple[memoryview, int | None, bool]:
+            faults.fail("read", READ_ERRNOS)
+            if self.native and faults.happens("read_bitflip", faults.rate / 2):
+                flip_a_byte(path, faults.rng)
+            header, payload_checksum, cached = super().read_checked(path, out, checksum)
+            if not self.native and faults.happens("read_bitflip", faults.rate / 2):
+                out[faults.rng.randrange(out.nbytes)] ^= 0x01
+            return header, payload_checksum, cached
+
+    return FlakyReader()
+
+
+def io_fault_run(
+    root: Path, seed: int, ops: int, rate: float, reader: str
+) -> tuple[Counter[str], Counter[str]]:
+    """Random puts/loads/deletes through a flaky writer and a flaky ``reader`` against a
+    model; returns (injected, outcomes)."""
     rng = random.Random(seed)
-    io = FlakyIO(random.Random(seed + 1), rate)
+    faults = Faults(random.Random(seed + 1), rate)
+    io = RecordIO(FlakyWriter(faults), flaky_reader(reader, faults))
     model: dict[int, bytes] = {}
     outcomes: Counter[str] = Counter()
     out = aligned_buffer(FUZZ_PAYLOAD)
@@ -133,24 +177,29 @@ def io_fault_run(root: Path, seed: int, ops: int, rate: float) -> tuple[Counter[
                 model.pop(i, None)
             assert store.footprint_bytes() <= CAPACITY
         outcomes["quarantined"] = store.stats().quarantined
-    return io.injected, outcomes
+    return faults.injected, outcomes
 
 
+# The default run takes production's reader; the slow run each reader at both sizes.
 @pytest.mark.parametrize(
-    ("seeds", "ops"),
+    ("seeds", "ops", "reader"),
     [
-        pytest.param(3, 1500, id="3x1500"),
-        pytest.param(20, 2000, id="20x2000", marks=pytest.mark.slow),
+        pytest.param(3, 1500, "native-reader", id="3x1500-native-reader"),
+        pytest.param(3, 1500, "python-reader", id="3x1500-python-reader", marks=pytest.mark.slow),
+        pytest.param(20, 2000, "native-reader", id="20x2000-native-reader", marks=pytest.mark.slow),
+        pytest.param(20, 2000, "python-reader", id="20x2000-python-reader", marks=pytest.mark.slow),
     ],
 )
 def test_injected_io_errors_never_serve_wrong_bytes_or_leak_files(
-    outside, reliability, seeds: int, ops: int
+    outside, reliability, seeds: int, ops: int, reader: str
 ) -> None:
+    if reader == "native-reader" and native.record_reader() is None:
+        pytest.skip("kvtier.native._recordread is not built")
     injected: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     for seed in range(seeds):
         root = outside.cache / f"run{seed}"
-        got_injected, got_outcomes = io_fault_run(root, seed, ops, rate=0.08)
+        got_injected, got_outcomes = io_fault_run(root, seed, ops, rate=0.08, reader=reader)
         injected += got_injected
         outcomes += got_outcomes
         with open_fuzz_store(root) as store:  # the disk is healthy again
@@ -164,7 +213,8 @@ def test_injected_io_errors_never_serve_wrong_bytes_or_leak_files(
     assert outcomes["hit"] and outcomes["put_ok"] and outcomes["quarantined"]
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(injected.items()))
     reliability.record(
-        f"errno injected at the RecordIO seam, 8% of calls ({kinds})",
+        f"errno injected at the record writer and the {reader.replace('-', ' ')}, "
+        f"8% of calls ({kinds})",
         "store",
         seeds * ops,
         f"{outcomes['hit']} hits all equal to the last stored payload, {outcomes['miss']} "
@@ -438,7 +488,7 @@ def test_permission_denials_under_a_running_store_are_misses_and_refusals(
 # -- focused regressions for the cleanup-failure fixes ---------------------------------------
 
 
-class StuckUnlinkIO(RecordIO):
+class StuckUnlinkWriter(RecordWriter):
     """Unlinks of record files fail while ``stuck`` (and publish fails while ``fail_publish``)."""
 
     def __init__(self) -> None:
@@ -460,8 +510,8 @@ class StuckUnlinkIO(RecordIO):
 def test_an_evicted_file_that_cannot_be_unlinked_stays_named_and_goes_later(
     outside, reliability
 ) -> None:
-    io = StuckUnlinkIO()
-    with open_fuzz_store(outside.cache, io) as store:
+    io = StuckUnlinkWriter()
+    with open_fuzz_store(outside.cache, RecordIO(io)) as store:
         for i in range(FUZZ_CAPACITY_RECORDS):
             assert store.put(fuzz_key(i), fuzz_payload(i, 1))
         io.stuck = True
@@ -482,8 +532,8 @@ def test_an_evicted_file_that_cannot_be_unlinked_stays_named_and_goes_later(
 
 
 def test_a_failed_put_whose_file_cannot_be_unlinked_leaves_no_orphan(outside, reliability) -> None:
-    io = StuckUnlinkIO()
-    with open_fuzz_store(outside.cache, io) as store:
+    io = StuckUnlinkWriter()
+    with open_fuzz_store(outside.cache, RecordIO(io)) as store:
         io.stuck = io.fail_publish = True
         assert not store.put(fuzz_key(1), fuzz_payload(1, 1))  # published, then undone
         # The reservation is dropped; the published file stays charged until it is unlinked.

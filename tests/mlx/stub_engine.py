@@ -39,7 +39,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvtier.mlx.connector import KvtierMlxConnector
+from kvtier.vllm.mlx_connector import KvtierMlxConnector
 from tests.mlx.paged_caches import CacheShape, make_cache
 
 VOCAB = 1000

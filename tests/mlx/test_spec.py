@@ -7,11 +7,11 @@ import uuid
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.host_ram_guard import MemorySnapshot
+from kvtier.hostpool.ram_guard import MemorySnapshot
 from kvtier.mlx.memory_budget import clamp_pool_and_staging, decide_pool_rows
 from kvtier.mlx.settings import MlxSettings
-from kvtier.mlx.spec import LINUX_POOL_DIR, KvtierMlxSpec, default_pool_dir
 from kvtier.mlx.transfer_config import mlx_transfer_config
+from kvtier.vllm.mlx_spec import LINUX_POOL_DIR, KvtierMlxSpec, default_pool_dir
 from tests.mlx.paged_caches import CacheShape, LayerwiseCache
 from tests.vllm.test_spec_startup import PAGE, offloading_config
 
@@ -90,8 +90,11 @@ def test_the_transfer_config_names_the_mlx_connector_spec_and_settings():
     config = mlx_transfer_config("layerwise", "8MiB", host_pool="1GiB")
     extra = config["kv_connector_extra_config"]
     assert config["kv_connector"] == "KvtierMlxConnector"
-    assert config["kv_connector_module_path"] == "kvtier.mlx.connector"
-    assert (extra["spec_name"], extra["spec_module_path"]) == ("KvtierMlxSpec", "kvtier.mlx.spec")
+    assert config["kv_connector_module_path"] == "kvtier.vllm.mlx_connector"
+    assert (extra["spec_name"], extra["spec_module_path"]) == (
+        "KvtierMlxSpec",
+        "kvtier.vllm.mlx_spec",
+    )
     assert extra["mlx"] == {"kv_layout": "layerwise", "staging_bytes": 8 * MiB}
 
 

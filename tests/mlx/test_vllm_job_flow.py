@@ -12,7 +12,7 @@ import json
 import mlx.core as mx
 import pytest
 
-import kvtier.mlx.worker as mlx_worker
+import kvtier.vllm.mlx_worker as mlx_worker
 from kvtier.mlx.block_copy import scatter_blocks
 from kvtier.mlx.transfer_config import mlx_transfer_config
 from tests.mlx.paged_caches import CacheShape

@@ -1,5 +1,6 @@
 """Without MLX installed, kvtier imports and works as before; only ``kvtier.mlx`` needs it, and
-importing it then says what to install. ``kvtier.mlx`` never imports vllm-metal."""
+importing it then says what to install. Neither ``kvtier.mlx`` nor its vLLM adapters
+(``kvtier.vllm.mlx_*``) import vllm-metal."""
 
 import json
 import subprocess
@@ -58,6 +59,9 @@ def test_importing_kvtier_mlx_without_mlx_names_the_extra():
 
 
 def test_kvtier_mlx_imports_nothing_from_vllm_metal():
-    files = modules_under(SRC / "kvtier" / "mlx")
-    assert "kvtier.mlx.worker" in files
+    files = {
+        **modules_under(SRC / "kvtier" / "mlx"),
+        **{m: p for m, p in modules_under(SRC / "kvtier" / "vllm").items() if ".mlx_" in m},
+    }
+    assert {"kvtier.mlx.layouts", "kvtier.vllm.mlx_worker", "kvtier.vllm.mlx_spec"} <= set(files)
     assert offenders(files, ("vllm_metal",)) == {}

@@ -11,8 +11,8 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvtier.errors import ConfigError
 from kvtier.mlx.layouts import MlxKVLayout, block_bytes, cache_slots
-from kvtier.mlx.worker import MlxOffloadingWorker
 from kvtier.vllm.file_region import FileOffloadRegion
+from kvtier.vllm.mlx_worker import MlxOffloadingWorker
 from tests.mlx.paged_caches import CacheShape, LayerwiseCache, make_cache
 
 NUM_ROWS = 8

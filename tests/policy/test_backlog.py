@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.policy import BatchHit, PolicySettings, RestorePolicy
+from kvtier.policy import BatchHit, DeadlineRule, PolicySettings, RestorePolicy
 from kvtier.policy.backlog import ENGINE, Backlog
 from tests.policy.test_restore_policy import (
     TOKEN_BYTES,
@@ -19,6 +19,7 @@ from tests.policy.test_restore_policy import (
     run_load,
     truth_recompute_s,
 )
+from tests.support.policy import engine_wait_s, overdue, predict_restore_s
 
 #: A disk at 2.5 GB/s: 8k tokens of an 8B model (1 GiB) take ~0.43 s, their prefill ~0.22 s.
 SLOW_DISK = FakeTier(bandwidth=2.5e9, latency_s=0.002)
@@ -84,7 +85,7 @@ def test_a_look_ahead_that_is_not_committed_queues_nothing():
     for _ in range(5):
         decision = policy.decide("disk", 0, 8192, 8192 * TOKEN_BYTES, count=False)
         assert not decision.restore
-    assert policy.engine_wait_s() == 0.0
+    assert engine_wait_s(policy) == 0.0
 
 
 def served(verdicts: list[bool], tokens: int, disk: FakeTier = SLOW_DISK) -> float:
@@ -164,7 +165,7 @@ def test_an_engine_queue_ahead_of_a_batch_does_not_eat_its_safety_margin(queued)
     assert 0 < sum(idle) < 8
     for _ in range(queued):
         policy.commit(policy.decide("disk", 0, 8192, 8192 * TOKEN_BYTES))
-    assert policy.engine_wait_s() > 0
+    assert engine_wait_s(policy) > 0
     assert [d.restore for d in policy.decide_batch("disk", batch)] == idle
 
 
@@ -176,10 +177,10 @@ def test_committed_verdicts_queue_on_their_resources_and_drain_with_time():
     for decision in decisions:
         policy.commit(decision)
     recomputed = [d for d in decisions if not d.restore]
-    waited = policy.engine_wait_s()
+    waited = engine_wait_s(policy)
     assert waited == pytest.approx(sum(d.recompute_s for d in recomputed))
     clock.advance(waited + 10.0)  # the engine and the disk have done it all
-    assert policy.engine_wait_s() == 0.0
+    assert engine_wait_s(policy) == 0.0
     again = policy.decide_batch("disk", batch)
     assert [d.restore for d in again] == [d.restore for d in decisions]
 
@@ -220,7 +221,8 @@ def test_the_decision_off_ignores_the_queues():
 
 def test_a_loads_deadline_covers_the_loads_queued_ahead_of_it():
     clock = FakeClock()
-    policy = policy_with({"disk": SLOW_DISK}, clock)
+    # A floor under one load's time, so that the deadline is the rule's multiple of it.
+    policy = policy_with({"disk": SLOW_DISK}, clock, deadline=DeadlineRule(floor_s=0.05))
     nbytes = 256 << 20
     alone = policy.begin_load("disk", nbytes)
     behind = [policy.begin_load("disk", nbytes) for _ in range(3)]
@@ -243,7 +245,7 @@ def test_a_load_that_waited_behind_others_teaches_its_own_time_not_its_wait():
         clock.advance(1.0)
         assert policy.end_load(ticket)
     # Eight loads, 1 s of reading each: the tier moves 1 GiB a second, not one per 4.5 s.
-    assert policy.predict_restore_s("disk", nbytes) == pytest.approx(1.0, rel=0.05)
+    assert predict_restore_s(policy, "disk", nbytes) == pytest.approx(1.0, rel=0.05)
 
 
 def test_an_abandoned_load_is_no_longer_ahead_of_new_ones():
@@ -252,7 +254,7 @@ def test_an_abandoned_load_is_no_longer_ahead_of_new_ones():
     nbytes = 256 << 20
     stuck = policy.begin_load("disk", nbytes)
     clock.advance(stuck.deadline_s + 0.1)
-    assert policy.overdue(stuck)
+    assert overdue(policy, stuck)
     policy.abandon_load(stuck)
     fresh = policy.begin_load("disk", nbytes)
     assert fresh.ahead == ()

@@ -33,6 +33,7 @@ from kvtier.policy.evidence_file import (
 from kvtier.policy.prefill import KEPT_STEPS, attended_pairs
 from kvtier.store.disk import layout
 from kvtier.store.disk.layout import DECISION_FILE, DECISION_FILE_MAX_BYTES
+from tests.support.policy import predict_restore_s
 
 NS = "0123456789abcdef0123456789abcdef"
 DEVICE = "cuda: NVIDIA H200"
@@ -82,14 +83,14 @@ def test_a_saved_file_gives_a_fresh_policy_the_writers_picture(path):
             writer.prefill.recompute_seconds(cached, new), rel=1e-4
         )
     for nbytes in (MIB, 256 * MIB):
-        assert fresh.predict_restore_s("disk", nbytes) == pytest.approx(
-            writer.predict_restore_s("disk", nbytes), rel=1e-4
+        assert predict_restore_s(fresh, "disk", nbytes) == pytest.approx(
+            predict_restore_s(writer, "disk", nbytes), rel=1e-4
         )
     # The writer knew its disk, the fresh policy without the file only the slow prior.
     unmeasured = RestorePolicy()
     unmeasured.add_tier("disk")
-    assert unmeasured.predict_restore_s("disk", 256 * MIB) != pytest.approx(
-        fresh.predict_restore_s("disk", 256 * MIB), rel=0.1
+    assert predict_restore_s(unmeasured, "disk", 256 * MIB) != pytest.approx(
+        predict_restore_s(fresh, "disk", 256 * MIB), rel=0.1
     )
 
 

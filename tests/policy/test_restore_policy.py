@@ -22,6 +22,7 @@ from kvtier.policy import (
     TierHit,
     attended_pairs,
 )
+from tests.support.policy import engine_wait_s, overdue, predict_restore_s
 
 KIB = 1 << 10
 GIB = 1 << 30
@@ -165,7 +166,7 @@ def test_every_hit_is_refused_in_advance_only_with_nothing_queued_on_the_engine(
     policy = policy_with({"disk": FakeTier(bandwidth=0.5e9)}, clock)
     queued = policy.decide("disk", 0, 8192, 8192 * TOKEN_BYTES)
     policy.commit(queued)  # a recompute now queued on the engine
-    assert policy.engine_wait_s() > 0
+    assert engine_wait_s(policy) > 0
     assert policy.refuse_every_hit("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES) is None
     clock.advance(queued.recompute_s + 1)
     assert policy.refuse_every_hit("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES) is not None
@@ -343,7 +344,7 @@ def test_the_prior_is_conservative():
     tokens = 8192
     assert not policy.decide("disk", 0, tokens, tokens * TOKEN_BYTES).restore
     assert policy.prefill.recompute_seconds(0, tokens) < truth_recompute_s(0, tokens)
-    assert policy.predict_restore_s("disk", tokens * TOKEN_BYTES) > FakeTier(20e9).seconds(
+    assert predict_restore_s(policy, "disk", tokens * TOKEN_BYTES) > FakeTier(20e9).seconds(
         tokens * TOKEN_BYTES
     )
 
@@ -377,7 +378,7 @@ def test_the_decision_off_still_enforces_deadlines():
     policy = policy_with({"disk": FakeTier(bandwidth=1e9)}, clock, enabled=False)
     ticket = policy.begin_load("disk", GIB)
     clock.advance(ticket.deadline_s * 1.01)
-    assert policy.overdue(ticket)
+    assert overdue(policy, ticket)
 
 
 def test_an_empty_hit_restores_nothing():
@@ -429,7 +430,7 @@ def test_a_tier_via_another_pays_both_copies():
     policy = policy_with({"host": FakeTier(5e9, latency_s=0.0)})
     policy.add_tier("disk", via="host")
     policy.observe_load("disk", GIB, 0.5)
-    assert policy.predict_restore_s("disk", GIB) == pytest.approx(0.5 + GIB / 5e9, rel=0.02)
+    assert predict_restore_s(policy, "disk", GIB) == pytest.approx(0.5 + GIB / 5e9, rel=0.02)
     assert policy.begin_load("disk", GIB).predicted_s == pytest.approx(0.5, rel=0.02)
 
 
@@ -487,9 +488,9 @@ def test_a_load_is_overdue_only_after_its_deadline():
     policy = policy_with({"disk": FakeTier(2e9)}, clock)
     ticket = policy.begin_load("disk", GIB)
     clock.advance(ticket.deadline_s * 0.99)
-    assert not policy.overdue(ticket)
+    assert not overdue(policy, ticket)
     clock.advance(ticket.deadline_s * 0.02)
-    assert policy.overdue(ticket)
+    assert overdue(policy, ticket)
 
 
 def test_a_completed_or_abandoned_load_is_never_overdue():
@@ -500,8 +501,8 @@ def test_a_completed_or_abandoned_load_is_never_overdue():
     clock.advance(gone.deadline_s + 1)
     policy.abandon_load(gone)
     clock.advance(1000)
-    assert not policy.overdue(done)
-    assert not policy.overdue(gone)
+    assert not overdue(policy, done)
+    assert not overdue(policy, gone)
 
 
 # -- overruns, the slow mark and recovery --------------------------------------------------
@@ -510,21 +511,21 @@ def test_a_completed_or_abandoned_load_is_never_overdue():
 def overrun(policy: RestorePolicy, clock: FakeClock, tier: str, nbytes: int) -> None:
     ticket = policy.begin_load(tier, nbytes)
     clock.advance(ticket.deadline_s * 1.01)
-    assert policy.overdue(ticket)
+    assert overdue(policy, ticket)
     policy.abandon_load(ticket)
 
 
 def test_an_overrun_marks_the_tier_slow_and_inflates_its_estimate():
     clock = FakeClock()
     policy = policy_with({"disk": FakeTier(10e9)}, clock)
-    before = policy.predict_restore_s("disk", GIB)
+    before = predict_restore_s(policy, "disk", GIB)
     assert policy.decide("disk", 0, 65536, 65536 * TOKEN_BYTES).restore
     overrun(policy, clock, "disk", GIB)
     tier = policy.snapshot().tiers["disk"]
     assert tier.slow
     assert tier.overruns == 1
     assert tier.inflation == PolicySettings().slow_inflation
-    assert policy.predict_restore_s("disk", GIB) > 4 * before
+    assert predict_restore_s(policy, "disk", GIB) > 4 * before
     assert not policy.decide("disk", 0, 65536, 65536 * TOKEN_BYTES).restore
 
 
@@ -576,13 +577,13 @@ def test_an_abandoned_loads_late_completion_refines_the_estimate_but_does_not_re
     clock.advance(ticket.deadline_s * 1.01)
     policy.abandon_load(ticket)
     policy.abandon_load(ticket)  # idempotent
-    estimate_after_abandon = policy.predict_restore_s("disk", GIB)
+    estimate_after_abandon = predict_restore_s(policy, "disk", GIB)
     clock.advance(5.0)  # the I/O finally returns, much later
     assert policy.end_load(ticket) is False
     tier = policy.snapshot().tiers["disk"]
     assert tier.slow
     assert tier.overruns == 1
-    assert policy.predict_restore_s("disk", GIB) > estimate_after_abandon
+    assert predict_restore_s(policy, "disk", GIB) > estimate_after_abandon
 
 
 def test_a_slow_tier_recovers_through_background_probes():
@@ -618,21 +619,6 @@ def test_probes_are_due_for_never_measured_and_slow_tiers_only_once_per_interval
 # -- settings ------------------------------------------------------------------------------
 
 
-def test_settings_from_a_mapping_reject_unknown_keys_with_the_known_ones():
-    unknown = r"unknown policy option\(s\) \['deadline_s'\]; known: \["
-    with pytest.raises(ConfigError, match=unknown):
-        PolicySettings.from_mapping({"deadline_s": 3})
-
-
-def test_settings_from_a_mapping_build_the_deadline_rule():
-    got = PolicySettings.from_mapping(
-        {"enabled": False, "deadline_ceiling_s": 5, "deadline_multiplier": 2, "safety_factor": 1.5}
-    )
-    assert got == PolicySettings(
-        enabled=False, safety_factor=1.5, deadline=DeadlineRule(ceiling_s=5.0, multiplier=2.0)
-    )
-
-
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -662,15 +648,15 @@ def test_a_tier_measured_on_small_loads_is_not_predicted_faster_on_large_ones():
     """Loads of one size cannot tell latency from bandwidth; the prior's 1 GiB point then set
     the slope, and a 7.8 MB/s disk measured on 4 MB loads was predicted to move 16 MB in
     1.0 s (2.1 s in fact): an 8k restore was chosen over a 3x cheaper recompute."""
-    settings = PolicySettings(deadline=DeadlineRule(floor_s=1.0))  # as the engine runs it
+    settings = PolicySettings()  # as the engine runs it
     policy = RestorePolicy(settings, trained_engine(), FakeClock())
     policy.add_tier("disk")
     small, rate = 4 << 20, 7.8e6
     policy.observe_load("disk", small, small / rate)  # then refused: no other measurement
     assert not policy.snapshot().tiers["disk"].slow
     large = 16 << 20
-    assert policy.predict_restore_s("disk", large) >= 0.95 * large / rate
-    assert policy.predict_restore_s("disk", small) >= 0.95 * small / rate
+    assert predict_restore_s(policy, "disk", large) >= 0.95 * large / rate
+    assert predict_restore_s(policy, "disk", small) >= 0.95 * small / rate
 
 
 def test_the_reported_bandwidth_is_the_one_predictions_use_not_the_fits():
@@ -684,3 +670,19 @@ def test_the_reported_bandwidth_is_the_one_predictions_use_not_the_fits():
     tier = policy.snapshot().tiers["disk"]
     assert tier.bandwidth_bytes_per_s == pytest.approx(rate, rel=0.01)
     assert tier.fitted_bandwidth_bytes_per_s > 2 * rate, "the fit alone overrates this disk"
+
+
+def test_a_tier_never_measured_gets_the_ceiling_and_then_the_rule():
+    """The one place a load's deadline is set: the policy's ticket. A tier whose prior knows
+    nothing of its disk or server may take the rule's ceiling; once a load was measured, the
+    rule on its estimate."""
+    clock = FakeClock()
+    policy = RestorePolicy(PolicySettings(), trained_engine(), clock)
+    policy.add_tier("disk")
+    first = policy.begin_load("disk", GIB)
+    assert first.deadline_s == policy.settings.deadline.ceiling_s
+    clock.advance(0.5)
+    policy.end_load(first)
+    second = policy.begin_load("disk", GIB)
+    assert second.deadline_s == policy.settings.deadline.deadline_s(second.predicted_s)
+    assert second.deadline_s < policy.settings.deadline.ceiling_s

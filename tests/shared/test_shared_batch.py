@@ -25,6 +25,7 @@ from kvtier import native
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.format.record import encode_header, make_header
+from kvtier.store.base import FixedClaim
 from kvtier.store.shared import KEY_PREFIX, SharedStore, batch
 from tests.shared.test_shared_sealed import sealer_of
 from tests.support.redis_servers import RedisClusterServers, RedisServer
@@ -502,7 +503,7 @@ def test_where_no_exchange_can_run_each_key_gets_its_own_get(
     with open_shared(redis_standalone.url, unique_namespace(), sealer=sealer) as store:
         share = Share(4)
         filled(store, 4)
-        claims = [lambda: True] * 4 if why == "plain-claims" else share.loads
+        claims = [FixedClaim()] * 4 if why == "plain-claims" else share.loads
         assert store.get_many_into_when(share.keys, share.rows, claims, share.bounce) == [True] * 4
         assert all(share.served(i) for i in range(4))
         assert store.stats().hits == 4 and store.stats().batched_hits == 0

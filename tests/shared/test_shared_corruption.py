@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.store.base import FixedClaim
 from kvtier.store.shared import KEY_PREFIX, SharedStore
 from tests.support.redis_servers import RedisServer
 from tests.support.shared_store import open_shared
@@ -71,7 +72,7 @@ def test_damaged_value_is_a_miss_deleted_and_counted(
         assert not store.get_into(key_of(1), memoryview(out))
     else:  # the tier's claimed load: read into the bounce buffer, out stays untouched
         bounce = memoryview(bytearray(PAYLOAD_BYTES))
-        assert not store.get_into_when(key_of(1), memoryview(out), lambda: True, bounce)
+        assert not store.get_into_when(key_of(1), memoryview(out), FixedClaim(), bounce)
         assert out == bytearray(PAYLOAD_BYTES)
     assert raw.exists(sk) == 0
     stats = store.stats()

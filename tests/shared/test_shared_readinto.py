@@ -20,6 +20,7 @@ from redis.exceptions import InvalidResponse, ResponseError
 from kvtier import native
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.format.record import encode_header, make_header
+from kvtier.store.base import FixedClaim
 from kvtier.store.shared import KEY_PREFIX, SharedStore
 from kvtier.store.shared.client import RecordPool
 from kvtier.store.shared.readinto import OPTION, ReadInto, read_reply_into
@@ -124,7 +125,7 @@ def server_key(store: SharedStore, key: bytes) -> bytes:
 def restore(store: SharedStore, key: bytes, out: bytearray) -> bool:
     """A load as the tier makes it: claimed, through a bounce buffer."""
     bounce = memoryview(bytearray(len(out)))
-    return store.get_into_when(key, memoryview(out), lambda: True, bounce)
+    return store.get_into_when(key, memoryview(out), FixedClaim(), bounce)
 
 
 def test_hits_through_out_and_through_the_bounce_buffer_are_read_directly(
@@ -165,9 +166,9 @@ def test_without_a_bounce_buffer_the_claimed_load_uses_the_clients_bytes(
 ) -> None:
     assert store.put(key_of(1), payload_of(1))
     out = bytearray(PAYLOAD_BYTES)
-    assert store.get_into_when(key_of(1), memoryview(out), lambda: True)
+    assert store.get_into_when(key_of(1), memoryview(out), FixedClaim())
     small = memoryview(bytearray(PAYLOAD_BYTES - 1))
-    assert store.get_into_when(key_of(1), memoryview(out), lambda: True, small)
+    assert store.get_into_when(key_of(1), memoryview(out), FixedClaim(), small)
     assert out == payload_of(1)
     assert store.stats().hits == 2 and store.stats().direct_hits == 0
 
@@ -184,7 +185,7 @@ def test_a_refused_claim_leaves_out_untouched(store: SharedStore) -> None:
     assert store.put(key_of(1), payload_of(1))
     out = bytearray(PAYLOAD_BYTES)
     bounce = memoryview(bytearray(PAYLOAD_BYTES))
-    assert not store.get_into_when(key_of(1), memoryview(out), lambda: False, bounce)
+    assert not store.get_into_when(key_of(1), memoryview(out), FixedClaim(grant=False), bounce)
     assert out == bytearray(PAYLOAD_BYTES) and bytes(bounce) == payload_of(1)
 
 

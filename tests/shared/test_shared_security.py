@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import ConfigError
+from kvtier.store.base import FixedClaim
 from tests.support.redis_servers import RedisServer
 from tests.support.shared_store import open_shared
 from tests.support.store import key_of, make_namespace, payload_of
@@ -129,10 +130,10 @@ def test_tls_load_of_a_multi_mib_record_is_read_directly_through_the_ssl_socket(
     with open_shared(server.url, namespace, tls_ca_file=str(ca)) as store:
         assert store.put(key_of(1), payload_of(1, payload_len))
         out, bounce = bytearray(payload_len), memoryview(bytearray(payload_len))
-        assert store.get_into_when(key_of(1), memoryview(out), lambda: True, bounce)
+        assert store.get_into_when(key_of(1), memoryview(out), FixedClaim(), bounce)
         assert out == payload_of(1, payload_len)
         assert store.get_into(key_of(1), memoryview(out)) and out == payload_of(1, payload_len)
-        assert not store.get_into_when(key_of(2), memoryview(out), lambda: True, bounce)
+        assert not store.get_into_when(key_of(2), memoryview(out), FixedClaim(), bounce)
         stats = store.stats()
         assert stats.direct_hits == 2 and stats.misses == 1 and stats.errors == {}
 

@@ -1,7 +1,7 @@
 """A crash at any step of a put leaves a store that opens clean, within its cap.
 
 Crashes are real: a spawned process dies with ``os._exit`` at the chosen step (see
-crash_helpers.CrashingIO), so its session lock is released by the kernel as in production.
+tests.support.crash.CrashingWriter), so its session lock is released by the kernel as in production.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from kvtier.format import HEADER_BYTES
 from kvtier.format.checksum import Buffer
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, RecordWriter
 from tests.support.crash import (
     CAPACITY_RECORDS,
     CRASH_EXIT_CODE,
@@ -103,7 +103,7 @@ def test_orphan_file_is_found_by_verify_and_removed(open_disk: Callable[..., Dis
     assert store.verify() == []
 
 
-class BlockingIO(RecordIO):
+class BlockingWriter(RecordWriter):
     """Holds every write until ``release`` is set (a slow writer that is alive)."""
 
     def __init__(self) -> None:
@@ -118,7 +118,7 @@ class BlockingIO(RecordIO):
 
 
 def test_open_keeps_the_reservation_and_temp_file_of_a_live_writer(root: Path) -> None:
-    io = BlockingIO()
+    io = BlockingWriter()
     with open_store(str(root), io) as writer:
         thread = threading.Thread(target=writer.put, args=(key_of(1), payload_of(1)))
         thread.start()
@@ -132,7 +132,7 @@ def test_open_keeps_the_reservation_and_temp_file_of_a_live_writer(root: Path) -
             assert other.get(key_of(1)) == payload_of(1)
 
 
-class NoSpaceIO(RecordIO):
+class NoSpaceWriter(RecordWriter):
     def write_temp(self, path: Path, header: bytes, payload: Buffer) -> None:
         path.write_bytes(header)  # a partial file, as a full disk leaves one
         path.unlink()
@@ -142,7 +142,7 @@ class NoSpaceIO(RecordIO):
 def test_put_on_full_disk_returns_false_and_keeps_old_record(root: Path) -> None:
     with open_store(str(root)) as store:
         store.put(key_of(1), payload_of(1))
-    with open_store(str(root), NoSpaceIO()) as store:
+    with open_store(str(root), NoSpaceWriter()) as store:
         assert not store.put(key_of(1), payload_of(2))
         assert not store.put(key_of(2), payload_of(2))
         assert store.stats().put_failures == 2
@@ -152,7 +152,7 @@ def test_put_on_full_disk_returns_false_and_keeps_old_record(root: Path) -> None
         assert store.verify() == []
 
 
-class TornIO(RecordIO):
+class TornWriter(RecordWriter):
     """Claims success but leaves half the payload unwritten (a power cut with fsync=never)."""
 
     def write_temp(self, path: Path, header: bytes, payload: Buffer) -> None:
@@ -162,7 +162,7 @@ class TornIO(RecordIO):
 
 
 def test_torn_write_is_caught_by_checksum_on_load(root: Path) -> None:
-    with open_store(str(root), TornIO()) as store:
+    with open_store(str(root), TornWriter()) as store:
         assert store.put(key_of(1), payload_of(1))
         assert store.get(key_of(1)) is None
         assert store.stats().corrupt == {"checksum": 1}
@@ -170,6 +170,6 @@ def test_torn_write_is_caught_by_checksum_on_load(root: Path) -> None:
 
 @pytest.mark.parametrize("policy", ["never", "data", "always"])
 def test_every_fsync_policy_round_trips(root: Path, policy: str) -> None:
-    with open_store(str(root), RecordIO(fsync=policy)) as store:
+    with open_store(str(root), RecordWriter(fsync=policy)) as store:
         assert store.put(key_of(1), payload_of(1))
         assert store.get(key_of(1)) == payload_of(1)

@@ -16,7 +16,14 @@ import pytest
 from kvtier import native
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.format import HEADER_BYTES
-from kvtier.store import DiskStore, RecordIO, list_namespaces, remove_namespace
+from kvtier.store import (
+    DiskStore,
+    RecordIO,
+    RecordReader,
+    RecordWriter,
+    list_namespaces,
+    remove_namespace,
+)
 from kvtier.store.disk.io import set_background_io_priority
 from tests.support.store import (
     PAYLOAD_BYTES,
@@ -87,7 +94,7 @@ def test_a_record_deleted_by_hand_leaves_the_index_and_stays_a_miss(open_disk: O
     assert store.stats().corrupt == {} and store.get(key_of(2)) == payload(2)
 
 
-class PausingReadIO(RecordIO):
+class PausingReader(RecordReader):
     """Pauses reads of one key until released (a slow read in flight)."""
 
     def __init__(self, key: bytes) -> None:
@@ -104,8 +111,8 @@ class PausingReadIO(RecordIO):
 
 
 def test_key_being_read_is_not_evicted(open_disk: OpenDisk) -> None:
-    io = PausingReadIO(key_of(0))
-    store = open_disk(records=2, io=io, low_watermark=1.0)
+    io = PausingReader(key_of(0))
+    store = open_disk(records=2, io=RecordIO(reader=io), low_watermark=1.0)
     store.put(key_of(0), payload(0))
     store.put(key_of(1), payload(1))
     result: list[bool] = []
@@ -172,7 +179,7 @@ def test_list_and_remove_namespaces(root: Path, open_disk: OpenDisk) -> None:
         remove_namespace(root, "../etc")
 
 
-class NoDirectIO(RecordIO):
+class NoDirectReader(RecordReader):
     """A file system that refuses O_DIRECT opens."""
 
     def __init__(self) -> None:
@@ -189,8 +196,8 @@ class NoDirectIO(RecordIO):
 def test_refused_direct_reads_fall_back_once_with_a_warning(
     open_disk: OpenDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
-    io = NoDirectIO()
-    store = open_disk(io=io)
+    io = NoDirectReader()
+    store = open_disk(io=RecordIO(reader=io))
     for i in range(3):
         store.put(key_of(i), payload(i))
     with caplog.at_level(logging.WARNING):
@@ -228,7 +235,7 @@ def test_stats_count_hits_copied_from_the_page_cache(open_disk: OpenDisk) -> Non
     """Records written through the page cache (kept there: fsynced, not dropped) are read from
     it; records written O_DIRECT are not in it (unless the file system keeps every file in
     memory) and come from the device."""
-    buffered = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    buffered = RecordIO(RecordWriter(fsync="data", direct_writes=False, drop_written_pages=False))
     store = open_disk(io=buffered)
     row = aligned_buffer(PAYLOAD_BYTES)
     row[:] = payload(1)
@@ -279,11 +286,11 @@ def test_page_aligned_payload_round_trips_through_direct_writes(open_disk: OpenD
     assert store.get(key_of(5)) == payload(5)
 
 
-class NoDirectWriteIO(RecordIO):
+class NoDirectWriter(RecordWriter):
     """A file system that refuses O_DIRECT writes."""
 
     def __init__(self) -> None:
-        super().__init__(direct_reads=True)
+        super().__init__()
         self.direct_attempts = 0
 
     def write_file(self, path: Path, header: object, payload: memoryview, direct: bool) -> None:
@@ -297,8 +304,8 @@ class NoDirectWriteIO(RecordIO):
 def test_refused_direct_writes_fall_back_once_with_a_warning(
     open_disk: OpenDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
-    io = NoDirectWriteIO()
-    store = open_disk(io=io)
+    io = NoDirectWriter()
+    store = open_disk(io=RecordIO(io))
     row = aligned_buffer(PAYLOAD_BYTES)
     with caplog.at_level(logging.WARNING):
         for i in range(3):

@@ -14,7 +14,8 @@ import pytest
 from kvtier import native
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, NativeRecordReader, RecordIO, RecordReader, RecordWriter
+from kvtier.store.base import FixedClaim
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]
@@ -24,12 +25,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class CountingIO(RecordIO):
+class CountingReader(NativeRecordReader):
     """Counts the reads a load makes: one call for the list, or one per record."""
 
-    def __init__(self, **kwargs: object) -> None:
-        kwargs.setdefault("fsync", "data")
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self) -> None:
+        super().__init__()
         self.one_calls = 0
         self.list_calls = 0
 
@@ -40,6 +40,11 @@ class CountingIO(RecordIO):
     def read_claiming_many(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.list_calls += 1
         return super().read_claiming_many(*args, **kwargs)
+
+
+def store_io(reader: RecordReader) -> RecordIO:
+    """``reader`` behind a writer that fsyncs its data."""
+    return RecordIO(RecordWriter(fsync="data"), reader)
 
 
 def fill(store: DiskStore, ids: range) -> list[Path]:
@@ -75,8 +80,8 @@ def damage(path: Path) -> None:
 def test_a_list_of_loads_is_read_in_one_call_each_as_its_own_load_would_be(
     open_disk: OpenDisk,
 ) -> None:
-    io = CountingIO()
-    store = open_disk(records=16, io=io)
+    io = CountingReader()
+    store = open_disk(records=16, io=store_io(io))
     paths = fill(store, range(6))
     make_resident(paths[0])  # one from the page cache, the rest from the device (O_DIRECT)
     damage(paths[3])
@@ -101,7 +106,7 @@ def test_a_list_of_loads_is_read_in_one_call_each_as_its_own_load_would_be(
 
 
 def test_a_load_abandoned_after_its_read_never_writes_its_row(open_disk: OpenDisk) -> None:
-    store = open_disk(records=16, io=CountingIO())
+    store = open_disk(records=16, io=store_io(CountingReader()))
     fill(store, range(3))
     keys = [key_of(n) for n in range(3)]
     outs = rows(3)
@@ -113,23 +118,23 @@ def test_a_load_abandoned_after_its_read_never_writes_its_row(open_disk: OpenDis
 
 
 def test_claims_without_a_cell_are_read_one_by_one(open_disk: OpenDisk) -> None:
-    io = CountingIO()
-    store = open_disk(records=16, io=io)
+    io = CountingReader()
+    store = open_disk(records=16, io=store_io(io))
     fill(store, range(3))
     outs = rows(3)
     answers = store.get_many_into_when(
-        [key_of(n) for n in range(3)], outs, [lambda: True] * 3, aligned_buffer(PAYLOAD_BYTES)
+        [key_of(n) for n in range(3)], outs, [FixedClaim()] * 3, aligned_buffer(PAYLOAD_BYTES)
     )
     assert answers == [True] * 3 and io.list_calls == 0
     assert [bytes(o) for o in outs] == [payload_of(n) for n in range(3)]
 
 
 def test_a_failing_list_read_unpins_every_record(open_disk: OpenDisk) -> None:
-    class Fails(CountingIO):
+    class Fails(CountingReader):
         def read_claiming_many(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             raise MemoryError("no room for the answers")
 
-    store = open_disk(records=16, io=Fails())
+    store = open_disk(records=16, io=store_io(Fails()))
     fill(store, range(3))
     with pytest.raises(MemoryError):
         store.get_many_into_when(
@@ -146,7 +151,7 @@ def test_a_refused_nowait_read_in_a_list_is_read_again_the_other_way(
 ) -> None:
     """As on tmpfs: claimed, refused before a byte is read; the claim is given back and that
     record read through the bounce buffer, the others as the list read them."""
-    io = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    io = NativeRecordReader()
     claim_move = native.claim_ops()[0]  # type: ignore[index]
     real = io._claiming_many
 
@@ -157,7 +162,8 @@ def test_a_refused_nowait_read_in_a_list_is_read_again_the_other_way(
         return [(1, 6, errno.EOPNOTSUPP, 0, 0, False, True, None), *answers]
 
     io._claiming_many = first_refused
-    store = open_disk(records=16, io=io)
+    writer = RecordWriter(fsync="data", direct_writes=False, drop_written_pages=False)
+    store = open_disk(records=16, io=RecordIO(writer, io))
     fill(store, range(3))
     outs = rows(3)
     loads = [AbandonableLoad() for _ in range(3)]
@@ -191,8 +197,8 @@ def test_a_load_abandoned_after_its_row_was_written_is_neither_served_nor_checke
     """The scheduler may abandon a written load while its thread reads the rest of the list;
     the row is then vLLM's again (maybe reused already), so the store reads it no more: no
     hit, and no verdict on the record from bytes that may no longer be its own."""
-    io = CountingIO()
-    store = open_disk(records=16, io=io)
+    io = CountingReader()
+    store = open_disk(records=16, io=store_io(io))
     paths = fill(store, range(2))
     damage(paths[0])
     loads = [AbandonableLoad() for _ in range(2)]
@@ -219,8 +225,8 @@ def test_a_record_read_for_a_load_abandoned_during_its_read_is_not_checked_in_a_
     """In a list read the bounce buffer serves every record in turn: a record left there for a
     load abandoned during its read (claim refused after the read) is overwritten by the next
     ones before the store could check it, so it is not judged from those bytes."""
-    io = CountingIO()
-    store = open_disk(records=16, io=io)
+    io = CountingReader()
+    store = open_disk(records=16, io=store_io(io))
     fill(store, range(2))
     loads = [AbandonableLoad() for _ in range(2)]
     real = io._claiming_many

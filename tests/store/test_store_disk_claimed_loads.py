@@ -17,7 +17,8 @@ import pytest
 from kvtier import native
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, NativeRecordReader, RecordIO, RecordReader, RecordWriter
+from kvtier.store.base import FixedClaim
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]
@@ -27,9 +28,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def cached_io() -> RecordIO:
-    """Writes through the page cache, fsynced and kept there: the records stay resident."""
-    return RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+def cached_io(reader: RecordReader | None = None) -> RecordIO:
+    """Writes through the page cache, fsynced and kept there: the records stay resident.
+    Read by ``reader``, the native reader unless given."""
+    writer = RecordWriter(fsync="data", direct_writes=False, drop_written_pages=False)
+    return RecordIO(writer, reader if reader is not None else NativeRecordReader())
 
 
 def stored(store: DiskStore, n: int = 1) -> Path:
@@ -41,8 +44,10 @@ def stored(store: DiskStore, n: int = 1) -> Path:
     return path
 
 
-def resident_store(open_disk: OpenDisk, io: RecordIO | None = None) -> tuple[DiskStore, Path]:
-    store = open_disk(io=io or cached_io())
+def resident_store(
+    open_disk: OpenDisk, reader: RecordReader | None = None
+) -> tuple[DiskStore, Path]:
+    store = open_disk(io=cached_io(reader))
     path = stored(store)
     if not native.resident(path):
         pytest.skip("the page cache did not keep the buffered write (memory pressure?)")
@@ -65,16 +70,20 @@ def flip_a_payload_bit(path: Path, resident: bool) -> None:
         pytest.skip("the kernel did not keep (or drop) the record's pages as asked")
 
 
-class Claims:
-    """A load's claim that records what the row and the bounce buffer held when it was asked."""
+class Claims(FixedClaim):
+    """A load's claim that records what the row and the bounce buffer held when it was asked
+    (claimed from Python: no native cell)."""
+
+    __slots__ = ("bounce", "row", "seen")
 
     def __init__(self, row: memoryview, bounce: memoryview, grant: bool = True) -> None:
-        self.row, self.bounce, self.grant = row, bounce, grant
+        super().__init__(grant)
+        self.row, self.bounce = row, bounce
         self.seen: list[tuple[bool, bool]] = []
 
-    def __call__(self) -> bool:
+    def claim(self) -> bool:
         self.seen.append((any(bytes(self.row)), any(bytes(self.bounce))))
-        return self.grant
+        return super().claim()
 
 
 def test_a_resident_record_is_claimed_then_read_straight_into_the_row(
@@ -114,7 +123,7 @@ def test_a_page_evicted_during_the_claimed_read_is_a_clean_miss(open_disk: OpenD
     """The claimed read never waits for the device (RWF_NOWAIT): pages dropped between the
     probe and the read end it as a miss; the record stays, and reads again later."""
 
-    class EvictsBeforeTheRead(RecordIO):
+    class EvictsBeforeTheRead(NativeRecordReader):
         def read_resident(
             self, fd: int, path: Path, out: memoryview, checksum: bool
         ) -> tuple[memoryview, int | None] | None:
@@ -125,7 +134,7 @@ def test_a_page_evicted_during_the_claimed_read_is_a_clean_miss(open_disk: OpenD
                 pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
             return super().read_resident(fd, path, out, checksum)
 
-    io = EvictsBeforeTheRead(fsync="data", direct_writes=False, drop_written_pages=False)
+    io = EvictsBeforeTheRead()
     store, _ = resident_store(open_disk, io)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     assert not store.get_into_when(key_of(1), row, Claims(row, bounce), bounce)
@@ -153,9 +162,7 @@ def test_a_record_the_page_cache_lacks_goes_through_the_bounce_buffer(
 def test_without_page_cache_reads_every_load_goes_through_the_bounce_buffer(
     open_disk: OpenDisk,
 ) -> None:
-    io = RecordIO(
-        fsync="data", direct_writes=False, drop_written_pages=False, page_cache_reads=False
-    )
+    io = NativeRecordReader(page_cache_reads=False)
     store, _ = resident_store(open_disk, io)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     claim = Claims(row, bounce)
@@ -164,7 +171,7 @@ def test_without_page_cache_reads_every_load_goes_through_the_bounce_buffer(
     assert bytes(row) == payload_of(1)
 
 
-class OneCallIO(RecordIO):
+class OneCallReader(NativeRecordReader):
     """Fails the test if a load takes the two-call path (a GIL hand-over more per block)."""
 
     def read_unless_resident(self, *args: object) -> object:
@@ -174,8 +181,8 @@ class OneCallIO(RecordIO):
         raise AssertionError("a load with a native claim cell took the two-call path")
 
 
-def one_call_io() -> OneCallIO:
-    return OneCallIO(fsync="data", direct_writes=False, drop_written_pages=False)
+def one_call_io() -> OneCallReader:
+    return OneCallReader()
 
 
 def test_an_abandonable_load_is_claimed_by_the_reader_in_its_one_call(
@@ -218,7 +225,9 @@ def test_a_damaged_resident_record_read_by_the_one_call_is_a_quarantined_miss(
 def test_an_abandonable_load_of_a_record_the_page_cache_lacks_is_claimed_after_its_read(
     open_disk: OpenDisk,
 ) -> None:
-    store = open_disk(io=OneCallIO())  # O_DIRECT writes: nothing left in the page cache
+    store = open_disk(
+        io=RecordIO(reader=OneCallReader())
+    )  # O_DIRECT writes: nothing left in the page cache
     path = stored(store)
     if native.resident(path):
         pytest.skip("this file system keeps O_DIRECT writes in the page cache")
@@ -241,7 +250,7 @@ def test_a_damaged_record_the_page_cache_lacks_is_a_quarantined_miss_in_one_call
 ) -> None:
     """Read into the bounce buffer, claimed and copied in the same call, verified after: the
     row may hold the bad bytes, but the load fails, so they are never served."""
-    store = open_disk(io=OneCallIO())
+    store = open_disk(io=RecordIO(reader=OneCallReader()))
     flip_a_payload_bit(stored(store), resident=False)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     load = AbandonableLoad()
@@ -256,7 +265,7 @@ def test_a_damaged_record_read_for_an_abandoned_load_is_still_quarantined(
 ) -> None:
     """The read into the bounce buffer happened; the claim after it failed. The row stays
     untouched, and the bytes read are checked all the same."""
-    store = open_disk(io=OneCallIO())
+    store = open_disk(io=RecordIO(reader=OneCallReader()))
     flip_a_payload_bit(stored(store), resident=False)
     row, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
     load = AbandonableLoad()
@@ -270,12 +279,12 @@ def test_a_damaged_record_read_for_an_abandoned_load_is_still_quarantined(
 # -- a kernel that refuses RWF_NOWAIT (tmpfs) ------------------------------------------------
 
 
-class RefusesNowait(RecordIO):
+class RefusesNowait(NativeRecordReader):
     """The reader as on a file system without ``RWF_NOWAIT``: a claimed read is refused before
     it reads a byte (as the kernel answers ``EOPNOTSUPP`` at the first ``preadv2``)."""
 
     def __init__(self) -> None:
-        super().__init__(fsync="data", direct_writes=False, drop_written_pages=False)
+        super().__init__()
         self.refused = 0
         claim_move = native.claim_ops()[0]
         claiming, unless_resident = self._claiming, self._resident[0]
@@ -306,8 +315,9 @@ class Releasable(Claims):
         super().__init__(row, bounce)
         self.released = 0
 
-    def release(self) -> None:
+    def release(self) -> bool:
         self.released += 1
+        return True
 
 
 def test_a_refused_nowait_read_gives_the_claim_back_and_reads_through_the_bounce_buffer(

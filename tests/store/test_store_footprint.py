@@ -124,7 +124,7 @@ def sample(
             for i, p in enumerate(procs):
                 if not p.is_alive():
                     p.join()
-                    assert p.exitcode in (-signal.SIGKILL, 17), p.exitcode  # 17: CrashingIO
+                    assert p.exitcode in (-signal.SIGKILL, 17), p.exitcode  # 17: CrashingWriter
                     procs[i] = start(writers + n * writers + i)
             time.sleep(rng.uniform(0.005, 0.05))
     finally:

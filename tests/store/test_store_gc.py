@@ -19,14 +19,16 @@ from kvtier.store.base import Problem
 from kvtier.store.disk import layout
 from kvtier.store.disk.gc import collect
 from kvtier.store.disk.inspect import root_usage
-from kvtier.store.disk.io import RecordIO
+from kvtier.store.disk.reader import RecordReader
+from kvtier.store.disk.record_io import RecordIO
+from kvtier.store.disk.writer import RecordWriter
 from tests.support.store import PAYLOAD_BYTES, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]
 RECORD = HEADER_BYTES + PAYLOAD_BYTES
 
 
-class BeforeUnlinkIO(RecordIO):
+class BeforeUnlinkWriter(RecordWriter):
     """Calls ``hook(path)`` before the first unlink of a record file, then unlinks as usual."""
 
     def __init__(self, hook: Callable[[Path], None]) -> None:
@@ -45,12 +47,12 @@ class GcKilled(BaseException):
     """Ends a collection between its index transaction and its unlinks, as a SIGKILL would."""
 
 
-class KilledBeforeUnlinkIO(RecordIO):
+class KilledBeforeUnlinkWriter(RecordWriter):
     def remove(self, path: Path) -> bool:
         raise GcKilled
 
 
-class OnFirstReadIO(RecordIO):
+class OnFirstReadReader(RecordReader):
     """Calls ``hook()`` before the first record read (inside a verify, after its listing)."""
 
     def __init__(self, hook: Callable[[], None]) -> None:
@@ -73,9 +75,9 @@ def test_verify_beside_a_collection_in_flight_reports_nothing(open_disk: OpenDis
     store = open_disk()
     fill(store, range(4))
     seen: list[Problem] = []
-    io = BeforeUnlinkIO(lambda path: seen.extend(store.verify()))
-    assert collect(store.root, older_than_s=0, io=io).records == 4
-    assert io.called
+    writer = BeforeUnlinkWriter(lambda path: seen.extend(store.verify()))
+    assert collect(store.root, older_than_s=0, writer=writer).records == 4
+    assert writer.called
     assert seen == [], "the collection's evictions in flight are not a dead writer's trash"
     assert store.verify() == []
 
@@ -89,7 +91,9 @@ def test_a_store_refresh_leaves_a_running_collection_its_evictions(open_disk: Op
         store.refresh()  # reclaims the trash of dead sessions
         still_there.append(path.exists())
 
-    assert collect(store.root, older_than_s=0, io=BeforeUnlinkIO(refresh_first)).records == 4
+    assert (
+        collect(store.root, older_than_s=0, writer=BeforeUnlinkWriter(refresh_first)).records == 4
+    )
     assert still_there == [True], "a running collection is not a dead session"
     assert store.verify() == []
 
@@ -100,9 +104,13 @@ def test_verify_does_not_report_dead_trash_that_a_store_reclaimed_meanwhile(
     store = open_disk()
     fill(store, range(4))
     other = open_disk()  # both open before the kill: a store reclaims dead trash at open
-    checker = open_disk(io=OnFirstReadIO(other.refresh))  # refresh after verify's listing
+    checker = open_disk(
+        io=RecordIO(reader=OnFirstReadReader(other.refresh))
+    )  # refresh after verify's listing
     with pytest.raises(GcKilled):  # leaves 2 evicted files in the trash of a dead session
-        collect(root, to_bytes=store.footprint_bytes() - 2 * RECORD, io=KilledBeforeUnlinkIO())
+        collect(
+            root, to_bytes=store.footprint_bytes() - 2 * RECORD, writer=KilledBeforeUnlinkWriter()
+        )
     assert checker.verify() == [], "the dead session's trash was gone before the report"
     checker.refresh()
     assert sorted(checker.keys()) == [key_of(i) for i in (2, 3)]

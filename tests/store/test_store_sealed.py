@@ -19,7 +19,7 @@ from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.format import HEADER_BYTES
 from kvtier.format.record import decode_header, encode_header
 from kvtier.format.sealing import KeyRing, MasterKey, RecordSealer
-from kvtier.store import BlockStore, DiskStore, RecordIO
+from kvtier.store import BlockStore, DiskStore, RecordIO, RecordWriter
 from kvtier.store.disk.gc import collect
 from kvtier.store.disk.index import ALLOC_UNIT, charge
 from tests.support.conformance import StoreContract
@@ -261,7 +261,7 @@ def test_a_sealed_record_is_opened_before_its_row_is_written_never_in_the_row_af
     sealer = sealer_of()
     io = None
     if writes == "cached":  # the page cache keeps the records: read straight into the row
-        io = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+        io = RecordIO(RecordWriter(fsync="data", direct_writes=False, drop_written_pages=False))
     store = open_disk(sealer=sealer, **({"io": io} if io else {}))
     for n in (1, 2):
         assert store.put(key_of(n), payload_of(n))

@@ -15,6 +15,7 @@ import threading
 from array import array
 
 from kvtier.store import BlockStore, StoreAbilities
+from kvtier.store.base import FixedClaim
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, key_of, payload_of
 
 
@@ -222,7 +223,7 @@ class StoreContract:
         store.put(key_of(1), payload_of(1))
         out, bounce = aligned_buffer(PAYLOAD_BYTES), aligned_buffer(PAYLOAD_BYTES)
         out[:] = bytes(PAYLOAD_BYTES)
-        assert not store.get_into_when(key_of(1), out, lambda: False, bounce)
+        assert not store.get_into_when(key_of(1), out, FixedClaim(grant=False), bounce)
         assert bytes(out) == bytes(PAYLOAD_BYTES)
-        assert store.get_into_when(key_of(1), out, lambda: True, bounce)
+        assert store.get_into_when(key_of(1), out, FixedClaim(), bounce)
         assert bytes(out) == payload_of(1)

@@ -9,14 +9,14 @@ import os
 from pathlib import Path
 
 from kvtier.format.checksum import Buffer
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, RecordIO, RecordWriter
 from tests.support.store import disk_capacity, key_of, make_namespace, payload_of
 
 CRASH_EXIT_CODE = 17
 CAPACITY_RECORDS = 4
 
 
-class CrashingIO(RecordIO):
+class CrashingWriter(RecordWriter):
     """Exits the process, without any cleanup, at step ``at`` of a write."""
 
     def __init__(self, at: str) -> None:
@@ -43,23 +43,23 @@ class CrashingIO(RecordIO):
         return super().remove(path)
 
 
-def open_store(root: str, io: RecordIO | None = None) -> DiskStore:
+def open_store(root: str, writer: RecordWriter | None = None) -> DiskStore:
     return DiskStore(
         root,
         make_namespace(),
         disk_capacity(CAPACITY_RECORDS),
         free_space_floor_bytes=0,
-        io=io,
+        io=None if writer is None else RecordIO(writer),
     )
 
 
 def fill_then_crash(root: str, at: str, prefill: int) -> None:
     """Store ``prefill`` records normally, then crash at step ``at`` of the next put."""
-    io = CrashingIO(at)
-    io.armed = False
-    store = open_store(root, io)
+    writer = CrashingWriter(at)
+    writer.armed = False
+    store = open_store(root, writer)
     for i in range(prefill):
         store.put(key_of(100 + i), payload_of(100 + i))
-    io.armed = True
+    writer.armed = True
     store.put(key_of(1), payload_of(1))
     raise SystemExit(f"did not crash at {at}")

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvtier.format import HEADER_BYTES, Namespace
+from kvtier.hostpool.regions import SHM_DIR
 from kvtier.store import DiskStore, RecordIO
 from kvtier.store.disk.quarantine import entries
-from kvtier.vllm.regions import SHM_DIR
 from tests.support.host import (
     NOBODY,
     chown_unavailable,

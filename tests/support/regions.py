@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvtier.vllm.regions import SHM_DIR
+from kvtier.hostpool.regions import SHM_DIR
 
 REGION_PATH = re.compile(r"/dev/shm/(vllm_offload_[\w.-]+?\.mmap)")
 

@@ -1,8 +1,8 @@
-"""A slow or stalled disk with no privileges: the disk tier's reads slowed through ``RecordIO``.
+"""A slow or stalled disk with no privileges: the disk tier's reads slowed through its reader.
 
 The unprivileged twin of the slow disk (``tests/support/slow_disk.py``, which needs root, loop
 devices and cgroup v1 blkio). A real engine loads ``ThrottledDiskTier`` by ``module_path``: the
-stock disk tier whose ``DiskStore`` reads through ``ThrottledIO``, which, before each record
+stock disk tier whose ``DiskStore`` reads through ``ThrottledReader``, which, before each record
 read, waits as long as the record takes at the rate the test process last wrote into a control
 file (``ThrottledDisk.throttle``). The rate is re-read while waiting, as a blkio throttle applies
 at once to queued reads: a stall (a few KB/s) ends when it is lifted. The bytes read so far are
@@ -24,7 +24,7 @@ from typing import Any
 from kvtier.bench.harness import EngineConfig
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.settings import DiskTierSettings
-from kvtier.store import DiskStore, RecordIO
+from kvtier.store import DiskStore, RecordIO, RecordReader, RecordWriter
 from kvtier.vllm.disk_tier import KvtierDiskTier
 
 #: Environment variable naming the control file, in the engine's process.
@@ -43,11 +43,12 @@ def _rate(control: Path) -> int | None:
     return int(text) if text else None
 
 
-class ThrottledIO(RecordIO):
-    """``RecordIO`` whose reads take at least their size over the control file's rate."""
+class ThrottledReader(RecordReader):
+    """The Python steps' reader (the native reader's one call cannot be slowed from Python),
+    each read taking at least its size over the control file's rate."""
 
-    def __init__(self, control: Path, fsync: str = "never") -> None:
-        super().__init__(fsync=fsync)
+    def __init__(self, control: Path) -> None:
+        super().__init__()
         self.control = control
         self._lock = threading.Lock()
         self._bytes_read = 0
@@ -77,14 +78,15 @@ class ThrottledIO(RecordIO):
 
 
 def _throttled_store(settings: DiskTierSettings, namespace: Namespace) -> DiskStore:
-    """``open_disk_store`` of the stock tier (local disk only), reading through ``ThrottledIO``."""
+    """``open_disk_store`` of the stock tier (local disk only), reading through
+    ``ThrottledReader``."""
     return DiskStore(
         settings.root_dir,
         namespace,
         settings.capacity_bytes,
         free_space_floor_bytes=settings.free_space_floor_bytes,
         fsync=settings.fsync,
-        io=ThrottledIO(Path(os.environ[CONTROL_ENV]), settings.fsync),
+        io=RecordIO(RecordWriter(settings.fsync), ThrottledReader(Path(os.environ[CONTROL_ENV]))),
     )
 
 

@@ -1,6 +1,7 @@
 """vLLM offloading configs for tier tests without an engine."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from vllm.v1.kv_offload.config import (
     OffloadingCacheConfig,
@@ -9,6 +10,8 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
+
+from kvtier.vllm.engine_context import EngineContext, KvtierSpec
 
 
 def offloading_config(model_dir: Path, row_bytes: int) -> OffloadingConfig:
@@ -23,3 +26,19 @@ def offloading_config(model_dir: Path, row_bytes: int) -> OffloadingConfig:
         cache=OffloadingCacheConfig(tokens_per_hash=128, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, None, True),
     )
+
+
+def stock_spec(config: OffloadingConfig, replicated_layout: bool = False) -> SimpleNamespace:
+    """What a stock spec (vLLM's own, no kvtier spec) shows a tier: its geometry only, so the
+    tier decides in a context of its own (``EngineContext.stock``)."""
+    return SimpleNamespace(config=config, replicated_layout=replicated_layout)
+
+
+class KvtierSpecStub(KvtierSpec):
+    """kvtier's spec as its tiers see it: the geometry and the engine's context, without
+    building vLLM's spec."""
+
+    def __init__(self, config: OffloadingConfig, context: EngineContext) -> None:
+        self.config = config
+        self.kvtier = context
+        self.replicated_layout = False

@@ -63,9 +63,9 @@ def open_and_crash_in_reclaim(root: str) -> None:
 
     Opening reclaims what dead writers left; the first record file it unlinks is the crash.
     """
-    from tests.support.crash import CrashingIO, open_store
+    from tests.support.crash import CrashingWriter, open_store
 
-    open_store(root, CrashingIO("before_evict_unlink"))
+    open_store(root, CrashingWriter("before_evict_unlink"))
     raise SystemExit("opened without unlinking any record file")
 
 
@@ -133,22 +133,22 @@ def open_close_loop(root: str, rounds: int) -> None:
 def put_forever(root: str, seed: int, threads: int, capacity: int, crash_at: str) -> None:
     """``threads`` threads put fresh records into their own namespace under ``root`` (one per
     ``seed``) with cap ``capacity`` until killed, so every put evicts. ``crash_at`` (a
-    ``CrashingIO`` step, or "") makes the process die at that step after a while instead."""
+    ``CrashingWriter`` step, or "") makes the process die at that step after a while instead."""
     import threading
 
-    from kvtier.store import DiskStore
-    from tests.support.crash import CrashingIO
+    from kvtier.store import DiskStore, RecordIO
+    from tests.support.crash import CrashingWriter
     from tests.support.store import make_namespace
 
-    io = CrashingIO(crash_at or "never")
-    io.armed = False
+    writer = CrashingWriter(crash_at or "never")
+    writer.armed = False
     try:
         store = DiskStore(
             root,
             make_namespace(model=f"footprint/{seed}", block_bytes=FUZZ_PAYLOAD),
             capacity,
             free_space_floor_bytes=0,
-            io=io,
+            io=RecordIO(writer),
         )
     except Exception:
         import traceback
@@ -166,7 +166,7 @@ def put_forever(root: str, seed: int, threads: int, capacity: int, crash_at: str
             if n % 16 == 0:
                 store.refresh()
             if crash_at and n == 8:
-                io.armed = True
+                writer.armed = True
 
     for thread in range(threads):
         threading.Thread(target=loop, args=(thread,), daemon=True).start()

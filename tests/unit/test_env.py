@@ -6,7 +6,7 @@ import pytest
 
 from kvtier.env import KvtierEnv, read_env
 from kvtier.errors import ConfigError
-from kvtier.vllm import regions
+from kvtier.hostpool import regions
 
 
 def test_unset_variables_give_the_defaults():

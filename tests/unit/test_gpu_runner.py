@@ -8,10 +8,9 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from kvtier.policy import evidence_file
+from kvtier.policy import PolicyEvidence, evidence_file
 from kvtier.policy.prefill import MeasuredStep
 from kvtier.policy.restore import MeasuredLoad
-from kvtier.policy.restore_policy import PolicyEvidence
 
 RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "kvtier_cuda_e2e.py"
 KV_PER_TOKEN = 160 * 1024  # the llama-3-70b-40l shape: 40 layers x 8 KV heads x 128, bf16

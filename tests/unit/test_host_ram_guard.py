@@ -3,7 +3,7 @@
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.host_ram_guard import (
+from kvtier.hostpool.ram_guard import (
     MemorySnapshot,
     check_shm_space,
     clamp_host_pool,

@@ -13,6 +13,7 @@
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,135 @@ def test_the_library_and_operator_commands_import_without_vllm_or_extras() -> No
     loaded = loaded_after_importing(OPERATOR, BLOCK)
     assert "kvtier.cli.ops" in loaded and "kvtier.store.disk.store" in loaded
     assert [m for m in loaded if m.split(".")[0] in ABSENT] == []
+
+
+# -- the vLLM floor ----------------------------------------------------------------------------
+VLLM = ("vllm", "kvtier.vllm")
+
+
+def needs_vllm(module: str, path: Path) -> bool:
+    """Whether ``module`` imports vLLM, directly or through another module of kvtier's own
+    ``kvtier.vllm`` (the tiers vLLM loads by module path subclass one that does)."""
+    return any(within(n, VLLM) and not within(module, (n,)) for n in imported_names(path))
+
+
+def test_the_vllm_package_holds_exactly_the_library_modules_that_import_vllm() -> None:
+    misplaced = {}
+    for module, path in library_files().items():
+        if module == "kvtier.vllm":  # the package's own docstring
+            continue
+        inside = within(module, ("kvtier.vllm",))
+        if inside != needs_vllm(module, path):
+            misplaced[module] = "under kvtier.vllm without vLLM" if inside else "imports vLLM"
+    assert misplaced == {}
+    # Not vacuous: both sides are populated.
+    assert needs_vllm("kvtier.vllm.store_tier", SRC / "kvtier/vllm/store_tier.py")
+    assert not needs_vllm("kvtier.runtime.jobs", SRC / "kvtier/runtime/jobs.py")
+
+
+#: A vLLM release number (0.25.1, 0.32.0, ...) in a string.
+RELEASE_NUMBER = re.compile(r"\b0\.(2[5-9]|[3-9]\d)\.\d+\b")
+#: A bare version ("0.32") compared against: a version test.
+VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+#: Where a release may be named outside the release package, and why.
+NAMES_A_RELEASE = {
+    "kvtier.extras": "the [engine] extra's pip pin, as pyproject.toml states it",
+}
+
+
+def docstring_nodes(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            found.add(id(body[0].value))
+    return found
+
+
+def release_mentions(path: Path) -> list[str]:
+    """String constants naming a release, and comparisons against a version, in ``path``
+    (docstrings aside: they may say which release a fact is about)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = docstring_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docs and RELEASE_NUMBER.search(node.value):
+                found.append(f"{node.lineno}: {node.value[:60]!r}")
+        elif isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                if (
+                    isinstance(operand, ast.Constant)
+                    and isinstance(operand.value, str)
+                    and VERSION.match(operand.value)
+                ):
+                    found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_release_is_named_or_tested_outside_the_release_package() -> None:
+    offending = {
+        module: found
+        for module, path in modules_under(SRC / "kvtier").items()
+        if not within(module, ("kvtier.vllm.release", *NAMES_A_RELEASE))
+        and (found := release_mentions(path))
+    }
+    assert offending == {}
+    # Not vacuous: the release package itself names and tells them apart.
+    assert release_mentions(SRC / "kvtier/vllm/release/__init__.py")
+
+
+#: What a role or an ability is asked of: the spec, a tier, a load claim, vLLM's manager.
+ROLE_HOLDER = re.compile(r"^(self\._?)?(offloading_)?(spec|tier|claim|manager)s?$")
+
+
+def probes(path: Path) -> list[str]:
+    """``getattr``/``hasattr`` calls on a spec, a tier, a claim or a manager in ``path``, by a
+    literal name (a wrapper's delegation by a variable name is not a probe)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and ROLE_HOLDER.match(ast.unparse(node.args[0]))
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_role_or_ability_is_probed_with_getattr() -> None:
+    """Roles are claimed by method (``EngineContext``), abilities declared on the interface
+    (``LoadClaim``, ``StoreAbilities``), never found by probing attributes."""
+    offending = {m: found for m, p in library_files().items() if (found := probes(p))}
+    assert offending == {}
+
+
+def test_the_probe_scan_sees_a_probe(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "def f(spec, claim, name):\n"
+        "    return getattr(spec, 'x', None), hasattr(claim, 'y'), getattr(spec, name)\n"
+    )
+    assert len(probes(probe)) == 2
+
+
+def test_the_policy_imports_no_store_module() -> None:
+    # The decision is pure: it predicts and learns from what the adapters measure. Its
+    # evidence file reaches the disk through kvtier.small_files, which the store uses too.
+    policy = modules_under(SRC / "kvtier" / "policy")
+    assert "kvtier.policy.evidence_file" in policy
+    assert offenders(policy, ("kvtier.store", "kvtier.vllm", "vllm", "torch")) == {}
+
+
+def test_the_policy_loads_no_store_module() -> None:
+    loaded = loaded_after_importing(["kvtier.policy", "kvtier.policy.evidence_file"])
+    assert "kvtier.policy.evidence_file" in loaded
+    assert [m for m in loaded if within(m, ("kvtier.store",))] == []

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import ConfigError
+from kvtier.format.keyfiles import load_keyring, read_key_file, tier_keyring
 from kvtier.format.sealing import MasterKey
-from kvtier.keyfiles import load_keyring, read_key_file, tier_keyring
 from kvtier.settings import DiskTierSettings, EncryptionSettings, SharedTierSettings
 from kvtier.store import DiskStore
 from tests.support.store import disk_capacity, key_of, make_namespace, payload_of

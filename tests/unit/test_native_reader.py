@@ -1,8 +1,8 @@
 """The native record reader (kvtier.native._recordread) against the Python read path.
 
-Both paths of ``RecordIO.read_checked`` must accept the same files and refuse the same ones
-with the same reasons; the native XXH3-64 must equal the xxhash package's. The reader's point
-(one GIL hand-over per block) is measured by ``python -m benchmarks disk-read``, not here.
+Both readers (``RecordReader`` and ``NativeRecordReader``) must accept the same files and refuse the
+same ones with the same reasons; the native XXH3-64 must equal the xxhash package's. The reader's
+point (one GIL hand-over per block) is measured by ``python -m benchmarks disk-read``, not here.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 import xxhash
 
 from kvtier import native
-from kvtier.errors import CorruptRecordError
+from kvtier.errors import ConfigError, CorruptRecordError
 from kvtier.format.checksum import CRC32
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store import RecordIO
+from kvtier.store import NativeRecordReader, RecordReader, default_reader
 from tests.support.record_files import DAMAGES, write_record
 from tests.support.store import aligned_buffer
 
@@ -60,10 +60,10 @@ def payload_of(seed: int) -> bytes:
     return random.Random(seed).randbytes(PAYLOAD)
 
 
-def record_io(native_reads: bool) -> RecordIO:
-    io = RecordIO(native_reads=native_reads)
-    assert io.native_reads is (native_reads and NATIVE)
-    return io
+def record_io(native_reads: bool) -> RecordReader:
+    reader = NativeRecordReader() if native_reads else RecordReader()
+    assert reader.native is native_reads
+    return reader
 
 
 BOTH = [pytest.param(False, id="python"), pytest.param(True, id="native", marks=needs_native)]
@@ -134,17 +134,26 @@ def test_a_planted_fifo_leaves_direct_reads_on(tmp_path: Path) -> None:
     assert io.direct_reads
 
 
-def test_an_io_whose_reads_are_overridden_never_takes_the_native_path() -> None:
-    """A test's injected read fault must be what runs."""
+def test_the_default_reader_is_the_native_one_where_it_is_built() -> None:
+    assert isinstance(default_reader(), NativeRecordReader) is NATIVE
+    assert default_reader().native is NATIVE
 
-    class Faulty(RecordIO):
+
+@needs_native
+def test_a_reader_overriding_a_python_step_stays_native() -> None:
+    """Nothing switches a reader's path behind its back: a test that faults the native reader
+    says so by its class, and its plain loads still take the one-call read."""
+
+    class Faulty(NativeRecordReader):
         def open_for_read(self, path: Path, direct: bool) -> int:
             raise OSError(errno.EIO, "injected")
 
-    class Slow(RecordIO):
-        def read_into(self, path: Path, out: memoryview) -> memoryview:
-            return super().read_into(path, out)
+    assert Faulty().native
+    assert not RecordReader().native
 
-    assert not Faulty().native_reads
-    assert not Slow().native_reads
-    assert RecordIO(native_reads=False).native_reads is False
+
+def test_the_native_reader_is_refused_where_it_is_not_built(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(native, "record_reader", lambda: None)
+    with pytest.raises(ConfigError, match="native record reader is not built"):
+        NativeRecordReader()
+    assert type(default_reader()) is RecordReader

@@ -22,7 +22,7 @@ import xxhash
 from kvtier import native
 from kvtier.errors import CorruptRecordError
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store import RecordIO
+from kvtier.store import NativeRecordReader, RecordReader
 from tests.support.record_files import (
     DAMAGES,
     drop_pages,
@@ -67,7 +67,7 @@ def test_chunked_buffered_reads_hash_like_xxhash_at_every_edge(
     path = tmp_path / "r.kvb"
     payload = written(path, chunks * chunk() + offset)
     out = aligned_buffer(len(payload)) if aligned else memoryview(bytearray(len(payload) + 1))[1:]
-    header, checksum, _ = RecordIO().read_checked(path, out, checksum=True)
+    header, checksum, _ = NativeRecordReader().read_checked(path, out, checksum=True)
     assert bytes(out) == payload
     assert bytes(header) == path.read_bytes()[:HEADER_BYTES]
     assert checksum == xxhash.xxh3_64_intdigest(payload)
@@ -80,7 +80,7 @@ def test_a_resident_record_is_opened_unread_then_read_into_the_claimed_row(
     path = tmp_path / "r.kvb"
     payload = written(path, length)
     assert native.resident(path), "a record just written through the page cache is held"
-    io = RecordIO()
+    io = NativeRecordReader()
     bounce, row = aligned_buffer(length), aligned_buffer(length)
     assert io.reads_resident_into(bounce)
     fd = io.read_unless_resident(path, bounce, checksum=True)
@@ -104,7 +104,7 @@ def test_a_record_the_page_cache_lacks_is_read_into_the_bounce_buffer(folder: Pa
     if native.resident(path):
         pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
     bounce = aligned_buffer(PAYLOAD)
-    read = RecordIO().read_unless_resident(path, bounce, checksum=True)
+    read = NativeRecordReader().read_unless_resident(path, bounce, checksum=True)
     assert not isinstance(read, int)
     header, checksum = read
     assert bytes(bounce) == payload
@@ -117,7 +117,7 @@ def test_a_page_evicted_after_the_probe_ends_the_read_unserved(folder: Path) -> 
     """The claimed read never waits for the device: a page gone since the probe is a miss."""
     path = folder / "r.kvb"
     write_buffered(path, random.Random(7).randbytes(PAYLOAD))
-    io = RecordIO()
+    io = NativeRecordReader()
     fd = io.read_unless_resident(path, aligned_buffer(PAYLOAD), checksum=True)
     assert isinstance(fd, int)
     drop_pages(path)
@@ -129,9 +129,9 @@ def test_a_page_evicted_after_the_probe_ends_the_read_unserved(folder: Path) -> 
 
 
 def test_with_page_cache_reads_off_nothing_is_read_in_two_halves() -> None:
-    assert not RecordIO(page_cache_reads=False).reads_resident_into(aligned_buffer(4096))
-    assert not RecordIO(native_reads=False).reads_resident_into(aligned_buffer(4096))
-    assert not RecordIO().reads_resident_into(memoryview(bytes(4096)))
+    assert not NativeRecordReader(page_cache_reads=False).reads_resident_into(aligned_buffer(4096))
+    assert not RecordReader().reads_resident_into(aligned_buffer(4096))
+    assert not NativeRecordReader().reads_resident_into(memoryview(bytes(4096)))
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
@@ -144,7 +144,7 @@ def test_a_damaged_file_is_refused_as_read_checked_refuses_it(tmp_path: Path, da
     apply(path)
     bounce = aligned_buffer(PAYLOAD)
     with pytest.raises((CorruptRecordError, OSError)) as caught:
-        RecordIO().read_unless_resident(path, bounce, checksum=True)
+        NativeRecordReader().read_unless_resident(path, bounce, checksum=True)
     error = caught.value
     if isinstance(expected, str):
         assert isinstance(error, CorruptRecordError) and error.reason == expected, error

@@ -19,7 +19,7 @@ import xxhash
 
 from kvtier import native
 from kvtier.format.record import HEADER_BYTES
-from kvtier.store import RecordIO
+from kvtier.store import NativeRecordReader, RecordReader
 from tests.support.record_files import drop_pages, header_of, write_buffered
 from tests.support.store import aligned_buffer
 
@@ -63,7 +63,7 @@ def record(folder: Path) -> tuple[Path, bytes]:
     return path, payload
 
 
-def read(io: RecordIO, path: Path, payload: bytes) -> bool:
+def read(io: RecordReader, path: Path, payload: bytes) -> bool:
     """Read the record into a page-aligned row, check bytes and checksum; whether it came from
     the page cache."""
     out = aligned_buffer(PAYLOAD)
@@ -79,7 +79,7 @@ def test_a_record_the_page_cache_holds_is_read_from_it(
 ) -> None:
     path, payload = record
     assert native.resident(path), "a record just written buffered and fsynced is cached"
-    assert read(RecordIO(), path, payload)
+    assert read(NativeRecordReader(), path, payload)
 
 
 def test_a_record_dropped_from_the_page_cache_is_read_o_direct(
@@ -89,7 +89,7 @@ def test_a_record_dropped_from_the_page_cache_is_read_o_direct(
     drop_pages(path)
     if native.resident(path):
         pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
-    assert not read(RecordIO(), path, payload)
+    assert not read(NativeRecordReader(), path, payload)
     assert not native.resident(path), "an O_DIRECT read leaves nothing in the page cache"
 
 
@@ -104,7 +104,7 @@ def test_a_record_partly_cached_is_read_o_direct(
         pytest.skip("the kernel kept the record's pages after POSIX_FADV_DONTNEED")
     read_buffered(path, cached_bytes)
     assert not native.resident(path)
-    assert not read(RecordIO(), path, payload)
+    assert not read(NativeRecordReader(), path, payload)
 
 
 def test_with_page_cache_reads_off_a_held_record_is_read_o_direct(
@@ -112,12 +112,12 @@ def test_with_page_cache_reads_off_a_held_record_is_read_o_direct(
 ) -> None:
     path, payload = record
     assert native.resident(path)
-    assert not read(RecordIO(page_cache_reads=False), path, payload)
+    assert not read(NativeRecordReader(page_cache_reads=False), path, payload)
 
 
 def test_the_python_steps_never_report_the_page_cache(record: tuple[Path, bytes]) -> None:
     path, payload = record
-    io = RecordIO(native_reads=False)
+    io = RecordReader()
     out = aligned_buffer(PAYLOAD)
     assert io.read_checked(path, out, checksum=True)[2] is False
     assert bytes(out) == payload

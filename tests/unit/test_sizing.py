@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.sizing import (
+from kvtier.hostpool.sizing import (
     KvGroup,
     RowGeometry,
     check_tiers,

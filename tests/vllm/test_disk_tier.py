@@ -3,7 +3,6 @@
 import os
 import threading
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,11 +13,13 @@ from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
-from kvtier.store import DiskStore, MemoryStore, RecordIO
-from kvtier.vllm.disk_tier import REFRESH_INTERVAL_S, KvtierDiskTier
+from kvtier.runtime.opener import HOUSEKEEPING_INTERVAL_S
+from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
+from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.store_tier import _ClaimForBuffer
 from tests.support import store as stores
 from tests.support.tiers import offloading_config as tier_config
+from tests.support.tiers import stock_spec
 
 ROWS, ROW_BYTES = 8, 8192
 CTX = ReqContext(req_id="r")
@@ -36,7 +37,7 @@ def pool():
 @pytest.fixture
 def tier(tmp_path, pool):
     init_none_hash(sha256)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     made = KvtierDiskTier(
         spec,
         memoryview(pool),
@@ -85,7 +86,7 @@ def test_stored_rows_load_back_into_other_rows(tier, pool):
 
 def test_lookup_retries_until_the_store_is_open_then_misses(tmp_path, pool):
     init_none_hash(sha256)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
         spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), capacity_bytes="1MiB"
     )
@@ -154,7 +155,7 @@ def test_drain_waits_for_every_job_and_pending_work_is_reported(tier, pool):
     ],
 )
 def test_bad_options_refuse_start_up_naming_the_option(tmp_path, pool, options, match):
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     with pytest.raises(ConfigError, match=match):
         KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), **options)
     assert not (tmp_path / "d").exists(), "a refused start-up leaves no folder behind"
@@ -163,7 +164,7 @@ def test_bad_options_refuse_start_up_naming_the_option(tmp_path, pool, options, 
 def test_an_unusable_root_refuses_start_up_naming_disk_dir(tmp_path, pool):
     root = tmp_path / "file"
     root.write_text("not a folder")
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     with pytest.raises(ConfigError, match="disk_dir"):
         KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(root), capacity_bytes="1MiB")
     assert root.read_text() == "not a folder"
@@ -174,7 +175,7 @@ def test_a_cap_the_store_cannot_open_refuses_start_up_not_the_opener_thread(tmp_
     the tier must refuse in its constructor, naming the option, instead of starting and
     missing every lookup after its opener thread fails ("fail-open")."""
     init_none_hash(sha256)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     made = None
     try:
         option = r"capacity_bytes \(disk_capacity / --disk-capacity\)"
@@ -217,7 +218,7 @@ def test_a_failed_key_is_a_miss_until_its_negative_entry_expires(tmp_path, pool)
         stores.append(FailingReads(1 << 20))
         return stores[-1]
 
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
         spec,
         memoryview(pool),
@@ -258,7 +259,7 @@ def test_a_block_stored_again_after_a_failed_load_is_served_again(tier, pool):
 def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_path, pool):
     """Two engines sharing a disk folder: each picks up the other's blocks while running."""
     other_pool = np.zeros_like(pool)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     other = KvtierDiskTier(
         spec, memoryview(other_pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
     )
@@ -268,7 +269,7 @@ def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_pat
         assert other.lookup(key(7), CTX) is LookupResult.MISS
         pool[2] = 42
         assert run(tier, 1, [key(7)], [2], False).success
-        deadline = time.monotonic() + 10 * REFRESH_INTERVAL_S + 5
+        deadline = time.monotonic() + 10 * HOUSEKEEPING_INTERVAL_S + 5
         while other.lookup(key(7), CTX) is not LookupResult.HIT:
             assert time.monotonic() < deadline, "the other tier never saw the stored block"
             time.sleep(0.05)
@@ -349,7 +350,7 @@ def test_a_load_past_its_deadline_is_abandoned_and_never_writes_its_row(tmp_path
     init_none_hash(sha256)
     clock = FakeClock()
     stalling = StallingStore()
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
         spec,
         memoryview(pool),
@@ -409,7 +410,7 @@ def test_a_share_stalled_after_loading_a_block_is_reported_at_its_deadline(tmp_p
     init_none_hash(sha256)
     clock = FakeClock()
     store = StallsOnOneKey(key(4))
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
         spec,
         memoryview(pool),
@@ -462,7 +463,7 @@ def test_a_record_that_can_never_load_is_dropped_and_stored_again(tmp_path, pool
         stores.append(MemoryStore(1 << 20))
         return stores[-1]
 
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
         spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), store_factory=memory_store
     )
@@ -494,7 +495,7 @@ class StalledWrites(MemoryStore):
 def test_shutdown_behind_a_stalled_disk_returns_within_its_drain_deadline(tmp_path, pool):
     init_none_hash(sha256)
     stalled = StalledWrites()
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
         spec,
         memoryview(pool),
@@ -525,7 +526,9 @@ def test_a_read_into_a_record_buffer_leaves_the_load_claimed_until_its_row_is_wr
     """Rows gathered from slices are read into the thread's record buffer and then scattered
     into the row: the store may claim the load, but only the scatter may mark it written
     (a written load may be abandoned, and its row reused, at once)."""
-    io = RecordIO(fsync="data", direct_writes=not resident, drop_written_pages=not resident)
+    io = RecordIO(
+        RecordWriter(fsync="data", direct_writes=not resident, drop_written_pages=not resident)
+    )
     store = DiskStore(
         tmp_path, stores.make_namespace(), stores.disk_capacity(4), free_space_floor_bytes=0, io=io
     )

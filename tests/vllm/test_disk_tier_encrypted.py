@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,9 +13,10 @@ from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvtier.errors import ConfigError
-from kvtier.vllm import store_tier
 from kvtier.vllm.disk_tier import KvtierDiskTier
+from kvtier.vllm.engine_context import EngineContext
 from tests.support.store import files_under
+from tests.support.tiers import stock_spec
 from tests.vllm.test_disk_tier import CTX, ROW_BYTES, ROWS, key, offloading_config, run, wait_open
 
 
@@ -29,7 +29,7 @@ def key_file(folder: Path, secret: bytes) -> str:
 
 def make_tier(tmp_path: Path, pool: np.ndarray, *key_files: str) -> KvtierDiskTier:
     init_none_hash(sha256)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model"))
+    spec = stock_spec(offloading_config(tmp_path / "model"))
     return KvtierDiskTier(
         spec,
         memoryview(pool),
@@ -82,7 +82,7 @@ def test_the_decision_evidence_and_the_start_up_line_name_the_sealed_folder(
     # beside them and the namespace the start-up line names (what `kvtier gc --namespace`
     # takes) must be that folder's, not the plain digest's, which no folder has.
     lines: list[str] = []
-    monkeypatch.setattr(store_tier, "report_to", lambda spec, part: lines.append(part))
+    monkeypatch.setattr(EngineContext, "report", lambda context, part: lines.append(part))
     tier = make_tier(tmp_path, pool, key_file(tmp_path, bytes(range(32))))
     try:
         wait_open(tier)

@@ -3,11 +3,12 @@
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.vllm.guards import (
-    check_connector_options,
+from kvtier.runtime.guards import (
+    check_cpu_data_plane_options,
     check_group_kinds,
     check_hash_stability,
     check_kv_dtypes,
+    check_tiering_options,
     persistent_tiers,
     spec_kind,
 )
@@ -18,16 +19,18 @@ DISK = [{"type": "KvtierDiskTier", "module_path": "kvtier.vllm.disk_tier"}]
 # -- upstream connector options --------------------------------------------------------------
 def test_canonical_layout_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"canonical_layout=True is not supported .* remove"):
-        check_connector_options({"canonical_layout": True})
+        check_cpu_data_plane_options({"canonical_layout": True})
 
 
 def test_store_threshold_of_two_or_more_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"store_threshold=2 is not supported.*remove"):
-        check_connector_options({"store_threshold": 2})
+        check_tiering_options({"store_threshold": 2})
 
 
 def test_supported_connector_options_pass():
-    check_connector_options({"store_threshold": 1, "canonical_layout": False, "block_size": 256})
+    extra = {"store_threshold": 1, "canonical_layout": False, "block_size": 256}
+    check_tiering_options(extra)
+    check_cpu_data_plane_options(extra)
 
 
 # -- block-hash stability --------------------------------------------------------------------

@@ -4,6 +4,7 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from kvtier.policy import RestorePrior
+from kvtier.runtime.step_clock import StepClock
 from kvtier.vllm.lookup_decider import (
     CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
     HOST_COPY_PRIOR_BYTES_PER_S,
@@ -12,7 +13,8 @@ from kvtier.vllm.lookup_decider import (
     TierDecider,
     make_policy,
 )
-from kvtier.vllm.step_clock import StepClock
+from tests.support.policy import engine_wait_s, predict_restore_s
+from tests.support.releases import API025, API032
 
 TOKENS, ROW = 128, 128 * 45 * 1024  # SmolLM2-135M: 45 KiB of KV per token
 
@@ -253,8 +255,8 @@ def test_the_prefill_gauge_states_the_whole_prefill_cost_and_zero_until_measured
 HALF_SPEED = RestorePrior(bandwidth_bytes_per_s=2.3e8, latency_s=0.001)
 
 
-@pytest.mark.parametrize("native_context", [True, False], ids=["positions", "no-positions"])
-def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(native_context):
+@pytest.mark.parametrize("has_positions", [True, False], ids=["positions", "no-positions"])
+def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(has_positions):
     """Alone, each would be recomputed (the disk loses). Collected in one step and decided
     together in the scheduler's order, the first ones are restored (their loads start at
     once) while the engine prefills the others. Also on vLLM 0.25.1, which records no key
@@ -263,7 +265,13 @@ def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(nat
     policy = make_policy(True, clock)
     policy.add_tier("disk", HALF_SPEED, via="host")
     d = TierDecider(
-        policy, "disk", TOKENS, ROW, clock, observes_prefill=True, native_context=native_context
+        policy,
+        "disk",
+        TOKENS,
+        ROW,
+        clock,
+        observes_prefill=True,
+        release=API032 if has_positions else API025,
     )
     measure_prefill(d, clock, 1e-4)
     contexts = [request(16, first=100 * (r + 1)) for r in range(8)]
@@ -277,7 +285,7 @@ def test_eight_requests_at_once_are_split_between_a_slow_disk_and_the_engine(nat
     assert 0 < restored < 8
     assert verdicts == [LookupResult.HIT] * restored + [LookupResult.MISS] * (8 - restored)
     assert (d.counts.restore, d.counts.recompute) == (restored, 8 - restored)
-    assert policy.engine_wait_s() > 0
+    assert engine_wait_s(policy) > 0
 
     # The same request alone, once the queues have drained, is recomputed again.
     clock.now += 60.0
@@ -312,13 +320,13 @@ def test_the_host_copy_is_predicted_at_the_platforms_prior():
     gib2 = 2 * 2**30
     cpu = make_policy(True, lambda: 0.0)
     cuda = make_policy(True, lambda: 0.0, CUDA_HOST_COPY_PRIOR_BYTES_PER_S)
-    assert cpu.predict_restore_s("host", gib2) == pytest.approx(
+    assert predict_restore_s(cpu, "host", gib2) == pytest.approx(
         gib2 / HOST_COPY_PRIOR_BYTES_PER_S, rel=0.01
     )
-    assert cuda.predict_restore_s("host", gib2) == pytest.approx(
+    assert predict_restore_s(cuda, "host", gib2) == pytest.approx(
         gib2 / CUDA_HOST_COPY_PRIOR_BYTES_PER_S, rel=0.01
     )
-    assert cuda.predict_restore_s("host", gib2) < cpu.predict_restore_s("host", gib2) / 2
+    assert predict_restore_s(cuda, "host", gib2) < predict_restore_s(cpu, "host", gib2) / 2
 
 
 def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:
@@ -340,7 +348,7 @@ def chunked_prefills(timed_steps: bool, prompts: int = 3) -> TierDecider:
         ROW,
         clock,
         observes_prefill=True,
-        native_context=False,
+        release=API025,
         step_clock=steps,
     )
     chunks, per_chunk, chunk_s = 4, 64, 0.5
@@ -382,3 +390,13 @@ def test_a_chunked_prefill_is_timed_to_the_steps_that_computed_it_not_to_late_jo
         timed = on_time.policy.prefill.recompute_seconds(0, tokens)
         assert abs(timed / seconds - 1) < 0.05, (tokens, timed)
     assert abs(late.policy.prefill.recompute_seconds(0, 32768) / 2.0 - 1) > 0.15
+
+
+def test_the_engines_loads_are_held_to_the_deadline_rule_as_the_policy_defines_it():
+    """One value per knob: the engine's policy takes every deadline bound from
+    ``DeadlineRule``'s own defaults, not from a second value of its own."""
+    from kvtier.policy import DeadlineRule
+
+    for timed in (False, True):
+        settings = make_policy(True, lambda: 0.0, prefill_timed_to_steps=timed).settings
+        assert settings.deadline == DeadlineRule()

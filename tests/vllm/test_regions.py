@@ -3,7 +3,7 @@
 import os
 import time
 
-from kvtier.vllm.regions import clean_stale_regions
+from kvtier.hostpool.regions import clean_stale_regions
 from tests.support.mapping import mapped_by_another_process
 
 

@@ -1,6 +1,6 @@
 """Records that cross tensor-parallel sizes where the ranks hold the same KV slices, no engine.
 
-The namespace names the head slices a record holds (``kvtier.vllm.row_layout``), not the world
+The namespace names the head slices a record holds (``kvtier.runtime.row_layout``), not the world
 size and rank: engines whose ranks hold equal slices share records; other slices, other
 layouts (pipeline parallel) and other per-block layouts get another namespace, a clean miss.
 """
@@ -25,9 +25,9 @@ from vllm.v1.kv_offload.config import (
 )
 
 from kvtier.format import Namespace
+from kvtier.runtime.row_layout import RowLayout, head_slices
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
-from kvtier.vllm.row_layout import RowLayout, head_slices
 from tests.vllm.test_disk_tier import run
 
 #: One worker's bytes of a row (one block of one KV tensor per worker in these configs).

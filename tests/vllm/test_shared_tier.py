@@ -1,7 +1,5 @@
 """The shared tier's vLLM side without a server: composite store, remote lookups, settings."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from vllm.utils.hashing import sha256
@@ -14,7 +12,8 @@ from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
 from kvtier.format import HEADER_BYTES
 from kvtier.settings import SharedTierSettings
-from kvtier.store import DiskStore, MemoryStore, RecordIO
+from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
+from kvtier.store.base import FixedClaim
 from kvtier.store.tiered import LocalThenShared
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
@@ -27,7 +26,7 @@ from tests.support.store import (
     make_namespace,
     payload_of,
 )
-from tests.support.tiers import offloading_config
+from tests.support.tiers import offloading_config, stock_spec
 from tests.support.waiting import wait_until
 
 ROWS, ROW_BYTES = 8, 8192
@@ -68,7 +67,7 @@ def tier(tmp_path):
     init_none_hash(sha256)
     remote = FakeRemoteStore()
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     made = KvtierSharedTier(
         spec,
         memoryview(pool),
@@ -110,7 +109,7 @@ def bounded_tier(tmp_path, store) -> KvtierSharedTier:
     """A tier over ``store`` whose queue holds at most 2 blocks."""
     init_none_hash(sha256)
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     return KvtierSharedTier(
         spec,
         memoryview(pool),
@@ -173,7 +172,7 @@ def shared_or_disk_tier(tmp_path, kind: str, **options) -> KvtierSharedTier | Kv
     with ``shared`` options; ``options``: the server's."""
     init_none_hash(sha256)
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     server = {"url": "redis://127.0.0.1:1", **options}
     if kind == "shared":
         return KvtierSharedTier(
@@ -209,7 +208,7 @@ def test_stores_waiting_for_the_server_hold_at_most_half_the_host_pool_unless_se
 def test_a_disk_tier_alone_never_bounds_its_stores(tmp_path):
     init_none_hash(sha256)
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     made = KvtierDiskTier(
         spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
     )
@@ -227,7 +226,7 @@ def test_a_bad_server_queue_bound_refuses_start_up_naming_it(bad):
 
 def test_bad_shared_options_refuse_start_up(tmp_path):
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     with pytest.raises(ConfigError, match="op_timeout_s"):
         KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", op_timeout_s=0)
 
@@ -237,14 +236,14 @@ def test_an_unreachable_server_refuses_start_up(tmp_path):
         raise ConfigError("shared tier: cannot reach url=redis://h:1")
 
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     with pytest.raises(ConfigError, match="url"):
         KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", check=unreachable)
 
 
 def test_credentials_never_appear_in_the_tier_description(tmp_path):
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     made = KvtierSharedTier(
         spec, memoryview(pool), "t", url="redis://kv:s3cret@cache:6379/0",
         store_factory=lambda s, n: FakeRemoteStore(), check=lambda s, r: None,
@@ -280,7 +279,7 @@ def test_the_password_variable_reaches_the_store_but_never_the_settings(monkeypa
 def test_a_bad_kvtier_variable_refuses_the_tiers_start_up(tmp_path, monkeypatch):
     monkeypatch.setenv("KVTIER_LOG_LEVEL", "loud")
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
-    spec = SimpleNamespace(config=offloading_config(tmp_path / "model", ROW_BYTES))
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     with pytest.raises(ConfigError, match=r"KVTIER_LOG_LEVEL='loud': .*use one of DEBUG, INFO"):
         KvtierSharedTier(spec, memoryview(pool), "t", url="redis://h:1", check=lambda s, r: None)
 
@@ -290,9 +289,11 @@ def test_a_composite_read_refused_by_its_claim_leaves_the_row_untouched():
     store = LocalThenShared(local, shared)
     assert store.put(key(3), b"c" * 64)
     row, bounce = bytearray(64), bytearray(64)
-    assert not store.get_into_when(key(3), memoryview(row), lambda: False, memoryview(bounce))
+    assert not store.get_into_when(
+        key(3), memoryview(row), FixedClaim(grant=False), memoryview(bounce)
+    )
     assert row == bytearray(64)
-    assert store.get_into_when(key(3), memoryview(row), lambda: True, memoryview(bounce))
+    assert store.get_into_when(key(3), memoryview(row), FixedClaim(), memoryview(bounce))
     assert row == b"c" * 64
     store.close()
 
@@ -309,7 +310,7 @@ def test_the_shared_tier_is_remote_storage_over_a_store_that_asks_its_server(tie
 
 def resident_local_disk(tmp_path) -> DiskStore:
     """A local disk store whose records stay in the page cache (written buffered, fsynced)."""
-    io = RecordIO(fsync="data", direct_writes=False, drop_written_pages=False)
+    io = RecordIO(RecordWriter(fsync="data", direct_writes=False, drop_written_pages=False))
     return DiskStore(
         tmp_path / "local",
         make_namespace(),
@@ -378,8 +379,8 @@ def test_a_list_read_takes_the_local_copies_in_one_call_and_the_rest_from_the_sh
         f.seek(HEADER_BYTES + 9)
         f.write(flipped)
     calls = []
-    real = local._io.read_claiming_many
-    local._io.read_claiming_many = lambda *args: calls.append(len(args[0])) or real(*args)
+    real = local._io.reader.read_claiming_many
+    local._io.reader.read_claiming_many = lambda *args: calls.append(len(args[0])) or real(*args)
     keys = [key_of(n) for n in (1, 2, 3)]
     rows = [aligned_buffer(PAYLOAD_BYTES) for _ in keys]
     loads = [AbandonableLoad() for _ in keys]

@@ -23,8 +23,8 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 import kvtier.vllm.host_pool as host_pool_module
 from kvtier.errors import ConfigError
-from kvtier.host_ram_guard import MemorySnapshot
-from kvtier.vllm.regions import region_path
+from kvtier.hostpool.ram_guard import MemorySnapshot
+from kvtier.hostpool.regions import region_path
 from kvtier.vllm.spec import KvtierCpuSpec
 
 PAGE = 64 * 1024  # bytes of one engine block (one layer here)

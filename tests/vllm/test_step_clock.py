@@ -2,8 +2,8 @@
 
 from types import SimpleNamespace
 
-from kvtier.vllm.step_clock import StepClock
-from kvtier.vllm.step_timed_manager import StepTimedManager
+from kvtier.runtime.step_clock import StepClock
+from kvtier.runtime.step_timed_manager import StepTimedManager
 
 
 class Clock:

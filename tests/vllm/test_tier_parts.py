@@ -11,10 +11,10 @@ import time
 import pytest
 
 from kvtier.dataplane.abandonable import AbandonableLoad
-from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.vllm.tier_jobs import JobTable, StoresQueued
-from kvtier.vllm.tier_prober import ABSENT_TTL_S, ExistenceProber
-from kvtier.vllm.tier_stats import TierCounters, TierStats
+from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
+from kvtier.runtime.jobs import JobTable, StoresQueued
+from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.runtime.stats import TierCounters, TierStats
 from tests.support.waiting import wait_until
 
 
@@ -123,9 +123,9 @@ def test_overruns_double_the_back_off_and_a_completed_load_resets_it():
 
 def test_a_callers_deadline_rule_wins_over_the_policys():
     clock = FakeClock()
-    assert TierHealth(clock).deadline(8192, lambda: 3.0) == clock.now + 3.0
+    assert TierHealth(clock).deadline(8192, 3.0) == clock.now + 3.0
     explicit = TierHealth(clock, load_deadline_s=lambda nbytes: nbytes / 1024)
-    assert explicit.deadline(8192, lambda: 3.0) == clock.now + 8.0
+    assert explicit.deadline(8192, 3.0) == clock.now + 8.0
 
 
 # -- tier_prober --------------------------------------------------------------------------
@@ -383,8 +383,8 @@ def test_the_collaborators_import_neither_vllm_nor_torch():
     """Only the adapter (``store_tier``) meets vLLM, so a version seam touches it alone."""
     code = (
         "import sys\n"
-        "import kvtier.vllm.tier_jobs, kvtier.vllm.tier_opener, kvtier.vllm.tier_prober\n"
-        "import kvtier.vllm.tier_health, kvtier.vllm.tier_stats\n"
+        "import kvtier.runtime.jobs, kvtier.runtime.opener, kvtier.runtime.prober\n"
+        "import kvtier.runtime.health, kvtier.runtime.stats\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))\n"
     )
     out = subprocess.run(

@@ -39,6 +39,7 @@ from kvtier.bench.redis_servers import start_cluster, start_standalone
 from kvtier.bench.report import environment_line, markdown_table, median, median_range
 from kvtier.dataplane.abandonable import BounceBuffers
 from kvtier.format import Namespace
+from kvtier.store.base import FixedClaim
 from kvtier.store.shared import SharedStore, parse_url
 from kvtier.store.shared.startup import release_of
 
@@ -115,7 +116,7 @@ def measure(url: str, payload_len: int, passes: int) -> dict[str, Any]:
         return sum(not store.get_into(k, out) for k in keys)
 
     def restore_all() -> int:
-        return sum(not store.get_into_when(k, out, lambda: True, bounce) for k in keys)
+        return sum(not store.get_into_when(k, out, FixedClaim(), bounce) for k in keys)
 
     def plain_set_all() -> None:
         for k in plain_keys:

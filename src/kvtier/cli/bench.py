@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from kvtier.errors import ConfigError
 from kvtier.extras import require
 
 bench_app = typer.Typer(
@@ -243,3 +244,204 @@ def probe_needles(
         )
     print_result(out, "needles")
     raise typer.Exit(0 if result["passed"] else 1)
+
+
+@bench_app.command("workload")
+def bench_workload(
+    url: Annotated[
+        str, typer.Option(help="The OpenAI-compatible server, http://HOST:PORT (or .../v1).")
+    ] = "http://127.0.0.1:8000",
+    workload: Annotated[
+        str,
+        typer.Option(
+            help="chat (users x rounds, a shared system prompt, growing histories), documents "
+            "(documents x questions), no-reuse (chat's prompt lengths, every prompt unique) or "
+            "restart (chat with --restart-command run between two rounds)."
+        ),
+    ] = "chat",
+    users: Annotated[int, typer.Option(help="chat, no-reuse, restart: users.")] = 8,
+    rounds: Annotated[int, typer.Option(help="chat, no-reuse, restart: rounds per user.")] = 4,
+    system_tokens: Annotated[
+        int, typer.Option(help="chat, restart: tokens of the system prompt all users share.")
+    ] = 500,
+    question_tokens: Annotated[
+        int, typer.Option(help="Tokens of each user message (chat) or question (documents).")
+    ] = 100,
+    answer_tokens: Annotated[
+        int, typer.Option(help="max_tokens of every request (the answer's length).")
+    ] = 50,
+    documents: Annotated[int, typer.Option(help="documents: how many documents.")] = 8,
+    document_tokens: Annotated[int, typer.Option(help="documents: tokens per document.")] = 2000,
+    questions: Annotated[int, typer.Option(help="documents: questions per document.")] = 2,
+    order: Annotated[
+        str,
+        typer.Option(
+            help="documents: tile (every document once, then again: the longest reuse "
+            "distance) or random (all questions shuffled by the seed)."
+        ),
+    ] = "tile",
+    pool_multiple: Annotated[
+        float | None,
+        typer.Option(
+            help="Set --users (or --documents) so the working set is this multiple of the "
+            "engine's own KV cache, read from the server's vllm:cache_config_info."
+        ),
+    ] = None,
+    qps: Annotated[
+        float,
+        typer.Option(
+            help="Poisson arrivals at this many requests per second (a user's next round "
+            "waits for its previous answer too); 0: all at once, paced by --concurrency."
+        ),
+    ] = 0.0,
+    concurrency: Annotated[
+        int, typer.Option(help="At most this many requests in flight; 0: no cap.")
+    ] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed of every text, the order and the arrival times.")
+    ] = 0,
+    restart_command: Annotated[
+        str | None,
+        typer.Option(
+            help="restart: shell command run once every request of the rounds before "
+            "--restart-round is answered (e.g. a server restart); it may return before the "
+            "server is up: the driver then waits for /health."
+        ),
+    ] = None,
+    restart_round: Annotated[
+        int | None,
+        typer.Option(help="restart: the first round after the command, 1-based (default: middle)."),
+    ] = None,
+    ready_timeout_s: Annotated[
+        float, typer.Option(help="restart: longest wait for /health after the command.")
+    ] = 600.0,
+    model: Annotated[
+        str | None, typer.Option(help="Model name to request (default: the server's first).")
+    ] = None,
+    endpoint: Annotated[
+        str,
+        typer.Option(
+            help="chat (/v1/chat/completions, the model's chat template) or completions "
+            "(/v1/completions, the chat as plain text: for models without a template)."
+        ),
+    ] = "chat",
+    ignore_eos: Annotated[
+        bool,
+        typer.Option(
+            help="Send vLLM's ignore_eos so every answer is --answer-tokens long (turn off for "
+            "servers that refuse unknown fields)."
+        ),
+    ] = True,
+    timeout_s: Annotated[
+        float, typer.Option(help="Longest a request may take, to its last token.")
+    ] = 600.0,
+    api_key_env: Annotated[
+        str,
+        typer.Option(help="Environment variable holding the API key (sent as a bearer token)."),
+    ] = "OPENAI_API_KEY",
+    label: Annotated[
+        str,
+        typer.Option(
+            help="This server configuration's name in the table and plot (letters, digits, "
+            "'.', '_', '-'): run once per configuration into one --out to compare them."
+        ),
+    ] = "run",
+    out: OutOption = Path("bench-out"),
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the run's settings and figures as JSON instead of the tables."
+        ),
+    ] = False,
+) -> None:
+    """Serving workloads against any OpenAI-compatible server: TTFT, ITL, throughput, tokens
+    by source.
+
+    Prints a table of every configuration run with the same workload in --out, and writes
+    workload-WORKLOAD-LABEL.json (every request), workload-WORKLOAD.md (the tables) and
+    workload-WORKLOAD.png (TTFT per round, one line per configuration).
+
+    Example: kvtier bench workload --url http://127.0.0.1:8000 --workload chat --users 16
+    --rounds 4 --qps 2 --label kvtier
+    """
+    import json
+    import re
+
+    require("bench", "kvtier bench workload", ("httpx", "matplotlib"))
+    from kvtier.bench.console import err
+    from kvtier.bench.workload import output, plan
+    from kvtier.bench.workload.drive import CommandFailed, Sending, api_key, drive
+    from kvtier.bench.workload.runner import ServerNotReady
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", label):
+        raise typer.BadParameter(f"--label {label!r}: use letters, digits, '.', '_', '-'")
+    if (workload == "restart") != (restart_command is not None):
+        raise typer.BadParameter("--restart-command goes with --workload restart, and only there")
+    if restart_round is not None and not 2 <= restart_round <= rounds:
+        raise typer.BadParameter(
+            f"--restart-round {restart_round}: give a round from 2 to {rounds}"
+        )
+    if concurrency < 0:
+        raise typer.BadParameter(f"--concurrency {concurrency}: give 0 (no cap) or more")
+    if endpoint not in ("chat", "completions"):
+        raise typer.BadParameter(f"--endpoint takes chat or completions; got {endpoint!r}")
+    try:
+        shape = plan.Shape(
+            workload=workload,
+            users=users,
+            rounds=rounds,
+            system_tokens=system_tokens,
+            question_tokens=question_tokens,
+            answer_tokens=answer_tokens,
+            documents=documents,
+            document_tokens=document_tokens,
+            questions=questions,
+            order=order,
+            seed=seed,
+            restart_round=None if restart_round is None else restart_round - 1,
+        )
+        if qps < 0:
+            raise ValueError(f"qps={qps}: give a rate >= 0")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    sending = Sending(
+        url=url,
+        model=model,
+        endpoint=endpoint,
+        qps=qps,
+        concurrency=concurrency,
+        ignore_eos=ignore_eos,
+        label=label,
+        out=out,
+        timeout_s=timeout_s,
+        ready_timeout_s=ready_timeout_s,
+        restart_command=restart_command,
+        pool_multiple=pool_multiple,
+        api_key=api_key(api_key_env),
+    )
+
+    def note(line: str) -> None:
+        err.print(line, markup=False, highlight=False)
+
+    import asyncio
+
+    import httpx
+
+    try:
+        report = asyncio.run(drive(shape, sending, note))
+    except httpx.HTTPError as exc:
+        note(f"kvtier bench workload: cannot read the server at {url}: {exc}")
+        raise typer.Exit(3) from None
+    except (CommandFailed, ServerNotReady) as exc:
+        note(f"kvtier bench workload: {exc}")
+        raise typer.Exit(1) from None
+    except ConfigError as exc:
+        note(str(exc))
+        raise typer.Exit(2) from None
+    files = output.publish(out, report, note, print_tables=not json_output)
+    if json_output:
+        print(json.dumps({"config": report["config"], "summary": report["summary"]}, indent=1))
+    note("raw data, table and plot: " + ", ".join(str(p) for p in files))
+    if report["summary"]["failed"]:
+        note(f"{report['summary']['failed']} of {report['summary']['requests']} requests failed")
+        raise typer.Exit(1)

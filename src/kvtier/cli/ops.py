@@ -52,7 +52,7 @@ def _keyring(key_files: list[Path] | None, key_env: bool) -> Any:
     """The key ring the options name, or None when they name none (``ConfigError`` if bad)."""
     if not key_files and not key_env:
         return None
-    from kvtier.keyfiles import load_keyring
+    from kvtier.format.keyfiles import load_keyring
     from kvtier.settings import EncryptionSettings
 
     return load_keyring(EncryptionSettings(key_files=tuple(key_files or ()), key_env=key_env))

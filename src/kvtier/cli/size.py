@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Column, Table
 
-from kvtier.sizing import (
+from kvtier.hostpool.sizing import (
     DEFAULT_BLOCK_TOKENS,
     KvLayout,
     SizingVerdict,

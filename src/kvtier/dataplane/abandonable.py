@@ -17,7 +17,7 @@ as it stops writing the row (``written``; ``finish`` from COPYING says the same)
 that loads several blocks in turn never holds one it is done with out of the scheduler's
 reach while it reads the next: a WRITTEN load abandoned at the deadline is reported failed
 and its row freed, unread. The private copy costs one memcpy per
-block (measured in docs/benchmarks.md); it buys the guarantee above.
+block (docs/benchmarks.md); it buys the guarantee above.
 
 A store may claim before reading when its read cannot wait: the disk store reads a record the
 page cache holds straight into the claimed row with ``RWF_NOWAIT`` (``DiskStore.get_into_when``),
@@ -63,7 +63,7 @@ _FALLBACK_LOCK = threading.Lock()
 class AbandonableLoad:
     """One block's load into one destination row (see the module docstring).
 
-    Called, it claims (``claim``): a store's ``get_into_when`` takes it as its ``claim``. Its
+    A ``kvtier.store.base.LoadClaim``: a store's ``get_into_when`` takes it as its ``claim``. Its
     state lives in ``native_cell``, a 4-byte cell moved only by compare-and-swap, so the disk
     store's native reader claims the row inside its read call (one GIL hand-over per block
     instead of two) while the scheduler may abandon it.
@@ -93,8 +93,6 @@ class AbandonableLoad:
         """I/O thread, data in hand: True if it may now copy into the row."""
         return self._move(LoadState.PENDING, LoadState.COPYING)
 
-    __call__ = claim
-
     def written(self) -> None:
         """I/O thread: the row will not be written again (a no-op unless copying)."""
         self._move(LoadState.COPYING, LoadState.WRITTEN)
@@ -103,13 +101,15 @@ class AbandonableLoad:
         if not self._move(LoadState.WRITTEN, LoadState.DONE):
             self._move(LoadState.COPYING, LoadState.DONE)
 
-    def release(self) -> None:
+    def release(self) -> bool:
         """I/O thread: give back a claim whose read failed, so that another source may claim
-        the row later (a no-op unless copying or written). The row may hold part of the
-        failed read; it is not written again unless claimed again, and a load abandoned
-        meanwhile is freed unread like any failed one."""
+        the row later (a no-op unless copying or written); True: this load's claims can
+        always be given back. The row may hold part of the failed read; it is not written
+        again unless claimed again, and a load abandoned meanwhile is freed unread like any
+        failed one."""
         if not self._move(LoadState.WRITTEN, LoadState.PENDING):
             self._move(LoadState.COPYING, LoadState.PENDING)
+        return True
 
     def abandon(self) -> bool:
         """Scheduler: True if the load will never touch its row again; False while it is
@@ -137,9 +137,8 @@ class BounceBuffers:
     which the kernel honours unless transparent huge pages are off). Why: an ``O_DIRECT`` read
     hands the device one segment per physically contiguous run of the buffer, and a 4 MiB
     buffer of scattered 4 KiB pages needs more segments than a request may carry (254 on
-    virtio), so the read is split. Measured on the CPU machine, one thread, page cache dropped:
-    a reused 4 MiB buffer of small pages read at 0.66 GB/s, the same buffer on huge pages at
-    1.11 (``docs/benchmarks.md``, "One pass over a record the page cache holds").
+    virtio), so the read is split into several requests and runs well below the disk's speed
+    (docs/bench/2026-12-04-resident-read-one-pass.md).
     """
 
     def __init__(self, nbytes: int) -> None:

@@ -4,11 +4,10 @@ Every algorithm takes any object with the buffer protocol (``bytes``, ``memoryvi
 numpy row) and returns an unsigned integer of at most 64 bits, stored in the record header
 next to the algorithm's id. Ids are part of the on-disk format: never renumber one.
 
-Why xxh3-64 is the default: measured on a 2-vCPU x86-64 VM (``python -m benchmarks checksum``
-from a clone, figures in docs/store.md) it runs at memory
-speed, several times faster than ``zlib.crc32``, and it comes with the ``xxhash`` package
-kvtier already depends on. crc32c (hardware CRC) was measured too and adds a dependency
-for no gain. The checksum guards against torn writes, bit rot and stray edits, not against
+Why xxh3-64 is the default: it runs at memory speed, several times faster than
+``zlib.crc32`` (``python -m benchmarks checksum``; docs/store.md), and it comes with the
+``xxhash`` package kvtier already depends on. crc32c (hardware CRC) adds a dependency for no
+gain there. The checksum guards against torn writes, bit rot and stray edits, not against
 an attacker: that is what the 0700/0600 permissions are for.
 """
 

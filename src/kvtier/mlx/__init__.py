@@ -1,13 +1,18 @@
 """kvtier's data plane for MLX paged KV caches (Apple silicon; verified on MLX's CPU backend).
 
-An engine that keeps its paged KV cache in MLX arrays (vllm-metal's layouts) hands the cache to
-``KvtierMlxConnector.register_kv_caches``; ``MlxOffloadingWorker`` then moves blocks between
-those arrays and kvtier's host-pool rows with MLX's own gather (``take``) and scatter (index
-assignment), and the disk and shared tiers take the rows from there exactly as on the CPU
-backend. The scheduler side is vLLM's, unchanged, with kvtier's spec and tiers.
+What moves MLX blocks, without vLLM: the cache layouts and their arrays (``layouts``), MLX's
+gather and scatter of whole blocks (``block_copy``), where a transfer's blocks go in the host
+pool's rows (``transfer_plan``), the pool and staging fitted into RAM (``memory_budget``), the
+options (``settings``) and the ``kv_transfer_config`` that names them (``transfer_config``).
+vLLM's side is in ``kvtier.vllm``: an MLX engine hands its cache to
+``KvtierMlxConnector.register_kv_caches`` (``kvtier.vllm.mlx_connector``), ``KvtierMlxSpec``
+(``kvtier.vllm.mlx_spec``) builds ``MlxOffloadingWorker`` (``kvtier.vllm.mlx_worker``) over it, and
+the disk and shared tiers take the host-pool rows from there as on the CPU backend. The
+scheduler side is vLLM's, unchanged, with kvtier's spec and tiers.
 
 Optional: the ``[mlx]`` extra. Importing this package without MLX raises ``MissingExtraError``
-naming what to install; nothing else in kvtier imports it. Nothing here imports vllm-metal.
+naming what to install; nothing else in kvtier imports it but the three ``kvtier.vllm.mlx_*``
+modules. Nothing here imports vllm-metal.
 """
 
 from kvtier.errors import ConfigError

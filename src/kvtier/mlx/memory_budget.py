@@ -2,7 +2,7 @@
 
 On unified memory (Apple silicon) the pool's pages, the staging buffers and MLX's KV cache are
 one memory, so the pool is budgeted as RAM whatever file backs it. The budget is the CPU
-backend's (``kvtier.host_ram_guard``: headroom less a floor of 10 % of RAM, 256 MiB..4 GiB), run
+backend's (``kvtier.hostpool.ram_guard``: headroom less a floor of 10 % of RAM, 256 MiB..4 GiB), run
 when the engine's cache is already allocated, less the staging a transfer can hold
 (``STAGING_COPIES`` x ``MlxSettings.staging_bytes``).
 
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from kvtier.errors import ConfigError
-from kvtier.host_ram_guard import (
+from kvtier.hostpool.ram_guard import (
     MemorySnapshot,
     PoolClamp,
     clamp_host_pool,

@@ -19,9 +19,9 @@ def mlx_transfer_config(
     settings = MlxSettings.parse({"kv_layout": kv_layout, "staging_bytes": staging})
     config = kv_transfer_config(**options)
     config["kv_connector"] = "KvtierMlxConnector"
-    config["kv_connector_module_path"] = "kvtier.mlx.connector"
+    config["kv_connector_module_path"] = "kvtier.vllm.mlx_connector"
     extra = config["kv_connector_extra_config"]
     extra["spec_name"] = "KvtierMlxSpec"
-    extra["spec_module_path"] = "kvtier.mlx.spec"
+    extra["spec_module_path"] = "kvtier.vllm.mlx_spec"
     extra[MLX_OPTIONS_KEY] = settings.to_dict()
     return config

@@ -3,9 +3,10 @@
  * Why: the Python read path (RecordIO.read_into, then the payload checksum) leaves the GIL for
  * each of os.open, os.fstat, os.preadv, os.close and the xxhash call. While another thread runs
  * Python (an engine's scheduler and model loop), every return waits for the GIL, up to the
- * interpreter's switch interval (5 ms) each time: measured with a busy Python thread beside four
- * readers, kvtier's store read fell from 0.61 to 0.13 GB/s where plain preadv reads fell from
- * 0.61 to 0.49 (docs/benchmarks.md). This call gives the GIL up once per block.
+ * interpreter's switch interval (5 ms) each time, so beside a busy Python thread the Python
+ * path loses most of its speed where a plain preadv loses little (docs/benchmarks.md, "The
+ * disk tier's read path beside a busy Python thread"). This call gives the GIL up once per
+ * block.
  *
  * It makes the same checks, in the same order, as RecordIO.read_into; the header itself is then
  * decoded in Python (kvtier.format.record.decode_header), which holds the GIL only briefly.

@@ -2,11 +2,11 @@
  *
  * Why native: an engine's loop runs Python without pause while a request waits for its
  * restore, so every time an I/O thread gives the GIL up (a socket call, a checksum, a copy) it
- * may wait out the interpreter's switch interval to get it back: measured, a 5.6 MiB record's
- * GET took 22-25 ms beside a busy Python thread against 2.3 ms quiet (docs/shared-tier.md). One
- * value received in one call (kvtier_recv_all) took 10-17 % of that off; a thread's share of a
- * load sent, received, hashed, claimed and copied in one call (kvtier_exchange_gets) gives the
- * GIL up once per share instead of about four times per record.
+ * may wait out the interpreter's switch interval to get it back, and beside a busy Python
+ * thread those waits take several times the read itself (docs/shared-tier.md, "Beside a busy
+ * Python thread"). One value received in one call (kvtier_recv_all) gives the GIL up once per
+ * value; a thread's share of a load sent, received, hashed, claimed and copied in one call
+ * (kvtier_exchange_gets) gives it up once per share instead of about four times per record.
  */
 #define _GNU_SOURCE
 #include "sockread.h"

@@ -11,16 +11,20 @@ package only predicts, decides and learns from what they measure.
     d = policy.decide("disk", cached_tokens=0, hit_tokens=2048, hit_bytes=2048 * 131072)
     if d.restore:
         ticket = policy.begin_load("disk", 2048 * 131072)
-        ...                                                  # overdue(ticket) -> abandon_load
+        ...                             # past ticket.deadline_at_s: abandon_load(ticket)
         policy.end_load(ticket)
 
-The reasoning (why all-or-nothing per tier) is in ``kvtier.policy.restore_policy``; measured
-figures behind the defaults in docs/gpu-evidence.md.
+The reasoning (why all-or-nothing per tier) is in ``kvtier.policy.verdicts``; the facade
+``RestorePolicy`` and its parts in ``kvtier.policy.restore_policy``; measured figures behind
+the defaults in docs/gpu-evidence.md.
 """
 
 from kvtier.policy.deadline import DeadlineRule
+from kvtier.policy.evidence import AdoptedEvidence, PolicyEvidence
+from kvtier.policy.load_tickets import LoadTicket
 from kvtier.policy.prefill import (
     DEFAULT_PREFILL_PRIOR,
+    MIN_PREFILL_EVIDENCE,
     MeasuredStep,
     PrefillCoefficients,
     PrefillModel,
@@ -28,22 +32,14 @@ from kvtier.policy.prefill import (
     calibration_points,
 )
 from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, MeasuredLoad, RestorePrior, TierSnapshot
-from kvtier.policy.restore_policy import (
-    AdoptedEvidence,
-    BatchHit,
-    Clock,
-    Decision,
-    LoadTicket,
-    PolicyEvidence,
-    PolicySnapshot,
-    RestorePolicy,
-    TierHit,
-)
+from kvtier.policy.restore_policy import Clock, PolicySnapshot, RestorePolicy
 from kvtier.policy.settings import PolicySettings
+from kvtier.policy.verdicts import BatchHit, Decision, TierHit
 
 __all__ = [
     "DEFAULT_PREFILL_PRIOR",
     "DEFAULT_RESTORE_PRIOR",
+    "MIN_PREFILL_EVIDENCE",
     "AdoptedEvidence",
     "BatchHit",
     "Clock",

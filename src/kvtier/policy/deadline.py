@@ -4,7 +4,8 @@
 
 * ``multiplier`` x the tier's predicted time (unslowed): room for ordinary jitter and
   queueing, tight enough that a stall is noticed while recompute is still the better plan.
-* ``floor_s``: a load predicted at microseconds is not abandoned over a scheduling hiccup.
+* ``floor_s``: a load predicted at microseconds is not abandoned over a scheduling hiccup
+  (a busy host's I/O threads, the engine's next poll).
 * ``ceiling_s``: a hard bound whatever the estimate says (a poisoned estimate cannot grant
   a load minutes). The ceiling wins over the floor.
 
@@ -36,17 +37,18 @@ class DeadlineRule(SettingsModel):
     multiplier: float = Field(
         default=4.0, ge=1, allow_inf_nan=False, **with_fix("give a number >= 1, e.g. 4")
     )
-    #: Lower bound in seconds, so tiny loads are not abandoned over jitter.
+    #: Lower bound in seconds. No load is abandoned sooner: on a busy host a load waits for
+    #: I/O threads and for the engine's next step (when vLLM polls jobs) for tens to hundreds
+    #: of milliseconds.
     floor_s: float = Field(
-        default=0.05, ge=0, allow_inf_nan=False, **with_fix("give seconds >= 0, e.g. 0.05")
+        default=1.0, ge=0, allow_inf_nan=False, **with_fix("give seconds >= 0, e.g. 1")
     )
 
     @model_validator(mode="after")
     def _floor_under_ceiling(self) -> Self:
         if self.floor_s > self.ceiling_s:
             raise ValueError(
-                f"floor_s={self.floor_s}; give 0 <= floor_s <= ceiling_s ({self.ceiling_s}), "
-                "e.g. 0.05"
+                f"floor_s={self.floor_s}; give 0 <= floor_s <= ceiling_s ({self.ceiling_s}), e.g. 1"
             )
         return self
 

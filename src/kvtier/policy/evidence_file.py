@@ -5,7 +5,7 @@ which served those prompts and timed its prefill (and its loads) while doing so.
 that restarts reads the disk exactly when its own policy knows nothing yet, so the earlier
 process's measurements are kept with the data and replayed at start-up
 (``RestorePolicy.adopt``). This module is the file's format; the adapter decides where it lives
-and when it is written (``kvtier.vllm.decision_memory``).
+and when it is written (``kvtier.runtime.decision_memory``).
 
 A file applies only to the engine that wrote it: the same namespace (model, weights, KV
 layout, block-hash seed, parallel layout), the same format version and the same device
@@ -15,18 +15,18 @@ other hardware does not inherit foreign timings. Anything else is *rejected* wit
 (``EvidenceRejected``), and the caller starts unmeasured: a file can make the decision better
 informed, never break it.
 
-Format (JSON, version 1; at most ``layout.DECISION_FILE_MAX_BYTES``, oldest measurements
+Format (JSON, version 1; at most ``DECISION_FILE_MAX_BYTES``, oldest measurements
 dropped first to fit)::
 
     {"format": "kvtier-decision-evidence", "version": 1,
-     "namespace": "<digest hex>", "device": "cuda: NVIDIA H200",
+     "namespace": "<digest hex>", "device": "cuda: <GPU name>",
      "saved_at": 1764590000.0,                       # Unix seconds
      "prefill_steps": [{"seconds": 0.21, "segments": [[0, 8192]]}, ...],   # oldest first
      "tier_loads": {"disk": [[nbytes, seconds], ...]}}                     # oldest first
 
 Times are rounded to 6 significant digits (a few microseconds of a millisecond step: well
 inside the noise) to keep the file small. Written atomically, private (0600), fsynced:
-``kvtier.store.disk.layout.write_small_file``.
+``kvtier.small_files.write_small_file``.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import KvtierError
+from kvtier.policy.evidence import PolicyEvidence
 from kvtier.policy.prefill import MeasuredStep
 from kvtier.policy.restore import MeasuredLoad
-from kvtier.policy.restore_policy import PolicyEvidence
-from kvtier.store.disk.layout import DECISION_FILE_MAX_BYTES, read_small_file, write_small_file
+from kvtier.small_files import DECISION_FILE_MAX_BYTES, read_small_file, write_small_file
 
 FORMAT = "kvtier-decision-evidence"
 VERSION = 1
@@ -62,7 +62,7 @@ class EvidenceFile:
 
     #: Digest hex of the engine namespace it was measured for.
     namespace: str
-    #: The device it was measured on (``kvtier.vllm.compat.device_description``).
+    #: The device it was measured on (``Release.device_description``).
     device: str
     #: Unix seconds of the save.
     saved_at_s: float

@@ -68,6 +68,9 @@ KEPT_STEPS = 64
 #: docstring, "Steps all of one shape"). Prompts of 2k and 8k tokens (4x) do; 6k and 8k do not.
 SPLIT_SPAN = 2.0
 
+#: Prefill measurements (steps) the fit needs before the decision may refuse a restore.
+MIN_PREFILL_EVIDENCE = 2.0
+
 
 def attended_pairs(cached: int, new: int) -> float:
     """Query-key pairs of causal attention for ``new`` tokens after ``cached`` ones."""

@@ -10,10 +10,11 @@ refused until a measurement (a real load or a background probe) shows it is wort
 served on hope.
 
 **No faster than measured.** Loads of one size cannot tell latency from bandwidth, and the
-prior's large-load pseudo-observation then sets the slope: a disk measured at 7.8 MB/s on
-4 MB loads was predicted to move 16 MB in 1.0 s (the fit put 0.4 s into latency and took the
-prior's 1 GB/s for the rest), 2.2 s in fact, and the decision restored an 8k prompt 3x slower
-than recomputing it. So once a tier is measured, a prediction is never below its bytes at the
+prior's large-load pseudo-observation then sets the slope: a slow disk seen only through 4 MB
+loads can have most of each load's time put into latency and the prior's fast bandwidth taken
+for the rest, so a load four times that size is predicted at half its real time, and a restore
+several times slower than recomputing is taken. So once a tier is measured, a prediction is
+never below its bytes at the
 throughput the tier actually showed (decayed ``sum(seconds) / sum(bytes)`` of its loads, the
 same half-life): the fit can only add latency, never promise more bandwidth than was seen.
 

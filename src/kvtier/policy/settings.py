@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import ClassVar, Self
 
 from pydantic import Field, model_validator
 
-from kvtier.errors import ConfigError
 from kvtier.policy.deadline import DeadlineRule
 from kvtier.settings import SettingsModel, with_fix
-
-#: The flat keys of ``from_mapping`` that build the deadline rule.
-_DEADLINE_KEYS = {
-    "deadline_ceiling_s": "ceiling_s",
-    "deadline_multiplier": "multiplier",
-    "deadline_floor_s": "floor_s",
-}
 
 
 class PolicySettings(SettingsModel):
@@ -78,25 +69,3 @@ class PolicySettings(SettingsModel):
                 f"slow_inflation {self.slow_inflation}"
             )
         return self
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> PolicySettings:
-        """Build from plain data (e.g. ``kv_connector_extra_config``); unknown keys refused.
-
-        Deadline keys are flat: ``deadline_ceiling_s``, ``deadline_multiplier``,
-        ``deadline_floor_s``.
-        """
-        own = {k: v for k, v in values.items() if k not in _DEADLINE_KEYS}
-        if "deadline" in own:
-            raise ConfigError(
-                "kvtier: policy option 'deadline' is not a mapping key; give "
-                f"{sorted(_DEADLINE_KEYS)} instead"
-            )
-        rule = DeadlineRule.parse(
-            {_DEADLINE_KEYS[k]: v for k, v in values.items() if k in _DEADLINE_KEYS}
-        )
-        known = sorted((set(cls.model_fields) - {"deadline"}) | set(_DEADLINE_KEYS))
-        unknown = sorted(str(k) for k in own if k not in cls.model_fields)
-        if unknown:
-            raise ConfigError(f"kvtier: unknown policy option(s) {unknown}; known: {known}")
-        return cls.parse({**own, "deadline": rule})

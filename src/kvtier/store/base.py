@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Protocol, Self, runtime_checkable
 
 from kvtier.buffers import copy_into
 from kvtier.format.checksum import Buffer
@@ -97,6 +97,68 @@ class StoreStats:
     def copy(self) -> StoreStats:
         """A snapshot that later operations do not change."""
         return dataclasses.replace(self, corrupt=dict(self.corrupt))
+
+
+@runtime_checkable
+class LoadClaim(Protocol):
+    """One load's right to write its destination (a host-pool row), which the scheduler may
+    take back at the load's deadline (``kvtier.dataplane.abandonable.AbandonableLoad``).
+
+    A store writes ``out`` in ``get_into_when`` only between a ``claim()`` that returned True
+    and ``written()``; outside that window ``out`` may be another load's already. I/O threads
+    call ``claim``, ``written`` and ``release``; the scheduler abandons.
+    """
+
+    def claim(self) -> bool:
+        """I/O thread, data in hand: True if it may now write ``out``."""
+        ...
+
+    def written(self) -> None:
+        """I/O thread: ``out`` will not be written again. Said as soon as that is so: a thread
+        loading several blocks in turn must not hold a finished one where the scheduler
+        cannot abandon it."""
+        ...
+
+    def release(self) -> bool:
+        """I/O thread: give back a claim a failed read took, so ``out`` can be claimed again
+        (by another source, or by the same store reading another way). False when the claim
+        cannot be given back: then it is spent."""
+        ...
+
+    @property
+    def abandoned(self) -> bool:
+        """True once abandoned: whatever ``out`` holds is not this load's, and may be another
+        load's already."""
+        ...
+
+    @property
+    def native_cell(self) -> bytearray | None:
+        """The claim's state as a 4-byte cell moved only by compare-and-swap, which a native
+        reader claims on itself in the same call as its read; None where there is none."""
+        ...
+
+
+class FixedClaim:
+    """A ``LoadClaim`` whose answer is fixed and that nothing abandons: for a caller that owns
+    ``out`` outright (a benchmark, a check), or one that refuses every claim."""
+
+    __slots__ = ("_grant",)
+
+    #: No cell: stores claim it from Python.
+    native_cell: bytearray | None = None
+    abandoned = False
+
+    def __init__(self, grant: bool = True) -> None:
+        self._grant = grant
+
+    def claim(self) -> bool:
+        return self._grant
+
+    def written(self) -> None:
+        """Nothing to tell: nobody takes the row back."""
+
+    def release(self) -> bool:
+        return False
 
 
 class BlockStore(abc.ABC):
@@ -182,9 +244,9 @@ class BlockStore(abc.ABC):
         return {key for key in keys if self.contains(key)}
 
     def get_into_when(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
     ) -> bool:
-        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+        """``get_into`` that writes ``out`` only after ``claim.claim()`` returned True.
 
         The record is read and verified in ``bounce`` (the caller's buffer of ``out``'s size,
         private to its thread), then copied into ``out`` once claimed: a caller that gave up
@@ -193,17 +255,17 @@ class BlockStore(abc.ABC):
         """
         if not self.get_into(key, bounce):
             return False
-        if not claim():
+        if not claim.claim():
             return False
         copy_into(out, bounce)
-        mark_written(claim)
+        claim.written()
         return True
 
     def get_many_into_when(
         self,
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
-        claims: Sequence[Callable[[], bool]],
+        claims: Sequence[LoadClaim],
         bounce: memoryview,
     ) -> list[bool]:
         """``get_into_when`` of each key into its ``out`` under its claim, in turn, through
@@ -235,30 +297,3 @@ class BlockStore(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def mark_written(claim: Callable[[], bool] | None) -> None:
-    """Tell a claim that can hear it (``AbandonableLoad.written``) that its row will not be
-    written again, as soon as that is so: a thread loading several blocks in turn must not
-    hold a finished one where the scheduler cannot abandon it."""
-    written = getattr(claim, "written", None)
-    if written is not None:
-        written()
-
-
-def was_abandoned(claim: Callable[[], bool]) -> bool:
-    """Whether a claim's load was abandoned (``AbandonableLoad.abandoned``): whatever its row
-    holds is no longer this load's, and may be another load's already. False for a claim
-    that cannot be abandoned (a plain function)."""
-    return bool(getattr(claim, "abandoned", False))
-
-
-def release_claim(claim: Callable[[], bool]) -> bool:
-    """Give back a claim a failed read took (``AbandonableLoad.release``), so the row can be
-    claimed again: by another source, or by the same store reading another way. False when
-    the claim cannot be given back (a plain function): then it is spent."""
-    release = getattr(claim, "release", None)
-    if release is None:
-        return False
-    release()
-    return True

@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from kvtier.format.checksum import Buffer
 from kvtier.store.base import (
     BlockStore,
+    LoadClaim,
     Problem,
     StoreAbilities,
     StoreStats,
-    release_claim,
-    was_abandoned,
 )
 
 log = logging.getLogger(__name__)
@@ -89,9 +88,9 @@ class LocalThenShared(BlockStore):
         return True
 
     def get_into_when(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
     ) -> bool:
-        """``get_into`` that writes ``out`` only after ``claim()`` returned True: the local
+        """``get_into`` that writes ``out`` only after ``claim.claim()`` returned True: the local
         store's own ``get_into_when`` first (a disk store reads a record the page cache holds
         straight into ``out``, in one native call with the claim), then the shared store's.
 
@@ -104,14 +103,14 @@ class LocalThenShared(BlockStore):
         if self.local.contains(key):
             if self.local.get_into_when(key, out, claim, bounce):
                 return True
-            release_claim(claim)
+            claim.release()
         return self._from_shared(key, out, claim, bounce)
 
     def get_many_into_when(
         self,
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
-        claims: Sequence[Callable[[], bool]],
+        claims: Sequence[LoadClaim],
         bounce: memoryview,
     ) -> list[bool]:
         """``get_into_when`` of each key: the local copies through the local store's own
@@ -125,7 +124,7 @@ class LocalThenShared(BlockStore):
         for i, ok in zip(local, found, strict=True):
             loaded[i] = ok
             if not ok:
-                release_claim(claims[i])
+                claims[i].release()
         rest = [i for i in range(len(keys)) if not loaded[i]]
         if not rest:
             return loaded
@@ -139,20 +138,20 @@ class LocalThenShared(BlockStore):
         return loaded
 
     def _from_shared(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
     ) -> bool:
         fetched = self.shared.get_into_when(key, out, claim, bounce)
         if fetched:
             self._write_back_copy(key, out, claim)
         return fetched
 
-    def _write_back_copy(self, key: bytes, out: memoryview, claim: Callable[[], bool]) -> None:
+    def _write_back_copy(self, key: bytes, out: memoryview, claim: LoadClaim) -> None:
         """Queue a copy of a row the shared store filled, taken before the load is finished:
         a load abandoned meanwhile has its row freed and maybe reused, so a copy is kept only
         when the load was still not abandoned once it was taken (vLLM reuses a row only after
         the abandon)."""
         payload = bytes(out)
-        if not was_abandoned(claim):
+        if not claim.abandoned:
             self._queue_write_back(key, payload)
 
     def _queue_write_back(self, key: bytes, payload: bytes) -> None:

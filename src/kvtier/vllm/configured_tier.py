@@ -27,7 +27,7 @@ from kvtier.format import Namespace
 from kvtier.log import setup_logging
 from kvtier.store import BlockStore
 from kvtier.units import format_size
-from kvtier.vllm.compat import Medium
+from kvtier.vllm.release import current
 from kvtier.vllm.store_tier import DRAIN_DEADLINE_S, NEGATIVE_TTL_S, StoreTier
 
 SettingsT = TypeVar("SettingsT")
@@ -41,7 +41,7 @@ StartUpCheck = Callable[[SettingsT, int], None]
 class ConfiguredTier(StoreTier, Generic[SettingsT]):
     """A ``StoreTier`` built from its own part of vLLM's options (see the module docstring)."""
 
-    medium: ClassVar[Medium] = Medium.STORAGE
+    medium: ClassVar[Any] = current().medium.STORAGE
     #: Locality reported to vLLM when the options name none.
     default_locality: ClassVar[str | None] = None
     #: Pick up other processes' stores and evictions every housekeeping interval (a folder
@@ -118,7 +118,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
 
     @staticmethod
     def drain_deadline_s(settings: Any) -> float:
-        """How long ``shutdown`` lets transfers go on (see ``kvtier.vllm.tier_jobs``)."""
+        """How long ``shutdown`` lets transfers go on (see ``kvtier.runtime.jobs``)."""
         return DRAIN_DEADLINE_S
 
     @staticmethod

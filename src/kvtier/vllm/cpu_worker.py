@@ -21,6 +21,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
 from kvtier.dataplane.copy_engine import CopyEngine
 from kvtier.dataplane.host_layout import CopyPlan, CopyRef, TensorPlacement, plan_copies
+from kvtier.vllm.release import current
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class CpuOffloadingWorker(OffloadingWorker):
         if self._region is not None:
             # The scheduler may already have dropped the file's name (see KvtierCpuSpec).
             if not self._region_path_exists():
-                self._region._creator = False
+                current().disown_region(self._region)
             self._region.cleanup()
             self._region = None  # type: ignore[assignment]
 

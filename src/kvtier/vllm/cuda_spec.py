@@ -9,21 +9,24 @@ platform="cuda")``)::
 vLLM's ``TieringOffloadingSpec`` runs the host pool (its GPU worker copies with DMA streams),
 unchanged: nothing of kvtier's CPU data plane runs here. kvtier adds:
 
-* its tiers by name where vLLM's tier factory cannot load a tier by ``module_path`` (0.25.1):
-  importing this module registers them (``compat.register_tiers``), and vLLM imports it in
+* its tiers by name where vLLM's tier factory cannot load a tier by ``module_path``
+  (``Release.register_tiers``): importing this module registers them, and vLLM imports it in
   every process that resolves the spec, including the one that builds the metrics;
-* the start-up checks a persistent tier needs: its options parsed and its folder checked
-  before any pool exists, and block hashes that are the same in every process and after a
-  restart (``PYTHONHASHSEED``; on 0.25.1 ``NONE_HASH`` is random for every algorithm without
-  it, so the engine refuses to start instead of storing blocks no one can find);
-* one restore-or-recompute policy shared by its tiers, and the start-up line, which says how
-  the decision measures the engine's prefill on this vLLM (``decision.PREFILL_EVIDENCE``) and
+* the start-up checks: every kvtier option parsed and checked as on the CPU
+  (``kvtier.vllm.engine_context.start_options``; an option only kvtier's CPU spec honours
+  refuses start-up naming it), each tier's folder checked before any pool exists, and block
+  hashes that are the same in every process and after a restart (``PYTHONHASHSEED``; where
+  ``NONE_HASH`` is random for every algorithm without it, ``Release.stable_hash_algos``, the
+  engine refuses to start instead of storing blocks no one can find);
+* its engine's ``EngineContext``: one restore-or-recompute policy shared by its tiers, and the
+  start-up line, which says how the decision measures the engine's prefill on this vLLM
+  (``lookup_decider.prefill_evidence``) and
   where its evidence comes from (an earlier process's, kept with the disk tier:
-  ``kvtier.vllm.decision_memory``);
+  ``kvtier.runtime.decision_memory``);
 * the scheduler's step times, so that the prefill evidence ends where the engine computed a
   stored block, not where its store job reached kvtier's tier, steps later
-  (``kvtier.vllm.step_clock``): vLLM's manager is returned wrapped
-  (``kvtier.vllm.step_timed_manager``), every call going to it unchanged.
+  (``kvtier.runtime.step_clock``): vLLM's manager is returned wrapped
+  (``kvtier.runtime.step_timed_manager``), every call going to it unchanged.
 """
 
 import logging
@@ -33,83 +36,76 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadingManager
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from kvtier.keyfiles import tier_keyring
 from kvtier.log import setup_logging
-from kvtier.settings import DiskTierSettings, parse_tier
-from kvtier.store import check_root
+from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.guards import check_hash_stability, persistent_tiers
+from kvtier.runtime.startup_line import StartupLine
+from kvtier.runtime.step_clock import StepClock
+from kvtier.runtime.step_timed_manager import StepTimedManager
 from kvtier.units import format_size
-from kvtier.vllm import compat
-from kvtier.vllm.decision_memory import UNMEASURED
-from kvtier.vllm.guards import check_hash_stability, persistent_tiers
+from kvtier.vllm.engine_context import EngineContext, KvtierSpec, start_options
 from kvtier.vllm.lookup_decider import (
     CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
     HOST_TIER,
-    PREFILL_EVIDENCE,
-    TierDecider,
     make_policy,
+    prefill_evidence,
 )
-from kvtier.vllm.startup_line import StartupLine
-from kvtier.vllm.step_clock import StepClock
-from kvtier.vllm.step_timed_manager import StepTimedManager
+from kvtier.vllm.release import current
+from kvtier.vllm.store_tier import StoreTier
 
 logger = logging.getLogger(__name__)
 
-compat.register_tiers()
+current().register_tiers()
 
 
-class KvtierCudaSpec(TieringOffloadingSpec):
+class KvtierCudaSpec(KvtierSpec):
     """vLLM's tiering spec, its host pool untouched, checked for kvtier's persistent tiers."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
         # 0.32: (config); 0.25.1: (vllm_config, kv_cache_config). Passed through unchanged.
         super().__init__(*args, **kwargs)
-        tiers = self.secondary_tier_configs
-        self.tier_settings = [parse_tier(tier) for tier in tiers]
-        for tier in self.tier_settings:
-            if isinstance(tier, DiskTierSettings):
-                check_root(tier.root_dir)
-            tier_keyring(tier)  # a key file that cannot be used refuses the start here
-        vllm_config = compat.engine_vllm_config(self)
+        release = current()
+        self.tier_settings = list(start_options(self.extra_config, "cuda").tiers)
+        vllm_config = release.engine_vllm_config(self)
         #: When the engine computed a stored block (None where vLLM's config does not say how
         #: many steps it keeps in flight: the evidence is then timed to the store jobs).
-        self.step_clock: StepClock | None = None
-        depth = compat.steps_in_flight(vllm_config)
+        step_clock: StepClock | None = None
+        depth = release.steps_in_flight(vllm_config)
         if depth is not None:
-            self.step_clock = StepClock(time.monotonic, depth)
+            step_clock = StepClock(time.monotonic, depth)
         self._timed_manager: StepTimedManager | None = None
         if vllm_config is not None:
             check_hash_stability(
                 str(vllm_config.cache_config.prefix_caching_hash_algo),
                 os.environ.get("PYTHONHASHSEED"),
-                persistent_tiers(tiers),
-                compat.STABLE_HASH_ALGOS,
+                persistent_tiers(self.secondary_tier_configs),
+                release.stable_hash_algos,
             )
-        #: Restore or recompute (scheduler side): kvtier's tiers register with it.
-        self.restore_policy = make_policy(
-            True,
-            time.monotonic,
-            CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
-            prefill_timed_to_steps=self.step_clock is not None,
+        #: The engine's shared kvtier state: the restore-or-recompute policy kvtier's tiers
+        #: register with, the step clock and the start-up line.
+        self.kvtier = EngineContext(
+            release,
+            make_policy(
+                True,
+                time.monotonic,
+                CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
+                prefill_timed_to_steps=step_clock is not None,
+            ),
+            step_clock,
         )
-        #: The tier that feeds the engine's prefill measurements to the policy.
-        self.prefill_observer: str | None = None
-        #: The tier that keeps the policy's evidence in its folder (kvtier.vllm.decision_memory).
-        self.evidence_keeper: str | None = None
-        #: The scheduler's one start-up line (kvtier's tiers add their part once open).
-        self.startup_line: StartupLine | None = None
 
     def get_manager(self) -> OffloadingManager:
-        if self._manager is None:
+        if self.kvtier.release.spec_manager(self) is None:
             self._start_line()
         manager = super().get_manager()
-        if self.step_clock is None:
+        step_clock = self.kvtier.step_clock
+        if step_clock is None:
             return manager
         if self._timed_manager is None:
             self._timed_manager = StepTimedManager(
-                manager, self.step_clock, self._host_load_observer(manager)
+                manager, step_clock, self._host_load_observer(manager)
             )
         return self._timed_manager  # type: ignore[return-value]  # delegates every call
 
@@ -119,33 +115,36 @@ class KvtierCudaSpec(TieringOffloadingSpec):
         tier, whose restores are the only ones weighed."""
         row_bytes = next(
             (
-                decider.row_bytes
-                for tier in getattr(manager, "secondary_tiers", ())
-                if isinstance(decider := getattr(tier, "decider", None), TierDecider)
+                tier.decider.row_bytes
+                for tier in self.kvtier.release.secondary_tiers(manager)
+                if isinstance(tier, StoreTier)
             ),
             0,
         )
         if not row_bytes:
             return None
+        policy = self.kvtier.policy
 
         def observe(keys: int, seconds: float) -> None:
-            self.restore_policy.observe_load(HOST_TIER, keys * row_bytes, seconds)
+            policy.observe_load(HOST_TIER, keys * row_bytes, seconds)
 
         return observe
 
     def _evidence_end(self) -> str:
-        if self.step_clock is None:
+        step_clock = self.kvtier.step_clock
+        if step_clock is None:
             return "each timed to its store job's arrival"
         return (
             "each timed to the end of the step that computed it, "
-            f"{self.step_clock.depth} step(s) in flight"
+            f"{step_clock.depth} step(s) in flight"
         )
 
     def _start_line(self) -> None:
         pool_bytes = int(self.extra_config.get("cpu_bytes_to_use") or 0)
         head = (
-            f"vLLM host pool {format_size(pool_bytes)} = {compat.host_pool_rows(self):,} rows "
-            f"(vLLM's own spec, {compat.RELEASE})"
+            f"vLLM host pool {format_size(pool_bytes)} = "
+            f"{self.kvtier.release.host_pool_rows(self):,} rows "
+            f"(vLLM's own spec, {self.kvtier.release.name})"
         )
         others = [
             str(t.get("type"))
@@ -154,6 +153,7 @@ class KvtierCudaSpec(TieringOffloadingSpec):
         ]
         if others:
             head += f"; other tiers: {', '.join(others)}"
-        head += f"; restore decision on ({PREFILL_EVIDENCE}; {self._evidence_end()})"
+        evidence = prefill_evidence(self.kvtier.release)
+        head += f"; restore decision on ({evidence}; {self._evidence_end()})"
         kvtier_tiers = sum(1 for t in self.tier_settings if t is not None)
-        self.startup_line = StartupLine(head, kvtier_tiers, UNMEASURED)
+        self.kvtier.startup_line = StartupLine(head, kvtier_tiers, UNMEASURED)

@@ -7,7 +7,9 @@ unusable folder refuses start-up with the option named; faults while serving (a 
 a damaged record) are misses. The tier mechanics (lookups from memory, I/O threads, negative
 cache, the opener thread) are ``StoreTier``'s, the wiring from vLLM's options
 ``ConfiguredTier``'s; this adapter only says how to check the folder and open the store.
-Engines sharing a folder see each other's blocks within ``REFRESH_INTERVAL_S``. The tier also
+Engines sharing a folder see each other's blocks within a housekeeping round
+(``kvtier.runtime.opener.HOUSEKEEPING_INTERVAL_S``: one indexed SQLite query when nothing
+changed, off the scheduler thread). The tier also
 keeps the restore decision's evidence beside its records (``decision.json``), so a fresh
 process weighs its first restores with what an earlier one measured.
 """
@@ -19,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
-from kvtier.keyfiles import tier_keyring
+from kvtier.format.keyfiles import tier_keyring
+from kvtier.runtime.tenants import DEFAULT_TENANT
 from kvtier.settings import DiskTierSettings, tier_options
 from kvtier.store import BlockStore, DiskStore, RecordIO, check_root
 from kvtier.store.disk.layout import DECISION_FILE
@@ -33,12 +36,6 @@ from kvtier.vllm.shared_tier import (
     server_queue_bound,
     stored_namespace,
 )
-from kvtier.vllm.tenants import DEFAULT_TENANT
-from kvtier.vllm.tier_opener import HOUSEKEEPING_INTERVAL_S
-
-#: How often the tier picks up blocks that other engines sharing its folder stored (and
-#: their evictions): one indexed SQLite query when nothing changed, off the scheduler thread.
-REFRESH_INTERVAL_S = HOUSEKEEPING_INTERVAL_S
 
 
 def open_disk_store(
@@ -46,7 +43,7 @@ def open_disk_store(
 ) -> BlockStore:
     """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
     of the shared store when one is configured (``LocalThenShared``); both sealed with the
-    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.vllm.tenants``).
+    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.runtime.tenants``).
     ``io``: the folder's file I/O (default: the real one; tests and the soak slow it down)."""
     ring = tier_keyring(settings)
     sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
@@ -105,7 +102,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
 
     def decision_evidence_path(self, namespace: Namespace) -> Path:
         """Beside the namespace's records: what it holds was stored by earlier processes of
-        this namespace, which measured the evidence (kvtier.vllm.decision_memory)."""
+        this namespace, which measured the evidence (kvtier.runtime.decision_memory)."""
         folder = stored_namespace(self.settings, namespace).digest_hex()
         return Path(self.settings.root_dir) / folder / DECISION_FILE
 

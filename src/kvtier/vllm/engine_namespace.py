@@ -1,10 +1,11 @@
 """The disk tier's namespace for one engine: what must match for stored KV to be reused.
 
 Built from vLLM's ``OffloadingConfig`` or its shape on releases without one
-(``kvtier.vllm.compat.offloading_view``: model, KV dtype, groups and their layers, tokens per
+(``Release.offloading_view``: model, KV dtype, groups and their layers, tokens per
 block and per hash, bytes per worker and chunk), the KV slices a record holds
-(``kvtier.vllm.row_layout``: the head slices of the ranks, not the world size and rank, so
-engines of different tensor-parallel sizes whose ranks hold the same slices share records),
+(``kvtier.runtime.row_layout``: every head where records are head-major, so engines of every
+tensor-parallel size share the TP=1 engine's records; elsewhere the head slices of the ranks,
+not the world size and rank, so engines whose ranks hold the same slices share records),
 the pipeline and context-parallel sizes, the model folder (KV heads, head size, a weights
 fingerprint) and the block-hash seed (``NONE_HASH``, which folds in the prefix-caching hash
 algorithm and its seed). A change in any of them gives another namespace, stored in another
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.format import Namespace
-from kvtier.vllm.row_layout import RowLayout, row_layout
+from kvtier.runtime.row_layout import RowLayout, head_major_units, row_layout
 
 #: Version of the record's layout inside the namespace: the distinct KV slices of a row
-#: (``kvtier.vllm.row_layout``), where records were whole host-pool rows before.
+#: (``kvtier.runtime.row_layout``), where records were whole host-pool rows before.
 ROW_LAYOUT = "kv-slices-1"
 
 # Weights are fingerprinted by name, size and the first and last MiB of each file: cheap at
@@ -89,7 +90,18 @@ def engine_row_layout(
     ``by_heads=False`` names every worker part by its rank: for a vLLM whose row slots are
     not known to follow the TP rank (0.25.1 places a worker by its device index)."""
     shape = model_shape(config.model.name) if by_heads else ModelShape()
-    blocks_per_chunk = max(int(getattr(config.cache, "blocks_per_chunk", 1) or 1), 1)
+    blocks_per_chunk = max(int(config.cache.blocks_per_chunk), 1)
+    head_units = head_major_units(
+        config.kv_cache_layout,
+        str(config.model.dtype),
+        [g.tokens_per_block for g in config.groups],
+        sum(len(g.layer_names) for g in config.groups),
+        shape.kv_heads,
+        shape.head_size,
+        int(config.parallel.tp_size),
+        int(config.worker_kv_bytes_per_block),
+        blocks_per_chunk,
+    )
     return row_layout(
         config.parallel,
         int(config.worker_kv_bytes_per_block) * blocks_per_chunk,
@@ -97,6 +109,7 @@ def engine_row_layout(
         pool_row_bytes,
         shape.kv_heads,
         shape.latent,
+        head_units,
     )
 
 
@@ -120,12 +133,17 @@ def block_hash_identity() -> str:
 
 
 def build_namespace(config: Any, layout: RowLayout) -> Namespace:
-    """``config``: 0.32's ``OffloadingConfig`` or its shape (``compat.offloading_view``);
+    """``config``: vLLM's ``OffloadingConfig`` or its shape (``Release.offloading_view``);
     ``layout``: its rows' (``engine_row_layout``). Nothing here depends on the world size or
     the rank except through ``layout``, where the slices could not be named by heads."""
     shape = model_shape(config.model.name)
     parallel = config.parallel
     groups = [{"tokens": g.tokens_per_block, "layers": list(g.layer_names)} for g in config.groups]
+    worker_bytes = int(config.worker_kv_bytes_per_block)
+    if layout.record_slices:
+        # A head-major record is what a TP=1 worker holds: name it by that worker's bytes, so
+        # engines of every TP size share the TP=1 engine's namespace.
+        worker_bytes = layout.record_bytes // max(int(config.cache.blocks_per_chunk or 1), 1)
     return Namespace(
         model=config.model.name,
         weights_fingerprint=weights_fingerprint(config.model.name),
@@ -142,10 +160,10 @@ def build_namespace(config: Any, layout: RowLayout) -> Namespace:
             "groups": hashlib.sha256(json.dumps(groups).encode()).hexdigest()[:16],
             "tokens_per_hash": str(config.cache.tokens_per_hash),
             "blocks_per_chunk": str(config.cache.blocks_per_chunk),
-            "worker_kv_bytes_per_block": str(config.worker_kv_bytes_per_block),
+            "worker_kv_bytes_per_block": str(worker_bytes),
             "row_layout": ROW_LAYOUT,
-            "kv_slices": " | ".join(layout.slices),
-            "slice_bytes": str(layout.segment_bytes),
+            "kv_slices": layout.named_slices,
+            "slice_bytes": str(layout.named_slice_bytes),
             "latent": str(shape.latent).lower(),
             # Pipeline and context parallelism split layers and tokens, not heads: distinct.
             "pp_pcp_dcp": f"{parallel.pp_size}/{parallel.pcp_size}/{parallel.dcp_size}",

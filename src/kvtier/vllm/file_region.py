@@ -36,8 +36,8 @@ import torch
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
 from kvtier.errors import ConfigError
+from kvtier.hostpool.regions import clean_stale_regions
 from kvtier.units import format_size
-from kvtier.vllm.regions import clean_stale_regions
 
 logger = logging.getLogger(__name__)
 

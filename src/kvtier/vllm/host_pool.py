@@ -35,11 +35,11 @@ from vllm.v1.kv_offload.tiering.manager import (
 )
 
 from kvtier.errors import ConfigError
-from kvtier.host_ram_guard import check_shm_space, clamp_host_pool, read_memory
+from kvtier.hostpool.ram_guard import check_shm_space, clamp_host_pool, read_memory
+from kvtier.hostpool.regions import clean_stale_regions, region_path
 from kvtier.settings import HostPoolSettings
-from kvtier.vllm.compat import region_kwargs
 from kvtier.vllm.file_region import FileOffloadRegion, clean_stale_pool_files, pool_path
-from kvtier.vllm.regions import clean_stale_regions, region_path
+from kvtier.vllm.release import current
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,9 @@ def open_worker_region(
             kv_bytes_per_chunk=row_bytes,
             cpu_page_size=page_size,
         )
-    return SharedOffloadRegion(**region_kwargs(engine_id, num_chunks, rank, row_bytes, page_size))
+    return SharedOffloadRegion(
+        **current().region_kwargs(engine_id, num_chunks, rank, row_bytes, page_size)
+    )
 
 
 def pool_file(settings: HostPoolSettings, engine_id: str) -> Path:
@@ -155,7 +157,7 @@ def build_file_backed_manager(
     try:
         region = FileOffloadRegion(
             str(settings.host_pool_dir),
-            engine_id=spec._engine_id,
+            engine_id=current().engine_id(spec),
             num_chunks=spec.num_chunks,
             rank=None,
             kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
@@ -197,7 +199,7 @@ def release_name(region: SharedOffloadRegion) -> None:
     vLLM builds the scheduler only after every worker has registered its KV caches, so all
     workers have mapped the region by now and its name is no longer needed.
     """
-    if region._creator:
+    if current().region_creator(region):
         return
     with contextlib.suppress(FileNotFoundError):
         os.unlink(region.mmap_path)

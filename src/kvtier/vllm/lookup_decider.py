@@ -24,8 +24,8 @@ answers RETRY. The policy decides per request and per tier, all or nothing (the 
    front while the engine prefills the rest. Refused at once one by one, each request would
    find the engine idle (a refusal charges it one block: the hit's size is unknown; and a
    request that waited behind a refused one is looked up only once that one's prefill step
-   has run), and on the H200 eight concurrent 8k prompts of the 32B shape were then all
-   recomputed, 1.00x all-recompute where their batch had taken 0.67-0.78x. So after a
+   has run), so a burst would be recomputed whole where its batch restores the front
+   beside the rest's prefill (docs/benchmarks.md, "Requests in flight"). So after a
    refusal the next ones are held off for twice the longest prefill the engine can run
    (``max_model_len`` tokens, predicted): a request looked up within that time may have
    waited behind it, and is collected instead, at the cost of one step.
@@ -54,12 +54,12 @@ hits whatever the policy predicts (verdict ``off``), as with the decision off se
 (``true``, the default, leaves it to the server's setting). Benchmarks use it to measure both
 settings side by side in one engine, where engine-to-engine spread would otherwise swamp them.
 
-Only case 3 costs a scheduler step (15-20 ms measured on the CPU engine, an idle step with a
-request waiting). Before the engine's prefill cost has been
+Only case 3 costs a scheduler step (an idle step with a request waiting). Before the
+engine's prefill cost has been
 measured there is nothing to weigh a restore against: hits are restored at once (verdict
 ``unmeasured``), and the load deadline bounds what a slow tier can cost. A fresh engine whose
 disk folder keeps an earlier process's measurements starts from those instead
-(``kvtier.vllm.decision_memory``), so its first restores are weighed.
+(``kvtier.runtime.decision_memory``), so its first restores are weighed.
 
 Prefill evidence comes from the engine's own work, seen from the scheduler: vLLM hands a
 tier the blocks it has computed (store jobs, with their positions), so the time from a
@@ -68,20 +68,19 @@ stored by then, measure its prefill so far (not chunk by chunk: jobs arrive late
 see ``on_store``). Where the spec keeps the scheduler's step times (``StepClock``: kvtier's
 CUDA spec) the end is that step's; elsewhere it is the job's arrival, which while a prompt is
 still prefilling comes a chunk or more after its blocks were computed
-(``kvtier.vllm.step_clock``). Jobs of fewer than
+(``kvtier.runtime.step_clock``). Jobs of fewer than
 ``MIN_EVIDENCE_KEYS`` keys are skipped (decode-time blocks). With
 several requests per step the time is shared and the fit leans towards slower prefill, i.e.
 towards restoring; deadlines still bound a slow tier.
 
-Where vLLM records no key positions and keeps no per-request state (0.25.1, CUDA;
-``kvtier.vllm.compat``), the plan lives on the request context as an attribute, a request's
-stored blocks are counted from its start (they reach the tier in order) and a hit is weighed as
-if it began the prompt (``M`` = 0). Both err the same small way for a request that had a
-prefix hit: its prefill evidence reads a little slow (towards restoring) and its recompute
-estimate a little cheap (towards recomputing), so the two partly cancel; steps 1 and 2 need
-positions and are skipped there, so every decided hit costs the one step of case 3 unless
-the converse of step 2 refuses it at once (which needs only ``max_model_len``).
-``PREFILL_EVIDENCE`` says which applies, in the engine's start-up line.
+Where vLLM records no key positions and keeps no per-request state (``Release.has_key_positions``
+false), the plan lives on the request context as an attribute, a request's stored blocks are counted
+from its start (they reach the tier in order) and a hit is weighed as if it began the prompt (``M``
+= 0). Both err the same small way for a request that had a prefix hit: its prefill evidence reads a
+little slow (towards restoring) and its recompute estimate a little cheap (towards recomputing), so
+the two partly cancel; steps 1 and 2 need positions and are skipped there, so every decided hit
+costs the one step of case 3 unless the converse of step 2 refuses it at once (which needs only
+``max_model_len``). ``prefill_evidence`` says which applies, in the engine's start-up line.
 """
 
 from __future__ import annotations
@@ -95,31 +94,26 @@ from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 
-from kvtier.policy import BatchHit, Decision, RestorePolicy
-from kvtier.vllm.compat import (
-    HAS_KEY_POSITIONS,
-    get_request_state,
-    key_position,
-    key_positions,
-    set_request_state,
-)
-from kvtier.vllm.step_clock import StepClock
+from kvtier.policy import MIN_PREFILL_EVIDENCE, BatchHit, Decision, RestorePolicy
+from kvtier.runtime.step_clock import StepClock
+from kvtier.vllm.release import Release, current
 
 logger = logging.getLogger(__name__)
 
-#: How the decision learns the engine's prefill cost on the installed vLLM (start-up line).
-PREFILL_EVIDENCE = (
-    "prefill timed from the engine's store jobs at vLLM's key positions"
-    if HAS_KEY_POSITIONS
-    else "prefill timed from the engine's store jobs; no key positions in this vLLM: "
-    "blocks counted from each request's start, hits weighed as at the prompt's start"
-)
+
+def prefill_evidence(release: Release) -> str:
+    """How the decision learns the engine's prefill cost on ``release`` (start-up line)."""
+    if release.has_key_positions:
+        return "prefill timed from the engine's store jobs at vLLM's key positions"
+    return (
+        "prefill timed from the engine's store jobs; no key positions in this vLLM: "
+        "blocks counted from each request's start, hits weighed as at the prompt's start"
+    )
+
 
 #: The ``kv_transfer_params`` key by which a request opts out of the decision (``false``).
 REQUEST_DECISION_KEY = "kvtier_restore_decision"
 
-#: Prefill measurements (steps) the fit needs before the decision may refuse a restore.
-MIN_PREFILL_EVIDENCE = 2.0
 #: Store jobs of fewer keys are decode-time blocks, not prefill chunks.
 MIN_EVIDENCE_KEYS = 2
 #: Store jobs kept for the shared-window evidence (``on_store``): no prefill window is longer
@@ -172,21 +166,22 @@ class TierDecider:
         row_bytes: int,
         clock: Callable[[], float],
         observes_prefill: bool,
-        native_context: bool = HAS_KEY_POSITIONS,
+        release: Release | None = None,
         max_tokens: int | None = None,
         step_clock: StepClock | None = None,
     ) -> None:
-        """``native_context``: vLLM's request context keeps kvtier's state and every key's
-        position (0.32); else kvtier keeps the state on the context and counts positions
-        itself (0.25.1, see ``PREFILL_EVIDENCE``). ``max_tokens``: the longest prompt the
-        engine takes, where the tier cannot see a request's keys ahead (0.25.1); None where
+        """``release`` (default: the installed one): where its request context records
+        every key's position (``has_key_positions``) the plan reads them; else kvtier counts
+        positions itself (``prefill_evidence``). ``max_tokens``: the longest prompt the
+        engine takes, where the tier cannot see a request's keys ahead; None where
         it can or where it is not known. ``step_clock``: when the engine computed each stored
         block (read only by the tier that ``observes_prefill``); None: a store job is timed
         to its arrival."""
         self.policy = policy
         self._step_clock = step_clock
         self._max_tokens = max_tokens
-        self._native = native_context
+        self._release = current() if release is None else release
+        self._native = self._release.has_key_positions
         self.tier = tier
         self.tokens_per_key = max(tokens_per_key, 1)
         self.row_bytes = row_bytes
@@ -203,10 +198,10 @@ class TierDecider:
         self._warned_bad_param = False
 
     def _plan(self, ctx: ReqContext) -> _Plan:
-        slot = get_request_state(ctx, _PlanSlot, self._native)
+        slot = self._release.get_request_state(ctx, _PlanSlot)
         if slot is None:
             slot = _PlanSlot()
-            set_request_state(ctx, slot, self._native)
+            self._release.set_request_state(ctx, slot)
         return slot.by_tier.setdefault(self.tier, _Plan())
 
     def on_lookup(self, ctx: ReqContext) -> None:
@@ -235,7 +230,7 @@ class TierDecider:
         if self.policy.prefill.evidence < MIN_PREFILL_EVIDENCE:
             self._settle(plan, True, "unmeasured")
             return LookupResult.HIT
-        position = key_position(ctx, key, self._native)
+        position = self._release.key_position(ctx, key)
         if not plan.keys:
             run = None if holds is None else self._held_run(key, ctx, holds)
             if run is not None:
@@ -287,12 +282,12 @@ class TierDecider:
         tokens, keys, whether the run ended at a block not held or at the request's last
         recorded block); None without recorded positions.
 
-        Reads ``ReqContext._offload_key_positions`` (vLLM 0.32: every key of the request,
-        recorded by ``update_offload_keys`` before the lookups; tests/vllm/test_vllm_contract.py
-        pins it). A gap in the positions (a group with other spacing) ends the run as not
-        ended: the rest is unknown, so the caller does not refuse on it.
+        Reads the request's recorded key positions (``Release.key_positions``: every key of the
+        request, recorded by vLLM's ``update_offload_keys`` before the lookups). A gap in the
+        positions (a group with other spacing) ends the run as not ended: the rest is unknown, so
+        the caller does not refuse on it.
         """
-        positions = key_positions(ctx, self._native)
+        positions = self._release.key_positions(ctx)
         if positions is None:
             return None
         start = positions.get(key)
@@ -400,14 +395,6 @@ class TierDecider:
             return 0.0
         return prefill.recompute_seconds(0, GAUGE_PREFILL_TOKENS) / GAUGE_PREFILL_TOKENS
 
-    def load_deadline_s(self, ticket_deadline_s: float) -> float:
-        """Seconds a load may take: the policy's, or its ceiling while this tier has no
-        measured load (the prior knows nothing of this disk or server yet)."""
-        estimate = self.policy.snapshot().tiers.get(self.tier)
-        if estimate is None or estimate.loads == 0:
-            return self.policy.settings.deadline.ceiling_s
-        return ticket_deadline_s
-
     def on_store(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
         """vLLM stores blocks it just computed: measure the request's prefill so far.
 
@@ -416,15 +403,15 @@ class TierDecider:
         blocks where the spec's ``StepClock`` knows it), not the chunk between two jobs: jobs
         reach a tier when the host pool cascades them, a step or more after the chunk was
         computed, so the jobs of a chunked prefill can arrive together at its end. Timed
-        between jobs, an 8k prompt (two chunks, 3.6 s) read as 4,096 tokens in 3.6 s and
-        3,840 tokens in 10 ms, and the fit then predicted recompute ~100x too cheap and
-        refused every restore of a fast disk.
+        between jobs, a prompt of two chunks would read as one chunk in the whole prefill's
+        time and the other in a few milliseconds, and the fit would then predict recompute
+        far too cheap and refuse every restore of a fast disk.
 
         Requests prefilled while others are: the engine's time in the window was shared, so
         the other requests' tokens stored within it are counted as work done in it too
-        (``_stored``). Without that, eight concurrent 8k prompts of the 32B shape on the H200
-        read as 2.7 s each against 0.88 s alone, and the decision then restored all eight from
-        a disk slower than prefill (docs/benchmarks.md).
+        (``_stored``). Without that, each of several prompts prefilled one after another reads
+        as the prefills of all those before it, several times its own cost, and the decision
+        then restores a whole batch from a disk slower than prefill.
         """
         if not self._observes_prefill or not keys:
             return
@@ -434,10 +421,10 @@ class TierDecider:
             now = min(computed, now)  # the job arrived steps after the engine computed it
         plan = self._plan(ctx)
         if self._native:
-            positions = [p for k in keys if (p := key_position(ctx, k, True)) is not None]
+            positions = [p for k in keys if (p := self._release.key_position(ctx, k)) is not None]
         else:
             # No positions recorded: count the request's stored blocks from its start (they
-            # arrive in order), so its cached prefix is taken as 0 (see PREFILL_EVIDENCE).
+            # arrive in order), so its cached prefix is taken as 0 (see prefill_evidence).
             first = plan.stored_end or 0
             positions = [first + (i + 1) * self.tokens_per_key for i in range(len(keys))]
         if not positions:
@@ -473,20 +460,16 @@ class _PlanSlot:
 
 
 #: The host pool's copy to the engine, which every tier's restore also pays. kvtier cannot
-#: time it from the scheduler (the copy runs in the worker processes); measured at 6-9 GB/s
-#: on the CPU backend (docs/benchmarks.md), so this prior is on the slow side.
+#: time it from the scheduler (the copy runs in the worker processes); the CPU backend's
+#: copy runs faster than this (docs/benchmarks.md, "Restore bandwidth next to the physical
+#: limits"), so this prior is on the slow side.
 HOST_COPY_PRIOR_BYTES_PER_S = 4e9
 #: The same copy on CUDA, where vLLM's own CPU pool copies from pinned memory over PCIe (or
 #: NVLink-C2C): PCIe Gen3 x16's ~12 GB/s is the slowest host link a data-center GPU has, so
-#: this too errs slow. Measured through vLLM's CPU pool on the H200: 28-41 GB/s (the pool's
-#: restore minus an engine hit, 4-8 GiB; docs/benchmarks.md). With the CPU backend's prior a
-#: 2 GiB disk restore was predicted 0.45 s too slow there, a third of its time.
+#: this too errs slow. A host of a faster link copies several times faster; kvtier's CUDA
+#: spec times the copy itself (``kvtier.runtime.step_timed_manager``), so the prior only
+#: weighs until the first restores.
 CUDA_HOST_COPY_PRIOR_BYTES_PER_S = 12e9
-
-
-#: No load is abandoned sooner than this: on a busy host a load waits for I/O threads and
-#: for the engine's next step (when vLLM polls jobs) for tens to hundreds of milliseconds.
-DEADLINE_FLOOR_S = 1.0
 
 
 #: The policy's name for the host pool's copy to the engine, which every tier's restore
@@ -506,11 +489,11 @@ def make_policy(
     prefill evidence ends at the step that computed each block (a ``StepClock``); only then
     may a restore within the evidence win by the narrower margin
     (``PolicySettings.safety_factor_within_evidence``). Timed to its store job's arrival, the
-    evidence read prefill 12-23 % slow on vLLM 0.25.1 (docs/benchmarks.md), more than that
-    margin."""
-    from kvtier.policy import DeadlineRule, PolicySettings, RestorePrior
+    evidence reads prefill slow by the steps the job trails them (``kvtier.runtime.step_clock``),
+    more than that margin."""
+    from kvtier.policy import PolicySettings, RestorePrior
 
-    settings = PolicySettings(enabled=enabled, deadline=DeadlineRule(floor_s=DEADLINE_FLOOR_S))
+    settings = PolicySettings(enabled=enabled)
     if not prefill_timed_to_steps:
         settings = settings.model_copy(
             update={"safety_factor_within_evidence": settings.safety_factor}

@@ -25,13 +25,13 @@ from typing import Any
 
 from kvtier.env import read_env
 from kvtier.format import Namespace
+from kvtier.format.keyfiles import tier_keyring
 from kvtier.format.sealing import RecordSealer, sealed_namespace
-from kvtier.keyfiles import tier_keyring
+from kvtier.runtime.jobs import default_queue_bound
+from kvtier.runtime.tenants import DEFAULT_TENANT
 from kvtier.settings import DiskTierSettings, SharedTierSettings, tier_options
 from kvtier.store import BlockStore
 from kvtier.vllm.configured_tier import ConfiguredTier
-from kvtier.vllm.tenants import DEFAULT_TENANT
-from kvtier.vllm.tier_jobs import default_queue_bound
 
 
 def open_shared_store(

@@ -8,9 +8,11 @@ Everything on the scheduler side (lookup, promotion, cascade to secondary tiers,
 upstream's ``TieringOffloadingSpec``, unchanged. We replace ``get_worker``, whose upstream
 version refuses non-CUDA platforms, make the host-pool region leak-proof
 (``kvtier.vllm.host_pool``), and fail closed at start-up: every option of the spec and of
-kvtier's tiers is parsed by ``kvtier.settings`` and the disk folder is checked before any pool
-exists (the worker's spec is built first), then the guards of ``kvtier.vllm.guards`` run
-(connector options, hash stability, KV dtypes, KV group kinds, memory, tier sizing).
+kvtier's tiers is parsed and checked (``kvtier.vllm.engine_context.start_options``, the start
+path both of kvtier's specs take) and the disk folder is checked before any pool exists (the
+worker's spec is built first), then the guards of ``kvtier.runtime.guards`` run (hash stability,
+KV dtypes, KV group kinds, memory, tier sizing). The spec builds its engine's
+``EngineContext``, which its tiers share.
 """
 
 import logging
@@ -19,29 +21,27 @@ import time
 from typing import Any
 
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.errors import ConfigError
-from kvtier.keyfiles import tier_keyring
+from kvtier.hostpool.sizing import RowGeometry, check_tiers, enforce
 from kvtier.log import setup_logging
-from kvtier.settings import DiskTierSettings, HostPoolSettings, parse_tier
-from kvtier.sizing import RowGeometry, check_tiers, enforce
-from kvtier.store import check_root, effective_capacity
-from kvtier.units import format_size
-from kvtier.vllm import host_pool
-from kvtier.vllm.compat import require_cpu_spec
-from kvtier.vllm.cpu_worker import CpuOffloadingWorker
-from kvtier.vllm.decision_memory import UNMEASURED
-from kvtier.vllm.guards import (
-    check_connector_options,
+from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.guards import (
     check_group_kinds,
     check_hash_stability,
     check_kv_dtypes,
     persistent_tiers,
     spec_kind,
 )
+from kvtier.runtime.startup_line import StartupLine
+from kvtier.settings import DiskTierSettings
+from kvtier.store import effective_capacity
+from kvtier.units import format_size
+from kvtier.vllm import host_pool
+from kvtier.vllm.cpu_worker import CpuOffloadingWorker
+from kvtier.vllm.engine_context import EngineContext, KvtierSpec, start_options
 from kvtier.vllm.lookup_decider import make_policy
-from kvtier.vllm.startup_line import StartupLine
+from kvtier.vllm.release import current
 
 logger = logging.getLogger(__name__)
 
@@ -53,31 +53,23 @@ def _current_vllm_config() -> Any:
     return get_current_vllm_config_or_none()
 
 
-class KvtierCpuSpec(TieringOffloadingSpec):
+class KvtierCpuSpec(KvtierSpec):
     """Tiering spec whose worker copies KV with host memory operations."""
 
     def __init__(self, config) -> None:  # type: ignore[no-untyped-def]  # vLLM's OffloadingConfig
         setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
-        require_cpu_spec()
-        extra = config.extra_config
-        self.settings = HostPoolSettings.from_extra_config(extra)
-        check_connector_options(extra)
-        tiers = extra.get("secondary_tiers") or []
-        self.tier_settings = [parse_tier(tier) for tier in tiers]
-        for tier in self.tier_settings:
-            if isinstance(tier, DiskTierSettings):
-                check_root(tier.root_dir)
-            tier_keyring(tier)  # a key file that cannot be used refuses the start here
+        release = current()
+        release.require_cpu_spec()
+        options = start_options(config.extra_config, "cpu")
+        self.settings = options.host_pool
+        self.tier_settings = list(options.tiers)
         super().__init__(config)
         self._cpu_worker: CpuOffloadingWorker | None = None
-        #: The scheduler's one start-up line (kvtier's tiers add their part once open).
-        self.startup_line: StartupLine | None = None
-        #: Restore or recompute (scheduler side): tiers register with it and decide through it.
-        self.restore_policy = make_policy(self.settings.restore_decision, time.monotonic)
-        #: The tier that feeds the engine's prefill measurements to the policy.
-        self.prefill_observer: str | None = None
-        #: The tier that keeps the policy's evidence in its folder (kvtier.vllm.decision_memory).
-        self.evidence_keeper: str | None = None
+        #: The engine's shared kvtier state: the restore-or-recompute policy its tiers
+        #: register with and decide through, and its start-up line.
+        self.kvtier = EngineContext(
+            release, make_policy(self.settings.restore_decision, time.monotonic)
+        )
         # KV kinds of each offloaded group, known on the worker side (None: not known).
         self._group_kinds: dict[int, list[str]] | None = None
         # Why the pool was shrunk to fit RAM, if it was (rank 0).
@@ -146,7 +138,8 @@ class KvtierCpuSpec(TieringOffloadingSpec):
         if geometry.row_bytes != self.kv_bytes_per_chunk:
             raise RuntimeError(
                 f"kvtier: row size {geometry.row_bytes} differs from vLLM's "
-                f"{self.kv_bytes_per_chunk}; vLLM's pool layout changed, update kvtier.sizing"
+                f"{self.kv_bytes_per_chunk}; vLLM's pool layout changed, update "
+                "kvtier.hostpool.sizing"
             )
         return geometry
 
@@ -195,7 +188,7 @@ class KvtierCpuSpec(TieringOffloadingSpec):
                 ) from None
             region = host_pool.open_worker_region(
                 self.settings,
-                self._engine_id,
+                self.kvtier.release.engine_id(self),
                 self.num_chunks,
                 rank,
                 self.kv_bytes_per_chunk,
@@ -210,24 +203,25 @@ class KvtierCpuSpec(TieringOffloadingSpec):
 
     # -- scheduler ------------------------------------------------------------------------
     def get_manager(self) -> OffloadingManager:
-        first = self._manager is None
+        release = self.kvtier.release
+        first = release.spec_manager(self) is None
+        engine_id = release.engine_id(self)
         try:
             if first:
                 self.num_chunks = host_pool.adopt_rows(
-                    self.settings, self._engine_id, self.kv_bytes_per_chunk, self.num_chunks
+                    self.settings, engine_id, self.kv_bytes_per_chunk, self.num_chunks
                 )
                 self._start_line()
                 if self.settings.host_pool_dir is not None:
-                    self._manager, self._scheduler_mmap = host_pool.build_file_backed_manager(
-                        self, self.settings
-                    )
+                    manager, region = host_pool.build_file_backed_manager(self, self.settings)
+                    release.set_spec_manager(self, manager, region)
             manager = super().get_manager()
         except BaseException:
             if first:
                 # The engine will not start: no process will ever map the pool again.
-                host_pool.remove_file(self.settings, self._engine_id)
+                host_pool.remove_file(self.settings, engine_id)
             raise
-        region = self._scheduler_mmap
+        region = release.spec_region(self)
         if first and region is not None:
             host_pool.release_name(region)
         return manager
@@ -251,4 +245,4 @@ class KvtierCpuSpec(TieringOffloadingSpec):
             head += f"; other tiers: {', '.join(others)}"
         head += "; restore decision " + ("on" if self.settings.restore_decision else "off")
         decision = UNMEASURED if self.settings.restore_decision else None
-        self.startup_line = StartupLine(head, kvtier_tiers, decision)
+        self.kvtier.startup_line = StartupLine(head, kvtier_tiers, decision)

@@ -10,7 +10,7 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   one task per read thread, each loading its share of the job's blocks with one
   ``get_many_into_when`` (a disk store reads the share in one native call). Both read and
   write host-pool rows in place. A record holds a row's distinct KV slices
-  (``kvtier.vllm.row_layout``): the row itself when no rank repeats another's slice, else one
+  (``kvtier.runtime.row_layout``): the row itself when no rank repeats another's slice, else one
   copy of each slice, gathered on store and copied to every rank's part on load. When more
   than ``max_queued_blocks`` stores are waiting, new stores are dropped and counted (a slow
   tier never holds the host pool); a store with a part that needs no server
@@ -37,13 +37,13 @@ that fails to open after the start-up checks passed is a run-time fault: logged 
 counted, and every lookup misses.
 
 This class is the adapter between vLLM's ``SecondaryTierManager`` and collaborators that know
-nothing of vLLM, one job each: ``tier_jobs`` (job table, I/O pools, abandonment),
-``tier_opener`` (opener thread, housekeeping), ``tier_prober`` (the server's existence checks),
-``tier_health`` (negative cache, deadlines, slow back-off) and ``tier_stats`` (counters under
+nothing of vLLM, one job each (``kvtier.runtime``): ``jobs`` (job table, I/O pools, abandonment),
+``opener`` (opener thread, housekeeping), ``prober`` (the server's existence checks),
+``health`` (negative cache, deadlines, slow back-off) and ``stats`` (counters under
 one lock). It translates vLLM's jobs and verdicts and feeds the restore decision
 (``kvtier.vllm.lookup_decider``); a tier that keeps the decision's evidence in its folder
 (``keeps_decision_evidence``: the disk tier) adopts it when its store opens and saves it from
-its housekeeping and at shutdown (``kvtier.vllm.decision_memory``).
+its housekeeping and at shutdown (``kvtier.runtime.decision_memory``).
 
 Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry,
 deadlines).
@@ -68,35 +68,24 @@ from vllm.v1.kv_offload.base import (
 
 from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadState
 from kvtier.format import Namespace
-from kvtier.store import BlockStore
-from kvtier.vllm import metrics
-from kvtier.vllm.compat import (
-    API,
-    JobResult,
-    Locality,
-    TierBase,
-    TransferJob,
-    device_description,
-    job_result,
-    job_rows,
-    max_prompt_tokens,
-    offloading_view,
-)
-from kvtier.vllm.decision_memory import DecisionMemory
-from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
-from kvtier.vllm.lookup_decider import HOST_TIER, TierDecider, make_policy
-from kvtier.vllm.startup_line import decision_to, report_to
-from kvtier.vllm.step_clock import STEP_TIMED_NOTE
-from kvtier.vllm.tier_health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.vllm.tier_jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
-from kvtier.vllm.tier_opener import (
+from kvtier.runtime.decision_memory import DecisionMemory
+from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
+from kvtier.runtime.jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
+from kvtier.runtime.opener import (
     HOUSEKEEPING_INTERVAL_S,
     OPEN_TIMEOUT_S,
     StoreOpener,
     TierOpener,
 )
-from kvtier.vllm.tier_prober import ABSENT_TTL_S, ExistenceProber
-from kvtier.vllm.tier_stats import TierCounters, TierStats
+from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.runtime.stats import TierCounters, TierStats
+from kvtier.runtime.step_clock import STEP_TIMED_NOTE
+from kvtier.store import BlockStore
+from kvtier.vllm import metrics
+from kvtier.vllm.engine_context import EngineContext, engine_context
+from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
+from kvtier.vllm.lookup_decider import HOST_TIER, TierDecider
+from kvtier.vllm.release import current
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +102,10 @@ __all__ = [
 ]
 
 
-class StoreTier(TierBase):  # type: ignore[misc,valid-type]
+RELEASE = current()
+
+
+class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
     """Secondary tier over a ``BlockStore`` opened once vLLM's block hashes are seeded."""
 
     #: Log label, e.g. "disk tier".
@@ -147,24 +139,25 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         ``drain_deadline_s``: how long ``shutdown`` lets transfers go on."""
         self._drain_deadline_s = drain_deadline_s
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        self.locality = Locality(locality) if locality is not None else None
-        self._spec = offloading_spec
+        self.locality = RELEASE.locality(locality) if locality is not None else None
         self._clock = clock
-        config = offloading_view(offloading_spec)
+        #: The engine's shared kvtier state (kvtier's spec's, or this tier's own).
+        self._context: EngineContext = engine_context(offloading_spec, clock)
+        config = RELEASE.offloading_view(offloading_spec)
         #: Stride of the host pool's rows (padding included).
         self._pool_row_bytes = self.block_size_bytes
-        replicated = bool(getattr(offloading_spec, "replicated_layout", False))
-        # 0.32 places each worker's part of a row by its TP rank (the slices' order); 0.25.1
-        # by its device index, so there records cross no TP size.
+        replicated = RELEASE.replicated_layout(offloading_spec)
+        # Where a worker's part of a row follows its device index, not its TP rank, records
+        # cross no TP size (``Release.records_by_heads``).
         self._layout = engine_row_layout(
-            config, replicated, self._pool_row_bytes, by_heads=API == "0.32"
+            config, replicated, self._pool_row_bytes, by_heads=RELEASE.records_by_heads
         )
         #: Payload bytes of one record: a row's distinct KV slices.
         self._row_bytes = self._layout.record_bytes
-        self._tp_size = int(getattr(config.parallel, "tp_size", 1) or 1)
+        self._tp_size = max(int(config.parallel.tp_size), 1)
         #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
-        self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * int(
-            getattr(config.cache, "blocks_per_chunk", 1) or 1
+        self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * max(
+            int(config.cache.blocks_per_chunk), 1
         )
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
         self._pool_bytes = primary_kv_view.cast("B")
@@ -207,21 +200,13 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         self._opener.start()
 
     def _make_decider(self, spec: Any) -> TierDecider:
-        """This tier's part of the engine's restore-or-recompute policy (the spec's, if it
-        keeps one: kvtier's spec does, vLLM's own CPU spec on CUDA does not)."""
-        policy = getattr(spec, "restore_policy", None)
-        observes_prefill = False
-        if policy is None:
-            policy = make_policy(True, self._clock)
-            observes_prefill = True
-            self._keeps_evidence = self.keeps_decision_evidence
-        else:
-            if getattr(spec, "prefill_observer", None) is None:
-                spec.prefill_observer = self.metric_tier  # one tier feeds the prefill model
-                observes_prefill = True
-            if self.keeps_decision_evidence and getattr(spec, "evidence_keeper", None) is None:
-                spec.evidence_keeper = self.metric_tier  # one file per engine, not per tier
-                self._keeps_evidence = True
+        """This tier's part of its engine's restore-or-recompute policy."""
+        context = self._context
+        observes_prefill = context.claim_prefill_observer(self.metric_tier)
+        self._keeps_evidence = self.keeps_decision_evidence and context.claim_evidence_keeper(
+            self.metric_tier
+        )
+        policy = context.policy
         policy.add_tier(self.metric_tier, via=HOST_TIER, writing=self._jobs.writing)
         return TierDecider(
             policy,
@@ -230,8 +215,9 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             self._row_bytes,
             self._clock,
             observes_prefill,
-            max_tokens=max_prompt_tokens(spec),
-            step_clock=getattr(spec, "step_clock", None) if observes_prefill else None,
+            release=context.release,
+            max_tokens=context.release.max_prompt_tokens(spec),
+            step_clock=context.step_clock if observes_prefill else None,
         )
 
     # -- store lifecycle (opener thread) -------------------------------------------------
@@ -256,14 +242,14 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
         path = self.decision_evidence_path(namespace) if self._keeps_evidence else None
         if path is not None:
             # Before the store is published: the first lookup already weighs with it.
-            device = device_description()
+            device = RELEASE.device_description()
             if device is not None:
-                # Engines of other TP sizes may share this namespace (kvtier.vllm.row_layout),
+                # Engines of other TP sizes may share this namespace (kvtier.runtime.row_layout),
                 # and prefill time scales with the ranks: their timings are not this engine's.
                 device += f", tensor parallel {self._tp_size}"
-                if getattr(self._spec, "step_clock", None) is not None:
-                    # Timed to the jobs' arrival instead, prefill read 12-23 % slow on vLLM
-                    # 0.25.1 (kvtier.vllm.step_clock): such timings are not adopted.
+                if self._context.step_clock is not None:
+                    # Timed to the jobs' arrival instead, prefill reads slow
+                    # (kvtier.runtime.step_clock): such timings are not adopted.
                     device += f", {STEP_TIMED_NOTE}"
             memory = DecisionMemory(
                 self.decider.policy,
@@ -275,11 +261,11 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             memory.load()
             self._memory = memory
             if self.decider.policy.settings.enabled:
-                decision_to(self._spec, memory.startup_text)
-        report_to(self._spec, self.describe(store, namespace))
+                self._context.report_decision(memory.startup_text)
+        self._context.report(self.describe(store, namespace))
 
     def _on_open_failure(self, exc: BaseException) -> None:
-        report_to(self._spec, f"{self.label}: NOT OPEN ({exc})")
+        self._context.report(f"{self.label}: NOT OPEN ({exc})")
         self._stats.open_failed()
         logger.error("kvtier %s: could not be opened, every lookup misses: %s", self.label, exc)
 
@@ -354,10 +340,10 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
     def on_schedule_end(self, context: Any) -> None:
         self.decider.end_step()
 
-    def submit_store(self, job_metadata: TransferJob) -> None:
+    def submit_store(self, job_metadata: Any) -> None:
         keys = list(job_metadata.keys)
         self.decider.on_store(keys, job_metadata.req_context)
-        rows = [int(c) for c in job_rows(job_metadata)]
+        rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
         store = self.store
         local = None if store is None else store.without_server()
         # Over the bound, a store with a part that needs no server still writes that part.
@@ -373,10 +359,10 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             # The server cannot keep up: the local part is written, the server's dropped.
             self._stats.dropped_server_part(len(keys))
 
-    def submit_load(self, job_metadata: TransferJob) -> None:
+    def submit_load(self, job_metadata: Any) -> None:
         """Queue one abandonable read per block, with a deadline for the whole job."""
         keys = list(job_metadata.keys)
-        rows = [int(c) for c in job_rows(job_metadata)]
+        rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
         nbytes = len(keys) * self._row_bytes
         ticket = self.decider.policy.begin_load(self.metric_tier, nbytes)
         self._jobs.submit_loads(
@@ -384,14 +370,12 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             keys,
             rows,
             self._load_share,
-            deadline=lambda: self._health.deadline(
-                nbytes, lambda: self.decider.load_deadline_s(ticket.deadline_s)
-            ),
+            deadline=lambda: self._health.deadline(nbytes, ticket.deadline_s),
             ticket=ticket,
         )
 
-    def get_finished_jobs(self) -> Iterable[JobResult]:
-        results: list[JobResult] = []
+    def get_finished_jobs(self) -> Iterable[Any]:
+        results: list[Any] = []
         for done in self._jobs.finished():
             job = done.job
             if done.abandoned:
@@ -401,7 +385,7 @@ class StoreTier(TierBase):  # type: ignore[misc,valid-type]
             ok_keys = [k for k, ok in zip(job.keys, done.outcomes, strict=True) if ok]
             success = len(ok_keys) == len(job.keys)
             results.append(
-                job_result(
+                RELEASE.job_result(
                     job_id=job.job_id,
                     success=success,
                     successful_keys=None if success or not job.is_load else tuple(ok_keys),
@@ -621,11 +605,20 @@ class _ClaimForBuffer:
 
     __slots__ = ("_load",)
 
+    native_cell = None
+
     def __init__(self, load: AbandonableLoad) -> None:
         self._load = load
 
-    def __call__(self) -> bool:
+    def claim(self) -> bool:
         return self._load.claim()
 
-    def release(self) -> None:
-        self._load.release()
+    def written(self) -> None:
+        """The row is written after the store returns (the scatter); marked there."""
+
+    def release(self) -> bool:
+        return self._load.release()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._load.abandoned

@@ -3,10 +3,11 @@
 Eviction is least recently used, so every hit's time must reach the index; writing it there
 gives the GIL up at each SQLite step, and while another thread runs Python (an engine's
 scheduler and model loop) every return waits for it, up to the interpreter's switch interval.
-Written by the loading thread, one batch of 256 access times took 3.2 s of a single block's
-load with a busy Python thread beside four readers (CPU machine, ``python -m benchmarks
-disk-read --busy-python-thread``), and a restore waits for its slowest block. So a load only
-notes the time here; a writer thread, started on the first full batch, writes each batch.
+Written by the loading thread, one batch of access times (a transaction of many SQLite
+steps, each a GIL hand-over) would stall that block's load by seconds beside a busy Python
+thread (``python -m benchmarks disk-read --busy-python-thread``), and a restore waits for its
+slowest block. So a load only notes the time here; a writer thread, started on the first full
+batch, writes each batch.
 
 A write that fails (the index busy past its bound) loses that batch's times: eviction is then
 a little less exact, nothing else.

@@ -54,8 +54,8 @@ from kvtier.format.sealing import RecordSealer
 from kvtier.store.base import Problem
 from kvtier.store.disk import layout
 from kvtier.store.disk.index import PENDING, Index, Row, Trashed
-from kvtier.store.disk.io import RecordIO
 from kvtier.store.disk.quarantine import REASON_SUFFIX, Limits, quarantine
+from kvtier.store.disk.reader import RecordReader
 from kvtier.store.disk.session import is_alive_under
 
 
@@ -70,7 +70,7 @@ class StoreCheck:
     #: The root's open index, bound to the namespace.
     index: Index
     #: File I/O used to read records (the store's own).
-    io: RecordIO
+    reader: RecordReader
     #: The checking store's own session (alive by definition).
     session_id: str
     #: Quarantine size limits, as the store's.
@@ -202,7 +202,7 @@ class StoreCheck:
         out = memoryview(bytearray(row.payload_len))
         try:
             header = decode_header(
-                self.io.read_into(self.dir / row.name, out),
+                self.reader.read_into(self.dir / row.name, out),
                 self.namespace.digest(),
                 row.key,
                 row.payload_len,

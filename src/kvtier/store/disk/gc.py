@@ -31,11 +31,11 @@ from kvtier.store.disk import layout
 from kvtier.store.disk.folders import folders_bytes
 from kvtier.store.disk.index import PENDING, TXN_ROWS_MAX, Index, Row, Trashed, charge
 from kvtier.store.disk.inspect import UnreadableRoot
-from kvtier.store.disk.io import RecordIO
 from kvtier.store.disk.quarantine import Limits, prune
 from kvtier.store.disk.root import index_files_bytes, namespace_folders, open_index
 from kvtier.store.disk.session import Session
 from kvtier.store.disk.trash import Trash
+from kvtier.store.disk.writer import RecordWriter
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,13 @@ def collect(
     older_than_s: float | None = None,
     quarantine: bool = False,
     keep_key_ids: Collection[bytes] | None = None,
-    io: RecordIO | None = None,
+    writer: RecordWriter | None = None,
 ) -> GcResult:
     """Evict least recently used records of ``root`` until its footprint (what the cap
     bounds) is at most ``to_bytes``; or every record of ``namespace`` (a digest hex); or
     every record unused for ``older_than_s`` seconds (the filters combine); and, with
     ``quarantine``, empty the quarantine; with ``keep_key_ids``, evict every sealed record
-    under another key (module docstring). ``io``: the file I/O (a test seam). Raises
+    under another key (module docstring). ``writer``: removes the files (a test seam). Raises
     ``UnreadableRoot`` for a folder without an index (nothing is created)."""
     root = Path(root).absolute()
     if not (root / layout.INDEX_FILE).is_file():
@@ -83,7 +83,7 @@ def collect(
         rows = []
         if to_bytes is not None or namespace is not None or older_than_s is not None:
             before = None if older_than_s is None else time.time_ns() - int(older_than_s * 1e9)
-            trash = Trash(root, index, io if io is not None else RecordIO())
+            trash = Trash(root, index, writer if writer is not None else RecordWriter())
             while True:  # a few rows per transaction keep the index's WAL small
                 batch = index.evict(namespace, before, to_bytes, overhead)
                 trash.empty(Trashed(r.path, "") for r in batch)
@@ -102,7 +102,7 @@ def collect(
             for start in range(0, len(retired), TXN_ROWS_MAX):
                 batch = retired[start : start + TXN_ROWS_MAX]
                 index.remove_records([r.record_id for r in batch], trash=True)
-                Trash(root, index, io if io is not None else RecordIO()).empty(
+                Trash(root, index, writer if writer is not None else RecordWriter()).empty(
                     Trashed(r.path, "") for r in batch
                 )
             rows += retired

@@ -17,9 +17,9 @@ from kvtier.errors import ConfigError
 from kvtier.format.namespace import Namespace
 from kvtier.store.disk import layout
 from kvtier.store.disk.index import Index
-from kvtier.store.disk.io import RecordIO
 from kvtier.store.disk.session import is_alive, is_alive_under
 from kvtier.store.disk.trash import Trash
+from kvtier.store.disk.writer import RecordWriter
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def prepare_folders(root: Path, namespace_dir: Path, namespace: Namespace) -> No
     _check_namespace_file(namespace_dir, namespace)
 
 
-def clean_temp(namespace_dir: Path, own_session: str, io: RecordIO) -> None:
+def clean_temp(namespace_dir: Path, own_session: str, writer: RecordWriter) -> None:
     """Remove temp files of dead sessions, and stray ones (no session in the name) an hour
     old. Removing only lowers usage, so no charge is touched."""
     for entry in os.scandir(namespace_dir / layout.TMP):
@@ -54,7 +54,7 @@ def clean_temp(namespace_dir: Path, own_session: str, io: RecordIO) -> None:
         else:
             stale = not is_alive(namespace_dir, session)
         if stale:
-            io.remove(Path(entry.path))
+            writer.remove(Path(entry.path))
 
 
 def reclaim_dead(root: Path, index: Index, trash: Trash) -> int:

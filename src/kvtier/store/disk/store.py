@@ -2,7 +2,8 @@
 
 Layout: see kvtier.store.disk.layout. Index (one per root, shared by its namespaces): see
 kvtier.store.disk.index. Root settings and preflight: kvtier.store.disk.root. Opening and recovery:
-kvtier.store.disk.recovery. Trash: kvtier.store.disk.trash. File I/O: kvtier.store.disk.io.
+kvtier.store.disk.recovery. Trash: kvtier.store.disk.trash. File I/O: kvtier.store.disk.writer
+and kvtier.store.disk.reader.
 
 Writing a record (``put``), and what a crash at each step leaves behind:
 
@@ -79,22 +80,22 @@ from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import DISK_MIN_CAPACITY_BYTES
 from kvtier.store.base import (
     BlockStore,
+    LoadClaim,
     Problem,
     StoreAbilities,
     StoreStats,
-    mark_written,
-    release_claim,
-    was_abandoned,
 )
 from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.access_times import AccessTimes
 from kvtier.store.disk.folders import FolderCharge
 from kvtier.store.disk.index import TXN_ROWS_MAX, Row, Trashed, charge
-from kvtier.store.disk.io import ClaimedRead, NowaitRefused, RecordIO
 from kvtier.store.disk.quarantine import Limits, quarantine
+from kvtier.store.disk.reader import ClaimedRead, NativeRecordReader, NowaitRefused
+from kvtier.store.disk.record_io import RecordIO
 from kvtier.store.disk.session import Session, reap_dead_sessions
 from kvtier.store.disk.trash import Trash
+from kvtier.store.disk.writer import RecordWriter
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class DiskStore(BlockStore):
         root's (default 0.9), an explicit value replaces it. ``free_space_floor_bytes``: keep
         at least this much free on the file system, evicting if needed; default 5% of the
         file system, at most 10 GiB. ``fsync``: "never", "data" or "always"
-        (kvtier.store.disk.io). ``io``: replaces the file I/O, fsync policy included (the
+        (kvtier.store.disk.writer). ``io``: replaces the file I/O, fsync policy included (the
         fault-injection seam). ``quarantine_max_entries``/``quarantine_max_bytes``: the
         root's quarantine is pruned, oldest first, to these (bytes default: a quarter of the cap).
         ``sealer``: encrypt records and store them under keyed names (module docstring);
@@ -195,7 +196,11 @@ class DiskStore(BlockStore):
             fs_bytes = st.f_blocks * st.f_frsize
             free_space_floor_bytes = min(int(fs_bytes * FLOOR_FRACTION), FLOOR_MAX_BYTES)
         self.free_space_floor_bytes = free_space_floor_bytes
-        self._io = io if io is not None else RecordIO(fsync)
+        self._io = io if io is not None else RecordIO(RecordWriter(fsync))
+        self._writer = self._io.writer
+        self._reader = self._io.reader
+        #: The reader again where it is the native one: the claimed reads are its alone.
+        self._native = self._reader if isinstance(self._reader, NativeRecordReader) else None
         self._sealer = sealer
         self._known: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
@@ -223,8 +228,8 @@ class DiskStore(BlockStore):
                 self._index, self.root, capacity_bytes, low_watermark
             )
             self._namespaces = len(root_settings.namespace_folders(self.root))
-            self._trash = Trash(self.root, self._index, self._io)
-            recovery.clean_temp(self.namespace_dir, self._session.session_id, self._io)
+            self._trash = Trash(self.root, self._index, self._writer)
+            recovery.clean_temp(self.namespace_dir, self._session.session_id, self._writer)
             recovery.reclaim_dead(self.root, self._index, self._trash)
             reap_dead_sessions(self.namespace_dir)
             self._index.trim_changes()
@@ -296,8 +301,8 @@ class DiskStore(BlockStore):
         final = self.namespace_dir / layout.record_name(key, record_id)
         temp = self.namespace_dir / layout.temp_name(key, record_id, self._session.session_id)
         try:
-            self._io.write_temp(temp, header, view)
-            self._io.publish(temp, final)
+            self._writer.write_temp(temp, header, view)
+            self._writer.publish(temp, final)
             self._folders.note_put(final.parent, temp.parent)
             committed = self._index.commit(record_id, key)
         except (OSError, sqlite3.Error) as exc:
@@ -320,9 +325,9 @@ class DiskStore(BlockStore):
         return self._load(key, memoryview(out), None, None)
 
     def get_into_when(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
     ) -> bool:
-        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+        """``get_into`` that writes ``out`` only after ``claim.claim()`` returned True.
 
         A record the page cache holds whole is read straight into ``out`` once claimed,
         hashed chunk by chunk as it lands: one copy where the bounce buffer costs two and a
@@ -342,7 +347,11 @@ class DiskStore(BlockStore):
         when the scheduler may already have abandoned the load and vLLM reused the row.
         """
         out = memoryview(out)
-        if self._sealer is None and self._io.reads_resident_into(out):
+        if (
+            self._sealer is None
+            and self._native is not None
+            and self._native.reads_resident_into(out)
+        ):
             try:
                 return self._load(key, out, claim, bounce)
             except NowaitRefused:
@@ -350,13 +359,13 @@ class DiskStore(BlockStore):
         return super().get_into_when(key, out, claim, bounce)
 
     def _read_refused_again(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: memoryview
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
     ) -> bool:
         """After ``NowaitRefused`` (claimed, nothing read; the reader takes the bounce buffer
         from now on): give the claim back and read the record that way, rather than lose the
         load. On tmpfs every record is resident, so every load in flight meets the refusal
         once. A claim that cannot be given back was spent: a miss."""
-        if not release_claim(claim):
+        if not claim.release():
             return self._missed()
         return super().get_into_when(key, out, claim, bounce)
 
@@ -364,7 +373,7 @@ class DiskStore(BlockStore):
         self,
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
-        claims: Sequence[Callable[[], bool]],
+        claims: Sequence[LoadClaim],
         bounce: memoryview,
     ) -> list[bool]:
         """``get_into_when`` of each key, the records read in one native call for them all
@@ -374,12 +383,14 @@ class DiskStore(BlockStore):
         verified in turn, so a load abandoned meanwhile is never read into. Sealed records
         go one by one through ``get_into_when`` (opened before their claim)."""
         outs = [memoryview(out) for out in outs]
-        cells = [getattr(claim, "native_cell", None) for claim in claims]
+        cells = [claim.native_cell for claim in claims]
+        native = self._native
         if (
             len(keys) < 2
             or self._sealer is not None
+            or native is None
             or any(cell is None for cell in cells)
-            or any(out.nbytes != bounce.nbytes or not self._io.claims_into(out) for out in outs)
+            or any(out.nbytes != bounce.nbytes or not native.claims_into(out) for out in outs)
         ):
             return super().get_many_into_when(keys, outs, claims, bounce)
         answers = [False] * len(keys)
@@ -393,7 +404,7 @@ class DiskStore(BlockStore):
         refused: list[int] = []
         settled = 0
         try:
-            reads = self._io.read_claiming_many(
+            reads = native.read_claiming_many(
                 [self._path_of(name, entry) for _, name, entry in batch],
                 bounce,
                 [outs[i] for i, _, _ in batch],
@@ -424,7 +435,7 @@ class DiskStore(BlockStore):
         self,
         key: bytes,
         out: memoryview,
-        claim: Callable[[], bool] | None,
+        claim: LoadClaim | None,
         bounce: memoryview | None,
     ) -> bool:
         """``get_into``, or with ``claim`` and ``bounce`` ``get_into_when``'s read: in one
@@ -437,27 +448,33 @@ class DiskStore(BlockStore):
         path = self._path_of(name, entry)
         checksum = self._sealer is None
         # A claim with a native cell (kvtier.dataplane.abandonable) the reader can make itself.
+        native = self._native
         cell = None
         if claim is not None and bounce is not None and bounce.nbytes == out.nbytes:
-            cell = getattr(claim, "native_cell", None) if self._io.claims_into(out) else None
+            cell = claim.native_cell if native is not None and native.claims_into(out) else None
 
         def read() -> ClaimedRead | bool | None:
             if claim is None or bounce is None:
-                header_bytes, payload_checksum, cached = self._io.read_checked(path, out, checksum)
+                header_bytes, payload_checksum, cached = self._reader.read_checked(
+                    path, out, checksum
+                )
                 return ClaimedRead(out, header_bytes, payload_checksum, cached)
+            # A claimed load comes here only where the native reader reads resident records
+            # (get_into_when); any other goes through the bounce buffer (BlockStore's).
+            assert native is not None
             if cell is not None:  # the native reader claims, in the same call as its read
-                return _outcome(self._io.read_claiming(path, bounce, out, cell, checksum))
-            opened = self._io.read_unless_resident(path, bounce, checksum)
+                return _outcome(native.read_claiming(path, bounce, out, cell, checksum))
+            opened = native.read_unless_resident(path, bounce, checksum)
             if not isinstance(opened, int):
                 return ClaimedRead(bounce, *opened, False)
             # Resident: nothing read yet; read straight into out once claimed.
-            if not claim():
+            if not claim.claim():
                 os.close(opened)
                 return False
             try:
-                resident = self._io.read_resident(opened, path, out, checksum)
+                resident = native.read_resident(opened, path, out, checksum)
             finally:
-                mark_written(claim)
+                claim.written()
             return None if resident is None else ClaimedRead(out, *resident, True)
 
         return self._settle(key, name, entry, out, claim, read)
@@ -489,7 +506,7 @@ class DiskStore(BlockStore):
         key: bytes,
         entry: _Entry,
         out: memoryview,
-        claim: Callable[[], bool] | None,
+        claim: LoadClaim | None,
         read: Callable[[], ClaimedRead | bool | None],
     ) -> bool:
         """Run ``read`` (a pinned record's read: what it read, False when the load was
@@ -502,7 +519,7 @@ class DiskStore(BlockStore):
                 return self._missed()
             if isinstance(landed, bool):
                 return False  # abandoned: out untouched
-            if landed.into is out and was_abandoned(claim):
+            if landed.into is out and claim is not None and claim.abandoned:
                 # Written, then abandoned at the deadline: the row is vLLM's again (it may be
                 # reused already), so it is neither served nor checked.
                 return False
@@ -547,10 +564,10 @@ class DiskStore(BlockStore):
         # Read into the bounce buffer: checked all the same (a damaged record is quarantined
         # even for a load abandoned after its read), written to out only once claimed.
         assert claim is not None
-        if not claim():
+        if not claim.claim():
             return False
         copy_into(out, landed.into)
-        mark_written(claim)
+        claim.written()
         return True
 
     def contains(self, key: bytes) -> bool:
@@ -659,7 +676,7 @@ class DiskStore(BlockStore):
             self.root,
             self.namespace,
             self._index,
-            self._io,
+            self._reader,
             self._session.session_id,
             self._quarantine_limits(),
             fix,
@@ -834,8 +851,8 @@ class DiskStore(BlockStore):
 def _outcome(
     read: ClaimedRead | Exception | None, only_into: memoryview | None = None
 ) -> ClaimedRead | bool | None:
-    """A claimed read (``RecordIO.read_claiming``) as ``DiskStore._settle`` takes it: raises
-    what the read raised; False when the load was no longer pending (nothing read). With
+    """A claimed read (``NativeRecordReader.read_claiming``) as ``DiskStore._settle`` takes it:
+    raises what the read raised; False when the load was no longer pending (nothing read). With
     ``only_into`` (a list read, whose later records went through the same bounce buffer), a
     record that landed anywhere else (the bounce buffer, for a load abandoned after its read)
     is False too: its bytes are gone, so it is not checked."""

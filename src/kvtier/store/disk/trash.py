@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvtier.store.disk.index import Index, Trashed
-from kvtier.store.disk.io import RecordIO
+from kvtier.store.disk.writer import RecordWriter
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +25,10 @@ log = logging.getLogger(__name__)
 class Trash:
     """Empties one session's trash entries (paths relative to ``root``)."""
 
-    def __init__(self, root: Path, index: Index, io: RecordIO) -> None:
+    def __init__(self, root: Path, index: Index, writer: RecordWriter) -> None:
         self._root = root
         self._index = index
-        self._io = io
+        self._writer = writer
         self._lock = threading.Lock()
         # Cleanup that failed (read-only folder, full disk, EIO), retried with later puts.
         self._retry_entries: dict[str, Trashed] = {}
@@ -77,7 +77,7 @@ class Trash:
         refuses index writes too) its bytes stay reserved for the life of the session.
         Both are retried instead.
         """
-        self._io.remove(temp)  # if it stays, it names this session: removed after it ends
+        self._writer.remove(temp)  # if it stays, it names this session: removed after it ends
         try:
             trashed = self._index.abort(record_id)
         except sqlite3.Error as exc:
@@ -88,7 +88,7 @@ class Trash:
         if trashed:
             self.empty(trashed)
         else:  # another process reclaimed the row (and trashed the name) already
-            self._io.remove(final)
+            self._writer.remove(final)
 
     def retry(self) -> None:
         """Retry reservations that could not be dropped and files that could not be unlinked."""
@@ -104,5 +104,5 @@ class Trash:
         self.empty(trashed)
 
     def _unlink(self, entry: Trashed) -> bool:
-        temp_gone = not entry.temp or self._io.remove(self._root / entry.temp)
-        return self._io.remove(self._root / entry.path) and temp_gone
+        temp_gone = not entry.temp or self._writer.remove(self._root / entry.temp)
+        return self._writer.remove(self._root / entry.path) and temp_gone

@@ -3,8 +3,9 @@
 Why: an engine's loop runs Python without pause while a request waits for its restore, and
 each time an I/O thread gives the GIL up it may wait out the interpreter's switch interval to
 get it back. A GET per record gives it up about four times (the send, the reply's first line,
-the value, the check and copy): measured beside a busy Python thread, a 5.6 MiB record took
-22-25 ms instead of 2.3 (docs/shared-tier.md). ``exchange`` sends a share's GETs and receives,
+the value, the check and copy), and beside a busy Python thread those waits take several times
+the read itself (docs/shared-tier.md, "Beside a busy Python thread"). ``exchange`` sends a
+share's GETs and receives,
 hashes, claims and copies every value in one call (``kvtier.native.socket_exchanger``): one
 hand-over per share. A GET whose load was abandoned (its deadline passed) before its turn to be
 sent is not sent: after a deadline the thread is not held up by values nobody will use.
@@ -19,10 +20,9 @@ redis-py's parser reads that reply and every later one already asked for
 At most ``WINDOW_BYTES`` of values are asked for and not yet received (at least one value). A
 reply the socket cannot take at once waits in the server's output buffer: a copy on the
 server's one thread, memory it weighs against ``maxmemory`` (a deep pipeline of large values
-would make it evict keys). On the CPU machine four readers of 5.6 MiB records (the tier's
-default) read alike with one value in flight each and with two, and a lone reader read faster
-with two only quiet (docs/shared-tier.md): so the window is about what a loopback socket
-buffers, and small values still share a round trip.
+would make it evict keys). Four readers (the tier's default) gain nothing from a deeper
+window (docs/shared-tier.md, "Beside a busy Python thread"): so the window is about what a
+loopback socket buffers, and small values still share a round trip.
 
 A value lands in its row only once its load is claimed (``kvtier.dataplane.abandonable``): it
 is received into the thread's bounce buffer, then claimed and copied, and the claim moved on to
@@ -60,12 +60,9 @@ WINDOW_BYTES = 4 << 20
 MAX_GETS = 64
 
 #: Whether a server's exchanges run one at a time (a lock per connection pool, taken inside
-#: the native call, without the GIL). Off: on the 2-vCPU machine four readers of 5.6 MiB
-#: records read 24-31 % faster one at a time quiet and 13 % faster beside a busy Python
-#: thread, but on a 16-core GPU host it gained nothing (4.96 against 4.49 ms per record quiet,
-#: 5.49 against 5.59 busy), and kvtier serves on hosts of many cores. Measured by
-#: ``python -m benchmarks shared-busy`` (path ``exchange, native lock``); see
-#: docs/shared-tier.md.
+#: the native call, without the GIL). Off: it helps four readers on a host of two cores and
+#: gains nothing on one of many, where kvtier serves (``python -m benchmarks shared-busy``,
+#: path ``exchange, native lock``; docs/shared-tier.md, "Beside a busy Python thread").
 ONE_AT_A_TIME = False
 #: Per pool, the process that made its lock and the lock: a forked child makes its own (a copy
 #: of a lock held at the fork would never be given back). Two threads asking at once may each

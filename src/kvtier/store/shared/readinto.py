@@ -21,7 +21,8 @@ The value and its trailer are received in one GIL-free native call where the soc
 one (``kvtier.native.socket_receiver``; a TLS socket decrypts in Python, and goes through the
 ``recv_into`` loop): a loop takes the GIL back after every chunk the kernel hands over, and
 beside a busy Python thread (an engine's loop) each of those can wait out the interpreter's
-switch interval (measured: a 5.6 MiB value at 0.21 GB/s instead of 2.8).
+switch interval, which then takes most of the read's time (docs/shared-tier.md, "Beside a
+busy Python thread").
 
 A short read (EOF) raises redis-py's ``ConnectionError``, a bad trailer ``InvalidResponse``;
 socket errors and timeouts propagate for the connection to map (and disconnect). The buffers

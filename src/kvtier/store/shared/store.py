@@ -80,7 +80,7 @@ from kvtier.format.record import (
 )
 from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import SharedTierSettings
-from kvtier.store.base import BlockStore, Problem, StoreAbilities, mark_written, was_abandoned
+from kvtier.store.base import BlockStore, LoadClaim, Problem, StoreAbilities
 from kvtier.store.shared import batch, readinto, startup
 from kvtier.store.shared.breaker import CircuitBreaker
 from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue, retry_pause_s
@@ -369,9 +369,9 @@ class SharedStore(BlockStore):
         return self._get(key, memoryview(out).cast("B"), None, None)
 
     def get_into_when(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], bounce: object = None
+        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: object = None
     ) -> bool:
-        """``get_into`` that writes ``out`` only after ``claim()`` returned True.
+        """``get_into`` that writes ``out`` only after ``claim.claim()`` returned True.
 
         The wait for the server happens before anything is written: a caller that gave up on
         this load (``claim`` returns False) never finds its buffer changed. The value is read
@@ -385,7 +385,7 @@ class SharedStore(BlockStore):
         self,
         key: bytes,
         dest: memoryview,
-        claim: Callable[[], bool] | None,
+        claim: LoadClaim | None,
         bounce: object,
     ) -> bool:
         block_key, key = key, self._find(key)
@@ -440,7 +440,7 @@ class SharedStore(BlockStore):
             self._drop_corrupt(key, server_key, exc)
             return self._miss()
         self._view.remember(key, header.payload_len)
-        if claim is not None and not claim():
+        if claim is not None and not claim.claim():
             return False
         if deferred:
             try:
@@ -450,7 +450,8 @@ class SharedStore(BlockStore):
                 return self._miss()
         elif payload is not dest:
             copy_into(dest, memoryview(payload).cast("B"))
-        mark_written(claim)
+        if claim is not None:
+            claim.written()
         self._remember(key, block_key)
         self._count_hit(header.payload_len, direct)
         return True
@@ -459,7 +460,7 @@ class SharedStore(BlockStore):
         self,
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
-        claims: Sequence[Callable[[], bool]],
+        claims: Sequence[LoadClaim],
         bounce: memoryview,
     ) -> list[bool]:
         """``get_into_when`` of each key; a thread's share exchanged with each server in one
@@ -468,7 +469,7 @@ class SharedStore(BlockStore):
         expected value (another length, an error such as MOVED) get a GET of their own, as do
         all keys where no exchange can run (sealed records, TLS, no native module)."""
         outs = [memoryview(out).cast("B") for out in outs]
-        cells = [getattr(claim, "native_cell", None) for claim in claims]
+        cells = [claim.native_cell for claim in claims]
         if (
             len(keys) < 2
             or self._sealer is not None  # opened in the bounce buffer before its claim
@@ -509,7 +510,7 @@ class SharedStore(BlockStore):
         indices: list[int],
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
-        claims: Sequence[Callable[[], bool]],
+        claims: Sequence[LoadClaim],
         cells: Sequence[bytearray | None],
         bounce: memoryview,
         answers: list[bool],
@@ -574,9 +575,7 @@ class SharedStore(BlockStore):
             return str(node.name), self._client.get_redis_connection(node).connection_pool
         return self._node_of(server_key), self._client.connection_pool
 
-    def _land(
-        self, key: bytes, out: memoryview, claim: Callable[[], bool], landed: batch.Landed
-    ) -> bool:
+    def _land(self, key: bytes, out: memoryview, claim: LoadClaim, landed: batch.Landed) -> bool:
         """Check a value an exchange copied into ``out`` (header, length, checksum); True
         when it is the record of ``key`` and its load was not abandoned meanwhile."""
         if not landed.found:
@@ -595,10 +594,10 @@ class SharedStore(BlockStore):
             # it is, and a row abandoned meanwhile may hold another load's bytes by then.
             verify_payload(header, out, landed.payload_checksum)
         except CorruptRecordError as exc:
-            if not was_abandoned(claim):
+            if not claim.abandoned:
                 self._drop_corrupt(key, self._server_key(key), exc)
             return self._miss()
-        if was_abandoned(claim):
+        if claim.abandoned:
             return False  # reported failed by the scheduler; its row is vLLM's again
         self._view.remember(key, header.payload_len)
         self._count_hit(header.payload_len, direct=True, batched=True)
@@ -800,9 +799,7 @@ class SharedStore(BlockStore):
         )
 
 
-def _landing(
-    dest: memoryview, claim: Callable[[], bool] | None, bounce: object
-) -> memoryview | None:
+def _landing(dest: memoryview, claim: LoadClaim | None, bounce: object) -> memoryview | None:
     """Where a GET's payload may be read raw: ``dest`` itself when nothing has to be claimed
     (a plain ``get_into`` may leave part of a value in ``out``), else the first
     ``dest.nbytes`` of a writable ``bounce``; None when neither applies (the client's bytes

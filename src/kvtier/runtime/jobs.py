@@ -1,0 +1,395 @@
+"""A tier's transfer jobs and the I/O threads that run them.
+
+One job is one vLLM transfer (a list of blocks). Each block of a store is one task on the
+tier's write pool; a load is split into one task per read thread, each loading its share of
+the blocks (every n-th) in one go (a disk store reads them in one native call: one GIL
+hand-over per share instead of one per block, each of which can wait out the interpreter's
+switch interval while the engine's loop runs Python). The pools' threads run at background
+I/O priority. The table keeps the jobs until they are reported: ``finished`` returns the jobs
+whose tasks all ended and the load jobs past their deadline whose unfinished blocks could all
+be abandoned (``kvtier.dataplane.abandonable``: an abandoned block never writes its row, which
+vLLM reuses at once). A block being copied into its row cannot be abandoned; its job is asked
+again at the next step (a copy ends within milliseconds).
+
+Stores beyond ``max_queued_blocks`` waiting blocks are dropped (a slow tier never holds the
+host pool), and reported as failed, unless the job brings a task for that case
+(``over_bound``: a disk tier with a shared tier behind it still writes its disk, as a disk
+tier alone would, and drops only the server's part). Draining waits for every task; it never
+cancels a copy under way. Shutdown waits at most its drain deadline (``shutdown``).
+
+An abandoned load whose read is still running holds its I/O thread until the read returns;
+such reads are counted, one per thread held (``TierStats.stuck``), so the tier can stop
+offering hits while every read thread is held.
+
+Called from the scheduler thread (submit, finished, drain, shutdown); the tasks run on the
+pools. Knows nothing of vLLM: the tier turns ``FinishedJob`` into vLLM's ``JobResult``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.dataplane.abandonable import AbandonableLoad
+from kvtier.runtime.stats import TierStats
+from kvtier.store import set_background_io_priority
+from kvtier.threads import name_os_thread
+
+logger = logging.getLogger(__name__)
+
+#: How long ``shutdown`` lets queued and running transfers go on (well inside the 30 s
+#: grace period orchestrators give); what has not started by then is dropped and counted.
+DRAIN_DEADLINE_S = 10.0
+
+#: Share of the host pool's rows that stores waiting on a bounded tier may hold, when its
+#: bound is not set (``default_queue_bound``).
+QUEUED_POOL_SHARE = 0.5
+
+
+def default_queue_bound(pool_rows: int) -> int:
+    """Most store blocks that may wait on a bounded tier (a server) by default.
+
+    vLLM pins a host-pool row from a store job's submission to its end, so waiting blocks
+    are rows the pool can neither evict nor reuse. The bound therefore scales with the pool:
+    one count for every model would let a server miss the blocks of a model with large KV
+    while most of the pool is free. At most half the pool waits: the other half keeps taking new
+    blocks and restores while the server catches up."""
+    return max(1, int(pool_rows * QUEUED_POOL_SHARE))
+
+
+#: One block's store: (key, host-pool row) -> True when the block was transferred.
+StoreTask = Callable[[bytes, int], bool]
+#: A thread's share of a load: (keys, host-pool rows, their abandonable loads) -> per block,
+#: True when it was loaded.
+LoadTask = Callable[[list[bytes], list[int], list[AbandonableLoad]], list[bool]]
+
+
+class StoresQueued(enum.Enum):
+    """What ``submit_stores`` did with a store job."""
+
+    #: Every block's store task queued.
+    WHOLE = "whole"
+    #: Over the bound: every block's ``over_bound`` task queued instead, unbounded.
+    OVER_BOUND = "over_bound"
+    #: Over the bound with no ``over_bound`` task: nothing queued, the job reported failed.
+    DROPPED = "dropped"
+
+
+@dataclass
+class Job:
+    job_id: int
+    is_load: bool
+    keys: list[bytes]
+    futures: list[Future[bool]]
+    #: ``time.perf_counter()`` at submission (vLLM's transfer time).
+    submitted: float
+    #: Loads only: each block's abandonable state, the job's deadline (tier clock), and what
+    #: the caller keeps with it (the restore policy's ticket).
+    loads: list[AbandonableLoad] | None = None
+    deadline: float = float("inf")
+    ticket: Any = None
+    #: Loads only: seconds the job was allowed when it was queued (its deadline, in words).
+    allowed_s: float = float("inf")
+    #: Loads only: the tasks on the read pool, one per thread's share of the blocks.
+    shares: list[Future[Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    """A job ready to report: per block, whether it was transferred."""
+
+    job: Job
+    outcomes: list[bool]
+    #: Keys of the blocks abandoned at the deadline (empty when the job ended in time).
+    abandoned: list[bytes] = field(default_factory=list)
+    #: Seconds from submission to now.
+    elapsed_s: float = 0.0
+
+
+class JobTable:
+    """The tier's jobs and its read and write pools (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        thread_prefix: str,
+        io_threads: int,
+        clock: Callable[[], float],
+        label: str,
+        stats: TierStats | None = None,
+        max_queued_blocks: int | None = None,
+    ) -> None:
+        """``stats``: where stuck loads and shutdown's drops are counted (the tier's)."""
+        self._clock = clock
+        self._label = label
+        self._stats = stats if stats is not None else TierStats()
+        self.io_threads = io_threads
+        self._max_queued = max_queued_blocks
+        self._read_pool = ThreadPoolExecutor(
+            io_threads, f"{thread_prefix}-read", initializer=_start_io_thread
+        )
+        self._write_pool = ThreadPoolExecutor(
+            io_threads, f"{thread_prefix}-write", initializer=_start_io_thread
+        )
+        # Over-bound stores run on threads of their own (started only if one comes): queued
+        # behind the bounded stores they would wait on what the bound holds back.
+        self._over_bound_pool = ThreadPoolExecutor(
+            io_threads, f"{thread_prefix}-write-over", initializer=_start_io_thread
+        )
+        self._jobs: dict[int, Job] = {}
+        #: Store tasks waiting or running on the bounded write pool (``max_queued_blocks``).
+        self._queued_stores = 0
+        #: Store tasks waiting or running on either write pool (``writing``).
+        self._writes = 0
+        self._queued_lock = threading.Lock()
+        # Every task on the I/O threads not finished yet: what shutdown waits for.
+        self._inflight: set[Future[Any]] = set()
+        self._inflight_lock = threading.Lock()
+
+    @property
+    def max_queued_blocks(self) -> int | None:
+        """Most store blocks that may wait on the bounded write pool; None: no bound."""
+        return self._max_queued
+
+    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Submit a task to an I/O pool, tracked until done (for ``shutdown``)."""
+        future = pool.submit(fn, *args)
+        with self._inflight_lock:
+            self._inflight.add(future)
+        future.add_done_callback(self._task_done)
+        return future
+
+    def _task_done(self, future: Future[Any]) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(future)
+
+    def submit_stores(
+        self,
+        job_id: int,
+        keys: Sequence[bytes],
+        rows: Sequence[int],
+        task: StoreTask,
+        over_bound: StoreTask | None = None,
+    ) -> StoresQueued:
+        """Queue one store task per block. When more than ``max_queued_blocks`` would wait,
+        queue one ``over_bound`` task per block instead, on threads of its own and not counted
+        against the bound (it is for work that does not wait on what the bound holds back),
+        or, without one, drop the job: it is then reported failed, nothing is written."""
+        keys = list(keys)
+        with self._queued_lock:
+            full = self._max_queued is not None and (
+                self._queued_stores + len(keys) > self._max_queued
+            )
+            if not full:
+                self._queued_stores += len(keys)
+        if not full:
+            pool, queued, store = self._write_pool, StoresQueued.WHOLE, task
+        elif over_bound is not None:
+            pool, queued, store = self._over_bound_pool, StoresQueued.OVER_BOUND, over_bound
+        else:
+            done: Future[bool] = Future()
+            done.set_result(False)
+            self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
+            return StoresQueued.DROPPED
+        with self._queued_lock:
+            self._writes += len(keys)
+        run = functools.partial(self._counted_store, store, not full)
+        pairs = zip(keys, rows, strict=True)
+        futures = [self._submit(pool, run, k, r) for k, r in pairs]
+        self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
+        return queued
+
+    def _counted_store(self, task: StoreTask, bounded: bool, key: bytes, row: int) -> bool:
+        try:
+            return task(key, row)
+        finally:
+            with self._queued_lock:
+                self._writes -= 1
+                if bounded:
+                    self._queued_stores -= 1
+
+    def submit_loads(
+        self,
+        job_id: int,
+        keys: Sequence[bytes],
+        rows: Sequence[int],
+        task: LoadTask,
+        *,
+        deadline: Callable[[], float],
+        ticket: Any = None,
+    ) -> None:
+        """Queue one abandonable load per block, in one task per read thread; ``deadline()``
+        (tier clock) is asked once the tasks are queued, so the job's time starts when its
+        reads may.
+
+        Thread ``t`` of ``n`` takes blocks ``t, t + n, t + 2n, ...``: the threads go through
+        the prefix side by side, as one task per block did, so at a deadline the blocks
+        loaded are the prefix's front (what a request can use) and a run of slower records
+        is shared out rather than left to one thread."""
+        keys, rows = list(keys), list(rows)
+        loads = [AbandonableLoad() for _ in keys]
+        futures: list[Future[bool]] = [Future() for _ in keys]
+        threads = min(self.io_threads, len(keys))
+        shares = [
+            self._submit(self._read_pool, _load_share, task, keys, rows, loads, futures, t, threads)
+            for t in range(threads)
+        ]
+        for share in shares:
+            share.add_done_callback(_cancel_blocks_if_cancelled(futures))
+        deadline_at = deadline()
+        self._jobs[job_id] = Job(
+            job_id,
+            True,
+            keys,
+            futures,
+            time.perf_counter(),
+            loads,
+            deadline_at,
+            ticket,
+            allowed_s=deadline_at - self._clock(),
+            shares=shares,
+        )
+
+    def submit_read(self, task: Callable[[], object]) -> bool:
+        """Run ``task`` on a read thread (off any request's path); False once shut down."""
+        try:
+            self._submit(self._read_pool, task)
+        except RuntimeError:  # shut down between the caller's check and the submit
+            return False
+        return True
+
+    def finished(self) -> list[FinishedJob]:
+        """Remove and return the jobs that can be reported now (module docstring)."""
+        done: list[FinishedJob] = []
+        for job_id, job in list(self._jobs.items()):
+            abandoned = self._abandon_if_late(job)
+            if abandoned is None:
+                continue
+            del self._jobs[job_id]
+            outcomes = [f.done() and _succeeded(f, self._label) for f in job.futures]
+            done.append(FinishedJob(job, outcomes, abandoned, time.perf_counter() - job.submitted))
+        return done
+
+    def _abandon_if_late(self, job: Job) -> list[bytes] | None:
+        """None: not finished yet. Else the keys abandoned (none if every task ended)."""
+        if all(f.done() for f in job.futures):
+            return []
+        if job.loads is None or self._clock() < job.deadline:
+            return None
+        pending = [
+            (key, load)
+            for key, load, f in zip(job.keys, job.loads, job.futures, strict=True)
+            if not f.done()
+        ]
+        if not all(load.abandon() for _, load in pending):
+            return None  # a copy is under way; it ends within the next steps
+        for share in job.shares:
+            if share.running():  # its thread is held until the read returns: count it
+                self._stats.stuck(1)
+                share.add_done_callback(lambda _: self._stats.stuck(-1))
+        return [key for key, _ in pending]
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
+
+    def writing(self) -> bool:
+        """Whether stores are queued or being written (a load now shares the device)."""
+        with self._queued_lock:
+            return self._writes > 0
+
+    def drain(self) -> None:
+        """Wait for every task of every job (never cancels a copy under way)."""
+        for job in list(self._jobs.values()):
+            for future in job.futures:
+                future.exception()
+
+    def shutdown(self, drain_deadline_s: float = DRAIN_DEADLINE_S) -> int:
+        """Let tasks go on for at most ``drain_deadline_s``, then drop what has not started
+        and abandon pending loads, so shutdown never waits on a slow or stalled disk for
+        longer than that. Returns the tasks still running (a thread stuck in the kernel cannot
+        be stopped); dropped and stuck tasks are counted in the stats.
+
+        Rejected: carrying out every queued store (what ``drain`` does), whose time grows with
+        the queue and the disk's speed, past any orchestrator's grace period.
+        """
+        with self._inflight_lock:
+            futures = list(self._inflight)  # jobs', abandoned loads' and timed reads' tasks
+        wait(futures, timeout=drain_deadline_s)
+        dropped = sum(f.cancel() for f in futures)
+        for job in self._jobs.values():
+            for load in job.loads or ():
+                load.abandon()  # a late read must not write a row vLLM is freeing
+        self._read_pool.shutdown(wait=False, cancel_futures=True)
+        self._write_pool.shutdown(wait=False, cancel_futures=True)
+        self._over_bound_pool.shutdown(wait=False, cancel_futures=True)
+        stuck = sum(not f.done() for f in futures)
+        self._stats.shut_down(dropped=dropped, stuck=stuck)
+        if dropped or stuck:
+            logger.warning(
+                "kvtier %s: shutdown drained for %.0f s; %d queued transfer(s) dropped, "
+                "%d still running left behind",
+                self._label,
+                drain_deadline_s,
+                dropped,
+                stuck,
+            )
+        return stuck
+
+
+def _load_share(
+    task: LoadTask,
+    keys: list[bytes],
+    rows: list[int],
+    loads: list[AbandonableLoad],
+    futures: list[Future[bool]],
+    first: int,
+    stride: int,
+) -> None:
+    """Run ``task`` on blocks ``first``, ``first + stride``, ... and settle their futures (a
+    raising task fails them all: ``_succeeded`` logs it)."""
+    picked = range(first, len(keys), stride)
+    for i in picked:
+        futures[i].set_running_or_notify_cancel()
+    try:
+        outcomes = task(
+            [keys[i] for i in picked], [rows[i] for i in picked], [loads[i] for i in picked]
+        )
+    except BaseException as exc:
+        for i in picked:
+            futures[i].set_exception(exc)
+        raise
+    for i, outcome in zip(picked, outcomes, strict=True):
+        futures[i].set_result(outcome)
+
+
+def _cancel_blocks_if_cancelled(futures: list[Future[bool]]) -> Callable[[Future[Any]], None]:
+    """A share's task cancelled before it ran (shutdown): its blocks' futures must end too,
+    or waiting for them would never return."""
+
+    def settle(share: Future[Any]) -> None:
+        if share.cancelled():
+            for future in futures:
+                future.cancel()  # a no-op for a block already running or done
+
+    return settle
+
+
+def _start_io_thread() -> None:
+    name_os_thread()
+    set_background_io_priority()
+
+
+def _succeeded(future: Future[bool], label: str) -> bool:
+    """A task's outcome; an unexpected exception is a failed block, never a crashed engine."""
+    try:
+        return future.result()
+    except Exception:
+        logger.exception("kvtier %s: I/O task failed", label)
+        return False
