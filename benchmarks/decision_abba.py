@@ -27,7 +27,7 @@ import kvtier
 from kvtier.bench.common import FLUSH_TOKENS, BenchRun, abba_round, serve_to_disk_only
 from kvtier.bench.report import decision_verdicts, drop_page_cache, markdown_table, median
 from kvtier.bench.ttft import WARMUP_PROMPTS, WARMUP_TOKENS
-from kvtier.vllm.lookup_decider import REQUEST_DECISION_KEY
+from kvtier.vllm.tier_decider import REQUEST_DECISION_KEY
 
 KINDS = ("fresh", "warm")
 

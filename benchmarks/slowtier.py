@@ -45,7 +45,7 @@ from kvtier.bench.common import (
     serve_to_disk_only,
 )
 from kvtier.bench.report import counter, decision_verdicts, markdown_table, median
-from kvtier.vllm.lookup_decider import REQUEST_DECISION_KEY
+from kvtier.vllm.tier_decider import REQUEST_DECISION_KEY
 from tests.support.throttled_disk import SlowDisk, slow_disk, unavailable
 
 Progress = Callable[[str], None]

@@ -183,7 +183,7 @@ def policy_table() -> str:
     """The restore policy as an engine builds it (not options: fixed by design)."""
     import time
 
-    from kvtier.vllm.lookup_decider import make_policy
+    from kvtier.runtime.engine_policy import make_policy
 
     rows = _value_rows(make_policy(True, time.monotonic).settings)
     # The one value that depends on the engine: how its prefill evidence is timed.

@@ -428,12 +428,12 @@ def replay_evidence(
     On short prompts that floor is most of the time (a 2k prompt of the 8B shape on the H200:
     cold 0.055 s, prefix hit 0.051 s)."""
     from kvtier.policy import evidence_file
-    from kvtier.runtime.step_clock import STEP_TIMED_NOTE
-    from kvtier.vllm.lookup_decider import (
+    from kvtier.runtime.engine_policy import (
         CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
         HOST_TIER,
         make_policy,
     )
+    from kvtier.runtime.step_clock import STEP_TIMED_NOTE
 
     found = [(path, doc) for path, doc in evidence_files(folder) if isinstance(doc, dict)]
     if not found:

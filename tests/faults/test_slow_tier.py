@@ -34,7 +34,7 @@ import pytest
 
 from kvtier.bench.harness import ProcessEngine
 from kvtier.policy import DeadlineRule
-from kvtier.vllm.lookup_decider import REQUEST_DECISION_KEY
+from kvtier.vllm.tier_decider import REQUEST_DECISION_KEY
 from tests.support.engine import (
     FULL_BLOCK_TOKENS,
     MAX_TOKENS,

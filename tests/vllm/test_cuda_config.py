@@ -32,8 +32,8 @@ from kvtier.runtime.decision_memory import UNMEASURED
 from kvtier.runtime.step_timed_manager import StepTimedManager
 from kvtier.vllm.cuda_spec import KvtierCudaSpec
 from kvtier.vllm.disk_tier import KvtierDiskTier
-from kvtier.vllm.lookup_decider import prefill_evidence
 from kvtier.vllm.release import current
+from kvtier.vllm.tier_decider import prefill_evidence
 
 
 def offloading_config(tmp_path, engine_id):

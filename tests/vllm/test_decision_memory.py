@@ -18,12 +18,13 @@ from kvtier.runtime.decision_memory import (
     UNMEASURED,
     DecisionMemory,
 )
+from kvtier.runtime.engine_policy import make_policy
 from kvtier.runtime.startup_line import StartupLine
 from kvtier.store.disk.layout import DECISION_FILE
 from kvtier.vllm.engine_context import EngineContext
-from kvtier.vllm.lookup_decider import TierDecider, make_policy
 from kvtier.vllm.release import current
-from tests.vllm.test_lookup_decider import ROW, TOKENS, Clock, ask, measure_prefill, request
+from kvtier.vllm.tier_decider import TierDecider
+from tests.vllm.test_tier_decider import ROW, TOKENS, Clock, ask, measure_prefill, request
 
 NS = "0123456789abcdef0123456789abcdef"
 DEVICE = "cpu: Test CPU x 2"

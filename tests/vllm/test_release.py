@@ -14,12 +14,13 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from kvtier.errors import ConfigError
 from kvtier.format import Namespace
 from kvtier.policy import RestorePrior
+from kvtier.runtime.engine_policy import make_policy
 from kvtier.runtime.guards import check_hash_stability
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
-from kvtier.vllm.lookup_decider import TierDecider, make_policy, prefill_evidence
 from kvtier.vllm.release import current, detect
 from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
 from kvtier.vllm.release.api_0_32 import Api032
+from kvtier.vllm.tier_decider import TierDecider, prefill_evidence
 from tests.support.policy import engine_wait_s
 from tests.support.releases import API025, API026, API032, JobResult025
 

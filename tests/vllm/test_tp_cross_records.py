@@ -31,6 +31,7 @@ from kvtier.runtime.row_layout import head_major_units
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.shared_tier import KvtierSharedTier
+from kvtier.vllm.store_tier import StoreTier
 from tests.support.fake_remote import FakeRemoteStore
 from tests.support.redis_servers import RedisServer, server_binary, start_standalone
 from tests.vllm.test_disk_tier import run
@@ -235,8 +236,15 @@ def test_a_single_copy_latent_crosses_tp_sizes(tiers, tmp_path):
 
 
 # -- misses --------------------------------------------------------------------------------
-def test_a_damaged_head_makes_the_whole_block_a_miss(tmp_path):
+def hold_idle_probes(monkeypatch) -> None:
+    """A fresh tier's housekeeping reads one stored record to measure the tier (off any
+    request's path), which would find the damaged record before the request does."""
+    monkeypatch.setattr(StoreTier, "_measure_idle_tier", lambda tier, store: None)
+
+
+def test_a_damaged_head_makes_the_whole_block_a_miss(tmp_path, monkeypatch):
     """One flipped byte in head 3 (all a TP=4 reader's rank 3 reads): no rank gets the block."""
+    hold_idle_probes(monkeypatch)
     tiers = Tiers(tmp_path, "disk")
     model = model_dir(tmp_path)
     try:
@@ -255,8 +263,9 @@ def test_a_damaged_head_makes_the_whole_block_a_miss(tmp_path):
         tiers.close()
 
 
-def test_a_damaged_head_on_the_server_makes_the_whole_block_a_miss(tmp_path):
+def test_a_damaged_head_on_the_server_makes_the_whole_block_a_miss(tmp_path, monkeypatch):
     """The same on the shared tier: the value is the record, one byte of head 3 flipped."""
+    hold_idle_probes(monkeypatch)
     tiers = Tiers(tmp_path, "redis")
     model = model_dir(tmp_path)
     try:

@@ -117,7 +117,7 @@ def test_transfer_config_knows_the_recompute_policy():
 
 
 def test_request_context_records_key_positions_before_lookups():
-    """The decision's look-ahead (``kvtier.vllm.lookup_decider.TierDecider._held_run``) reads every
+    """The decision's look-ahead (``kvtier.vllm.tier_decider.TierDecider._held_run``) reads every
     key's end position from ``ReqContext._offload_key_positions``, which vLLM fills for all of
     a request's keys in ``update_offload_keys`` before ``_lookup`` asks any tier."""
     import vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler as sched

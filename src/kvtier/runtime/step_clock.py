@@ -1,7 +1,7 @@
 """When the engine finished computing the blocks of a store job, seen from the scheduler.
 
 The restore decision times a request's prefill from its last lookup to the store jobs that
-carry its blocks to kvtier's tier (``kvtier.vllm.lookup_decider``). A job reaches the tier
+carry its blocks to kvtier's tier (``kvtier.vllm.tier_decider``). A job reaches the tier
 late: vLLM's worker copies a step's blocks off the GPU at the start of the next step, reports
 the copy done with a later step's output, and only then does vLLM's host pool hand the job on
 (``complete_store``). While the prompt is still prefilling, those later steps are its next

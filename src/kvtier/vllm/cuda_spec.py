@@ -20,7 +20,7 @@ unchanged: nothing of kvtier's CPU data plane runs here. kvtier adds:
   engine refuses to start instead of storing blocks no one can find);
 * its engine's ``EngineContext``: one restore-or-recompute policy shared by its tiers, and the
   start-up line, which says how the decision measures the engine's prefill on this vLLM
-  (``lookup_decider.prefill_evidence``) and
+  (``tier_decider.prefill_evidence``) and
   where its evidence comes from (an earlier process's, kept with the disk tier:
   ``kvtier.runtime.decision_memory``);
 * the scheduler's step times, so that the prefill evidence ends where the engine computed a
@@ -39,20 +39,16 @@ from vllm.v1.kv_offload.base import OffloadingManager
 
 from kvtier.log import setup_logging
 from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.engine_policy import CUDA_HOST_COPY_PRIOR_BYTES_PER_S, HOST_TIER, make_policy
 from kvtier.runtime.guards import check_hash_stability, persistent_tiers
 from kvtier.runtime.startup_line import StartupLine
 from kvtier.runtime.step_clock import StepClock
 from kvtier.runtime.step_timed_manager import StepTimedManager
 from kvtier.units import format_size
 from kvtier.vllm.engine_context import EngineContext, KvtierSpec, start_options
-from kvtier.vllm.lookup_decider import (
-    CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
-    HOST_TIER,
-    make_policy,
-    prefill_evidence,
-)
 from kvtier.vllm.release import current
 from kvtier.vllm.store_tier import StoreTier
+from kvtier.vllm.tier_decider import prefill_evidence
 
 logger = logging.getLogger(__name__)
 

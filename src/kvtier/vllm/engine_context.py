@@ -33,6 +33,7 @@ from kvtier.errors import ConfigError
 from kvtier.format.keyfiles import tier_keyring
 from kvtier.log import setup_logging
 from kvtier.policy import RestorePolicy
+from kvtier.runtime.engine_policy import make_policy
 from kvtier.runtime.guards import check_cpu_data_plane_options, check_tiering_options
 from kvtier.runtime.startup_line import StartupLine
 from kvtier.runtime.step_clock import StepClock
@@ -43,7 +44,6 @@ from kvtier.settings import (
     parse_tier,
 )
 from kvtier.store import check_root
-from kvtier.vllm.lookup_decider import make_policy
 from kvtier.vllm.release import Release, current
 
 logger = logging.getLogger("kvtier.vllm.spec")

@@ -26,6 +26,7 @@ from kvtier.errors import ConfigError
 from kvtier.hostpool.sizing import RowGeometry, check_tiers, enforce
 from kvtier.log import setup_logging
 from kvtier.runtime.decision_memory import UNMEASURED
+from kvtier.runtime.engine_policy import make_policy
 from kvtier.runtime.guards import (
     check_group_kinds,
     check_hash_stability,
@@ -40,7 +41,6 @@ from kvtier.units import format_size
 from kvtier.vllm import host_pool
 from kvtier.vllm.cpu_worker import CpuOffloadingWorker
 from kvtier.vllm.engine_context import EngineContext, KvtierSpec, start_options
-from kvtier.vllm.lookup_decider import make_policy
 from kvtier.vllm.release import current
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ nothing of vLLM, one job each (``kvtier.runtime``): ``jobs`` (job table, I/O poo
 ``opener`` (opener thread, housekeeping), ``prober`` (the server's existence checks),
 ``health`` (negative cache, deadlines, slow back-off) and ``stats`` (counters under
 one lock). It translates vLLM's jobs and verdicts and feeds the restore decision
-(``kvtier.vllm.lookup_decider``); a tier that keeps the decision's evidence in its folder
+(``kvtier.vllm.tier_decider``); a tier that keeps the decision's evidence in its folder
 (``keeps_decision_evidence``: the disk tier) adopts it when its store opens and saves it from
 its housekeeping and at shutdown (``kvtier.runtime.decision_memory``).
 
@@ -69,6 +69,7 @@ from vllm.v1.kv_offload.base import (
 from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadState
 from kvtier.format import Namespace
 from kvtier.runtime.decision_memory import DecisionMemory
+from kvtier.runtime.engine_policy import HOST_TIER
 from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
 from kvtier.runtime.jobs import DRAIN_DEADLINE_S, FinishedJob, JobTable, StoresQueued
 from kvtier.runtime.opener import (
@@ -84,8 +85,8 @@ from kvtier.store import BlockStore
 from kvtier.vllm import metrics
 from kvtier.vllm.engine_context import EngineContext, engine_context
 from kvtier.vllm.engine_namespace import BlockHashNotReady, build_namespace, engine_row_layout
-from kvtier.vllm.lookup_decider import HOST_TIER, TierDecider
 from kvtier.vllm.release import current
+from kvtier.vllm.tier_decider import TierDecider
 
 logger = logging.getLogger(__name__)
 

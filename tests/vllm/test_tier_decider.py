@@ -4,15 +4,13 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from kvtier.policy import RestorePrior
-from kvtier.runtime.step_clock import StepClock
-from kvtier.vllm.lookup_decider import (
+from kvtier.runtime.engine_policy import (
     CUDA_HOST_COPY_PRIOR_BYTES_PER_S,
     HOST_COPY_PRIOR_BYTES_PER_S,
-    MIN_PREFILL_EVIDENCE,
-    REQUEST_DECISION_KEY,
-    TierDecider,
     make_policy,
 )
+from kvtier.runtime.step_clock import StepClock
+from kvtier.vllm.tier_decider import MIN_PREFILL_EVIDENCE, REQUEST_DECISION_KEY, TierDecider
 from tests.support.policy import engine_wait_s, predict_restore_s
 from tests.support.releases import API025, API032
 
