@@ -19,29 +19,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-RELEASE = "0.34.0"
+from tests.vllm034 import RELEASE, require_vllm_0_34
 
-
-def _installed_vllm() -> str:
-    try:
-        return f"vllm=={metadata.version('vllm')}"
-    except metadata.PackageNotFoundError:
-        return "no vllm distribution"
-
-
-if _installed_vllm() != f"vllm=={RELEASE}":
-    pytest.skip(
-        f"needs vllm=={RELEASE} (this interpreter has {_installed_vllm()}): run "
-        "`$(bash scripts/setup-vllm034.sh)/bin/python -m pytest tests/vllm034` (scripts/test.sh "
-        "does)",
-        allow_module_level=True,
-    )
+require_vllm_0_34()
 
 import numpy as np  # noqa: E402
 import redis  # noqa: E402

@@ -20,23 +20,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-RELEASE = "0.34.0"
-try:
-    _found = metadata.version("vllm")
-except metadata.PackageNotFoundError:
-    _found = None
-if _found != RELEASE:
-    pytest.skip(
-        f"needs vllm=={RELEASE} (this interpreter has {_found or 'none'}): run "
-        "`$(bash scripts/setup-vllm034.sh)/bin/python -m pytest tests/vllm034` (scripts/test.sh "
-        "does)",
-        allow_module_level=True,
-    )
+from tests.vllm034 import RELEASE, require_vllm_0_34
+
+require_vllm_0_34()
 
 REPO = Path(__file__).resolve().parents[2]
 #: Not part of the source a user builds from: build outputs, caches.
