@@ -14,6 +14,9 @@ any other vLLM it skips, saying so.
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import subprocess
 import sys
 import time
@@ -30,6 +33,7 @@ require_vllm_0_34()
 
 import numpy as np  # noqa: E402
 import redis  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import init_none_hash  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext  # noqa: E402
@@ -41,6 +45,7 @@ from vllm.v1.kv_offload.tiering.manager import (  # noqa: E402
 )
 
 import kvtier  # noqa: E402
+from kvtier.cli.main import app  # noqa: E402
 from kvtier.format import HEADER_BYTES  # noqa: E402
 from kvtier.store.shared import KEY_PREFIX  # noqa: E402
 from kvtier.vllm.disk_tier import KvtierDiskTier  # noqa: E402
@@ -272,3 +277,18 @@ def test_vllms_manager_stores_loads_fails_and_restarts_on_kvtiers_shared_tier(tm
     round_trip(
         tmp_path, configs, KvtierSharedTier, lambda scheduler, i: damage_shared(server.url, i)
     )
+
+
+def test_kvtier_serve_on_this_cuda_build_runs_vllms_host_pool_without_a_seed(monkeypatch):
+    """The platform is read from the installed build (a ``vllm`` distribution: CUDA), and
+    0.34.0 hashes blocks alike in every process without ``PYTHONHASHSEED``."""
+    dry = CliRunner().invoke(app, ["serve", "m", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    argv = shlex.split(dry.output.strip().splitlines()[-1])
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra["spec_name"] == "KvtierCudaSpec"
+    seen: dict[str, str] = {}
+    monkeypatch.setattr(os, "execve", lambda path, args, env: seen.update(env))
+    served = CliRunner().invoke(app, ["serve", "m"], env={"PYTHONHASHSEED": None})
+    assert served.exit_code == 0, served.output
+    assert "PYTHONHASHSEED" not in seen and seen
