@@ -36,7 +36,15 @@ NOT_SOURCE = shutil.ignore_patterns(
 #: What ``pip check`` says of the vLLM 0.34.0 environment before kvtier is installed.
 VLLMS_OWN = [f"vllm {RELEASE} requires flashinfer-python, which is not installed."]
 #: pip's words for "no index reachable".
-OFFLINE = ("Failed to establish a new connection", "Temporary failure in name resolution")
+OFFLINE = (
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "Max retries exceeded",
+    "ConnectTimeoutError",
+    "ProxyError",
+)
 
 #: In the layered venv, from outside the checkout: kvtier builds a config, and vLLM 0.34.0's
 #: connector scheduler side builds kvtier's spec from it and vLLM's manager behind it.
