@@ -25,3 +25,12 @@ echo "== pytest"
 workers=()
 if [ "$(nproc)" -ge 2 ]; then workers=(-n 2 --dist loadfile --no-loadscope-reorder); fi
 "$venv/bin/python" -m pytest -p no:cacheprovider --durations=25 "${workers[@]}" "$@"
+
+echo "== pytest tests/vllm034 (vLLM 0.34.0's scheduler side, its own venv)"
+# A second environment with vLLM 0.34.0's CUDA build (built once and cached, several GB; the
+# main run above skips this folder). Skipped when arguments were given: they select tests of
+# the main run.
+if [ "$#" -eq 0 ]; then
+  venv034=$(bash "$repo/scripts/setup-vllm034.sh")
+  "$venv034/bin/python" -m pytest -p no:cacheprovider --durations=5 tests/vllm034
+fi

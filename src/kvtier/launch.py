@@ -42,16 +42,25 @@ def installed() -> bool:
     return any(Path(d).resolve() == SRC_DIR for d in site_dirs)
 
 
-def serve_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+#: ``PYTHONHASHSEED`` of an API server whose vLLM needs one and whose caller gave none: any
+#: fixed value gives every engine the same block hashes, so records persist across restarts.
+SERVE_HASH_SEED = "0"
+
+
+def serve_env(base: Mapping[str, str] | None = None, *, hash_seed: bool = False) -> dict[str, str]:
     """Environment of the API server: the caller's (``base``, default ``os.environ``) unchanged,
     plus kvtier's source folder first on ``PYTHONPATH`` when kvtier runs from a source tree
-    rather than an install, so vLLM's child processes can import it.
+    rather than an install, so vLLM's child processes can import it, and, with ``hash_seed``
+    (a vLLM whose block hashes are random per process without one), ``PYTHONHASHSEED`` where
+    the caller set none (a caller's own seed is kept: it must match their other engines').
 
     Nothing else is added or overridden: hub access (``HF_HUB_OFFLINE``), usage statistics and
-    the like stay the caller's choice. kvtier's own scripts and test harness set offline mode
-    themselves.
+    the like stay the caller's choice, and no platform's settings (``VLLM_CPU_*``) are set.
+    kvtier's own scripts and test harness set offline mode themselves.
     """
     env = dict(os.environ if base is None else base)
+    if hash_seed and not env.get("PYTHONHASHSEED"):
+        env["PYTHONHASHSEED"] = SERVE_HASH_SEED
     if installed():
         return env
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

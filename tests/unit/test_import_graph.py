@@ -152,6 +152,7 @@ sys.meta_path.insert(0, Absent())
 OPERATOR = [
     "kvtier",
     "kvtier.transfer_config",
+    "kvtier.vllm.release",
     "kvtier.settings",
     "kvtier.extras",
     "kvtier.store",
@@ -175,10 +176,28 @@ def test_the_library_and_operator_commands_import_without_vllm_or_extras() -> No
 VLLM = ("vllm", "kvtier.vllm")
 
 
+#: The release package's own module reads which vLLM is installed from distribution metadata
+#: and imports no vLLM module (``OPERATOR`` imports it with vLLM absent): the library's
+#: configuration asks it which platform the installed build serves.
+METADATA_ONLY = "kvtier.vllm.release"
+
+
+def metadata_only(name: str) -> bool:
+    """``name`` is the release package's module or one of its names (not a submodule)."""
+    if name == METADATA_ONLY:
+        return True
+    head, _, tail = name.rpartition(".")
+    package = SRC / METADATA_ONLY.replace(".", "/")
+    return head == METADATA_ONLY and not (package / f"{tail}.py").exists()
+
+
 def needs_vllm(module: str, path: Path) -> bool:
     """Whether ``module`` imports vLLM, directly or through another module of kvtier's own
     ``kvtier.vllm`` (the tiers vLLM loads by module path subclass one that does)."""
-    return any(within(n, VLLM) and not within(module, (n,)) for n in imported_names(path))
+    return any(
+        within(n, VLLM) and not within(module, (n,)) and not metadata_only(n)
+        for n in imported_names(path)
+    )
 
 
 def test_the_vllm_package_holds_exactly_the_library_modules_that_import_vllm() -> None:
@@ -193,6 +212,9 @@ def test_the_vllm_package_holds_exactly_the_library_modules_that_import_vllm() -
     # Not vacuous: both sides are populated.
     assert needs_vllm("kvtier.vllm.store_tier", SRC / "kvtier/vllm/store_tier.py")
     assert not needs_vllm("kvtier.runtime.jobs", SRC / "kvtier/runtime/jobs.py")
+    assert not needs_vllm("kvtier.transfer_config", SRC / "kvtier/transfer_config.py")
+    assert metadata_only("kvtier.vllm.release.installed_platform")
+    assert not metadata_only("kvtier.vllm.release.api_0_32")
 
 
 #: A vLLM release number (0.25.1, 0.32.0, ...) in a string.

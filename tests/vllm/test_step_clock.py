@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from kvtier.runtime.step_clock import StepClock
 from kvtier.runtime.step_timed_manager import StepTimedManager
 
@@ -100,7 +102,7 @@ def test_the_manager_is_vllms_own_with_each_step_and_its_stores_noted():
     clock = Clock()
     steps = StepClock(clock, depth=1)
     inner = Manager(accepted=["new"])
-    manager = StepTimedManager(inner, steps)
+    manager = StepTimedManager(inner, steps, schedule_end_last=False)
     clock.now = 1.0
     manager.on_schedule_end("ctx")
     output = manager.prepare_store(["held", "new"], "req")
@@ -120,7 +122,7 @@ def test_the_manager_is_vllms_own_with_each_step_and_its_stores_noted():
 
 def test_a_store_the_host_pool_refused_is_not_noted():
     steps = StepClock(Clock(), depth=1)
-    manager = StepTimedManager(Manager(accepted=None), steps)
+    manager = StepTimedManager(Manager(accepted=None), steps, schedule_end_last=False)
     manager.on_schedule_end("ctx")
     assert manager.prepare_store(["k"], "req") is None
     manager.on_schedule_end("ctx")
@@ -131,7 +133,9 @@ def test_a_load_from_the_host_pool_is_timed_from_its_preparing_to_its_completion
     clock = Clock()
     loads: list[tuple[int, float]] = []
     inner = Manager(accepted=["new"])
-    manager = StepTimedManager(inner, StepClock(clock, depth=2), lambda n, s: loads.append((n, s)))
+    manager = StepTimedManager(
+        inner, StepClock(clock, depth=2), lambda n, s: loads.append((n, s)), schedule_end_last=True
+    )
     clock.now = 1.0
     assert manager.prepare_load(["a", "b"], "req") == "src-spec"
     clock.now = 1.25
@@ -149,7 +153,10 @@ def test_a_load_that_waited_for_a_computing_step_is_not_timed():
     clock = Clock()
     loads: list[tuple[int, float]] = []
     manager = StepTimedManager(
-        Manager(accepted=["new"]), StepClock(clock, depth=2), lambda n, s: loads.append((n, s))
+        Manager(accepted=["new"]),
+        StepClock(clock, depth=2),
+        lambda n, s: loads.append((n, s)),
+        schedule_end_last=False,
     )
     manager.prepare_load(["a"], "req")
     manager.prepare_store(["new"], "other")
@@ -157,7 +164,10 @@ def test_a_load_that_waited_for_a_computing_step_is_not_timed():
     manager.complete_load(["a"], "req")
     assert loads == []
     refused = StepTimedManager(
-        Manager(accepted=[]), StepClock(clock, depth=2), lambda n, s: loads.append((n, s))
+        Manager(accepted=[]),
+        StepClock(clock, depth=2),
+        lambda n, s: loads.append((n, s)),
+        schedule_end_last=True,
     )
     refused.prepare_load(["a"], "req")
     refused.prepare_store(["held"], "other")  # nothing stored: nothing computed for it
@@ -168,8 +178,50 @@ def test_a_load_that_waited_for_a_computing_step_is_not_timed():
 
 def test_without_an_observer_loads_are_only_forwarded():
     inner = Manager(accepted=None)
-    manager = StepTimedManager(inner, StepClock(Clock(), depth=1))
+    manager = StepTimedManager(inner, StepClock(Clock(), depth=1), schedule_end_last=False)
     manager.prepare_load(["a"], "req")
     manager.complete_load(["a"], "req")
     assert manager._loading == {}
     assert inner.calls == ["prepare_load ['a'] req", "complete_load ['a'] req"]
+
+
+def run_steps(schedule_end_last: bool, stores: list[list[str]]) -> StepTimedManager:
+    """One step per entry of ``stores`` (the keys it computes), scheduled at 1.0, 2.0, ...,
+    the manager's calls in the order the release makes them."""
+    clock = Clock()
+    inner = Manager(accepted=None)
+    inner.prepare_store = lambda keys, ctx: SimpleNamespace(keys_to_store=list(keys))
+    manager = StepTimedManager(
+        inner, StepClock(clock, depth=2), schedule_end_last=schedule_end_last
+    )
+    for step, keys in enumerate(stores, start=1):
+        clock.now = float(step)
+        if not schedule_end_last:
+            manager.on_schedule_end("ctx")
+        if keys:
+            manager.prepare_store(keys, "req")
+        if schedule_end_last:
+            manager.on_schedule_end("ctx")
+    return manager
+
+
+@pytest.mark.parametrize("schedule_end_last", [False, True])
+def test_a_store_is_counted_against_its_own_step_whichever_call_ends_it(schedule_end_last):
+    """Up to vLLM 0.32 a step's ``on_schedule_end`` comes before its stores, from 0.33 after
+    them: either way a block stored in step 2 was computed once step 4 was scheduled."""
+    manager = run_steps(schedule_end_last, [["a"], ["b", "c"], [], ["d"]])
+    steps = manager.step_clock
+    assert steps.computed_by(["a"]) == 3.0
+    assert steps.computed_by(["b", "c"]) == 4.0
+    assert steps.computed_by(["d"]) is None, "step 6 not scheduled yet"
+
+
+@pytest.mark.parametrize("schedule_end_last", [False, True])
+def test_the_managers_lock_and_other_members_are_vllms(schedule_end_last):
+    """From 0.33 the scheduler holds ``manager.lock`` for a step: it is the wrapped manager's."""
+    inner = Manager(accepted=None)
+    inner.lock = object()
+    manager = StepTimedManager(
+        inner, StepClock(Clock(), depth=1), schedule_end_last=schedule_end_last
+    )
+    assert manager.lock is inner.lock and manager.secondary_tiers == ["disk"]

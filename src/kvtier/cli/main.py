@@ -13,7 +13,8 @@ from kvtier.extras import MissingExtraError, require
 from kvtier.transfer_config import DEFAULT_HOST_POOL, kv_transfer_config
 
 #: ``kvtier serve``'s options that go to ``kv_transfer_config`` unchanged (all of its
-#: arguments but ``extra`` and ``platform``: vLLM's CPU build is what ``serve`` runs).
+#: arguments but ``extra`` and ``platform``: ``serve`` runs the installed vLLM build, whose
+#: platform ``kv_transfer_config`` reads itself).
 TRANSFER_OPTIONS = [
     name
     for name in inspect.signature(kv_transfer_config).parameters
@@ -118,11 +119,14 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server with kvtier offloading.
 
-    Arguments after the model that kvtier does not know go to vLLM unchanged.
+    Arguments after the model that kvtier does not know go to vLLM unchanged. The installed
+    vLLM build decides who runs the host pool: vLLM's own on a CUDA build, kvtier's on the CPU
+    build; where its block hashes need it, PYTHONHASHSEED is set to 0 unless already set.
 
     Example: kvtier serve ./SmolLM2 --disk-dir /var/cache/kvtier --max-model-len 8192
     """
     from kvtier.launch import serve_command, serve_env
+    from kvtier.vllm import release
 
     try:
         if not dry_run:
@@ -141,7 +145,7 @@ def serve(
     if dry_run:
         typer.echo(shlex.join(argv))
         return
-    os.execve(argv[0], argv, serve_env())
+    os.execve(argv[0], argv, serve_env(hash_seed=release.needs_hash_seed()))
 
 
 @app.command()

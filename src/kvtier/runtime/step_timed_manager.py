@@ -7,6 +7,12 @@ goes to that manager as it is; two are also noted on the way (``kvtier.runtime.s
 * ``prepare_store``: called in the same step for the blocks that step computes, so the blocks
   vLLM's host pool accepts (``keys_to_store``) were scheduled in it.
 
+Which of the two comes first in a step depends on the vLLM release (``schedule_end_last``): up
+to 0.32 the scheduler ends a step's scheduling with ``on_schedule_end`` before it prepares
+that step's stores; from 0.33 it prepares the stores first and calls ``on_schedule_end`` last.
+A store is counted against its own step either way: where the tick comes last, the step's
+accepted keys wait for it, so that they are not counted against the step before.
+
 kvtier's tiers cannot note these themselves: vLLM's tiering manager forwards
 ``on_schedule_end`` to them but never says which blocks a step will store, and their store
 jobs arrive steps later.
@@ -43,11 +49,19 @@ class StepTimedManager:
         manager: Any,
         step_clock: StepClock,
         on_load: Callable[[int, float], None] | None = None,
+        *,
+        schedule_end_last: bool,
     ) -> None:
-        """``on_load(keys, seconds)``: one load from the host pool to the GPU completed."""
+        """``on_load(keys, seconds)``: one load from the host pool to the GPU completed.
+        ``schedule_end_last``: vLLM calls ``on_schedule_end`` after the step's stores are
+        prepared (``Release.schedule_end_last``), else before."""
         self.manager = manager
         self.step_clock = step_clock
         self._on_load = on_load
+        self.schedule_end_last = schedule_end_last
+        #: Keys the host pool accepted in the step whose ``on_schedule_end`` is still to come
+        #: (only where it comes last).
+        self._step_stores: list[Any] = []
         #: Per key loading to the GPU: when it was prepared, and ``_stores`` then.
         self._loading: dict[Any, tuple[float, int]] = {}
         #: Stores prepared so far (a step that computed blocks).
@@ -73,12 +87,18 @@ class StepTimedManager:
 
     def on_schedule_end(self, context: Any) -> None:
         self.step_clock.step_scheduled()
+        if self._step_stores:
+            self.step_clock.will_store(self._step_stores)
+            self._step_stores = []
         self.manager.on_schedule_end(context)
 
     def prepare_store(self, keys: Any, req_context: Any) -> Any:
         output = self.manager.prepare_store(keys, req_context)
         if output is not None:
-            self.step_clock.will_store(output.keys_to_store)
+            if self.schedule_end_last:
+                self._step_stores.extend(output.keys_to_store)
+            else:
+                self.step_clock.will_store(output.keys_to_store)
             if output.keys_to_store:
                 self._stores += 1
         return output

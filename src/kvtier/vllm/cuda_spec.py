@@ -101,7 +101,10 @@ class KvtierCudaSpec(KvtierSpec):
             return manager
         if self._timed_manager is None:
             self._timed_manager = StepTimedManager(
-                manager, step_clock, self._host_load_observer(manager)
+                manager,
+                step_clock,
+                self._host_load_observer(manager),
+                schedule_end_last=self.kvtier.release.schedule_end_last,
             )
         return self._timed_manager  # type: ignore[return-value]  # delegates every call
 

