@@ -2,7 +2,7 @@
 
 vLLM asks a tier about one key at a time and keeps scanning a request's keys when a tier
 answers RETRY. The policy decides per request and per tier, all or nothing (the argument is in
-``kvtier.policy.restore_policy``). So, with the decision on and the engine's prefill measured:
+``kvtier.policy.verdicts``). So, with the decision on and the engine's prefill measured:
 
 1. At the request's first key that hits this tier, the tier looks ahead: vLLM records every
    key's end position in the request context before the lookups start, so the run of
@@ -14,7 +14,7 @@ answers RETRY. The policy decides per request and per tier, all or nothing (the 
    not seen, whose run may be longer than it knows), the first key is weighed alone: if
    restoring that one block beats recomputing it, the whole hit is restored (restoring costs
    the same per token wherever the token sits and recomputing costs more the later it sits,
-   so every later block wins by at least as much; ``kvtier.policy.restore_policy``). The same
+   so every later block wins by at least as much; ``kvtier.policy.verdicts``). The same
    argument makes the look-ahead safe: if a shorter run pays, a longer one pays more.
    Conversely, with nothing queued on the engine, if no hit could pay in any prompt the
    engine takes (its ``max_model_len``: the longest hit restored against the prompt's last
