@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.dataplane.head_major import deinterleave, interleave
+from kvtier.hostpool.sizing import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -180,21 +181,9 @@ def row_layout(
     )
 
 
-#: Bytes of one element of the KV cache dtypes vLLM names (``OffloadingModelConfig.dtype``).
-_DTYPE_BYTES = {
-    "float32": 4,
-    "float": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "int8": 1,
-    "uint8": 1,
-}
+#: Bytes of one element of the KV cache dtypes vLLM names (``OffloadingModelConfig.dtype``):
+#: the sizing table's, and the torch names of the 8-bit types a page may hold.
+_DTYPE_BYTES = {**DTYPE_BYTES, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1, "uint8": 1}
 
 
 def head_major_units(

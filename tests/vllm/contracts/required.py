@@ -642,6 +642,31 @@ REQUIRED_0_25: list[Need] = [
 ]
 
 
+#: The parts of an ``OffloadingConfig`` every spec-built generation reads the same way.
+CONFIG_GEOMETRY: list[Need] = [
+    Need(
+        "the model's name and dtype (namespace)",
+        KV + "config.py",
+        "fields_start",
+        ["name", "dtype"],
+        "OffloadingModelConfig",
+    ),
+    Need(
+        "hash and chunk sizes",
+        KV + "config.py",
+        "fields",
+        ["tokens_per_hash", "blocks_per_chunk"],
+        "OffloadingCacheConfig",
+    ),
+    Need(
+        "rank and parallel sizes",
+        KV + "config.py",
+        "fields_include",
+        ["rank", "world_size", "tp_size", "pp_size", "pcp_size", "dcp_size"],
+        "OffloadingParallelConfig",
+    ),
+]
+
 # -- vllm 0.26.0 -------------------------------------------------------------------------------
 #: What API 0.25 reads off its spec, which an ``OffloadingConfig``-built spec no longer has.
 SPEC_SIDE_0_25 = frozenset(
@@ -672,27 +697,7 @@ REQUIRED_0_26: list[Need] = [
         ["tokens_per_block", "layer_names"],
         "OffloadingGroupConfig",
     ),
-    Need(
-        "the model's name and dtype (namespace)",
-        KV + "config.py",
-        "fields_start",
-        ["name", "dtype"],
-        "OffloadingModelConfig",
-    ),
-    Need(
-        "hash and chunk sizes",
-        KV + "config.py",
-        "fields",
-        ["tokens_per_hash", "blocks_per_chunk"],
-        "OffloadingCacheConfig",
-    ),
-    Need(
-        "rank and parallel sizes",
-        KV + "config.py",
-        "fields_include",
-        ["rank", "world_size", "tp_size", "pp_size", "pcp_size", "dcp_size"],
-        "OffloadingParallelConfig",
-    ),
+    *CONFIG_GEOMETRY,
     Need(
         "the spec keeps its config", KV + "base.py", "members_include", ["config"], "OffloadingSpec"
     ),
@@ -750,27 +755,7 @@ OFFLOADING_CONFIG_TIERS: list[Need] = [
         ["tokens_per_block", "layer_names", "group_id"],
         "OffloadingGroupConfig",
     ),
-    Need(
-        "the model's name and dtype (namespace)",
-        KV + "config.py",
-        "fields_start",
-        ["name", "dtype"],
-        "OffloadingModelConfig",
-    ),
-    Need(
-        "hash and chunk sizes",
-        KV + "config.py",
-        "fields",
-        ["tokens_per_hash", "blocks_per_chunk"],
-        "OffloadingCacheConfig",
-    ),
-    Need(
-        "rank and parallel sizes",
-        KV + "config.py",
-        "fields_include",
-        ["rank", "world_size", "tp_size", "pp_size", "pcp_size", "dcp_size"],
-        "OffloadingParallelConfig",
-    ),
+    *CONFIG_GEOMETRY,
     Need(
         "a tier's job is TransferJob (job_rows reads chunk_ids)",
         KV + "tiering/base.py",
