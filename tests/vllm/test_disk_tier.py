@@ -14,9 +14,9 @@ from vllm.v1.kv_offload.tiering.base import TransferJob
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
 from kvtier.runtime.opener import HOUSEKEEPING_INTERVAL_S
+from kvtier.runtime.row_io import ClaimForBuffer
 from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
 from kvtier.vllm.disk_tier import KvtierDiskTier
-from kvtier.vllm.store_tier import _ClaimForBuffer
 from tests.support import store as stores
 from tests.support.tiers import offloading_config as tier_config
 from tests.support.tiers import stock_spec
@@ -536,7 +536,7 @@ def test_a_read_into_a_record_buffer_leaves_the_load_claimed_until_its_row_is_wr
         assert store.put(stores.key_of(1), stores.payload_of(1))
         load = AbandonableLoad()
         record, bounce = (stores.aligned_buffer(stores.PAYLOAD_BYTES) for _ in range(2))
-        assert store.get_into_when(stores.key_of(1), record, _ClaimForBuffer(load), bounce)
+        assert store.get_into_when(stores.key_of(1), record, ClaimForBuffer(load), bounce)
         assert bytes(record) == stores.payload_of(1)
         assert load.state is LoadState.COPYING
         assert not load.abandon(), "claimed, row not written yet: not abandoned"

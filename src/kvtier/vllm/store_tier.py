@@ -8,10 +8,8 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   for the index instead of missing.
 * ``submit_store`` queues one task per block on the tier's own write threads; ``submit_load``
   one task per read thread, each loading its share of the job's blocks with one
-  ``get_many_into_when`` (a disk store reads the share in one native call). Both read and
-  write host-pool rows in place. A record holds a row's distinct KV slices
-  (``kvtier.runtime.row_layout``): the row itself when no rank repeats another's slice, else one
-  copy of each slice, gathered on store and copied to every rank's part on load. When more
+  ``get_many_into_when`` (a disk store reads the share in one native call); the rows' reads
+  and writes are ``kvtier.runtime.row_io``'s. When more
   than ``max_queued_blocks`` stores are waiting, new stores are dropped and counted (a slow
   tier never holds the host pool); a store with a part that needs no server
   (``BlockStore.without_server``: the disk of a disk tier with a shared tier behind it) still
@@ -21,7 +19,8 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   shared tier) answers RETRY for such a key and asks the server on the tier's prober thread,
   all keys of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY
   and asks again next step, when the answer is HIT (the store learned the key) or MISS.
-* Every load has a deadline (``load_deadline_s``). A load still running at its deadline is
+* Every load has a deadline, set on its ticket by the restore policy
+  (``kvtier.policy.load_tickets``). A load still running at its deadline is
   abandoned: its blocks become misses (recomputed), the tier is marked slow (lookups miss for
   ``SLOW_BACKOFF_S``, doubling while it stays slow), and the late read can never write into
   the row, which vLLM reuses at once (``kvtier.dataplane.abandonable``).
@@ -39,8 +38,8 @@ counted, and every lookup misses.
 This class is the adapter between vLLM's ``SecondaryTierManager`` and collaborators that know
 nothing of vLLM, one job each (``kvtier.runtime``): ``jobs`` (job table, I/O pools, abandonment),
 ``opener`` (opener thread, housekeeping), ``prober`` (the server's existence checks),
-``health`` (negative cache, deadlines, slow back-off) and ``stats`` (counters under
-one lock). It translates vLLM's jobs and verdicts and feeds the restore decision
+``health`` (negative cache, deadlines, slow back-off), ``stats`` (counters under one lock) and
+``row_io`` (the rows' reads and writes). It translates vLLM's jobs and verdicts and feeds the restore decision
 (``kvtier.vllm.tier_decider``); a tier that keeps the decision's evidence in its folder
 (``keeps_decision_evidence``: the disk tier) adopts it when its store opens and saves it from
 its housekeeping and at shutdown (``kvtier.runtime.decision_memory``).
@@ -66,7 +65,6 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
 )
 
-from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadState
 from kvtier.format import Namespace
 from kvtier.runtime.decision_memory import DecisionMemory
 from kvtier.runtime.engine_policy import HOST_TIER
@@ -79,6 +77,7 @@ from kvtier.runtime.opener import (
     TierOpener,
 )
 from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.runtime.row_io import RowIO
 from kvtier.runtime.stats import TierCounters, TierStats
 from kvtier.runtime.step_clock import STEP_TIMED_NOTE
 from kvtier.store import BlockStore
@@ -153,20 +152,24 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         self._layout = engine_row_layout(
             config, replicated, self._pool_row_bytes, by_heads=RELEASE.records_by_heads
         )
-        #: Payload bytes of one record: a row's distinct KV slices.
-        self._row_bytes = self._layout.record_bytes
         self._tp_size = max(int(config.parallel.tp_size), 1)
         #: Tokens of one host-pool row: a chunk of blocks of the first KV group.
         self.tokens_per_row = (config.groups[0].tokens_per_block if config.groups else 0) * max(
             int(config.cache.blocks_per_chunk), 1
         )
-        # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
-        self._pool_bytes = primary_kv_view.cast("B")
-        self._bounce = BounceBuffers(self._row_bytes)
-        # A record that is not a row prefix is gathered here (store) or read here (load).
-        self._gathered = BounceBuffers(self._row_bytes)
         self._stats = TierStats()
         self._health = TierHealth(clock, negative_ttl_s, load_deadline_s)
+        self._io = RowIO(
+            primary_kv_view,
+            self._pool_row_bytes,
+            self._layout,
+            wait_store=self._wait_store,
+            stats=self._stats,
+            health=self._health,
+            label=self.label,
+        )
+        #: Payload bytes of one of this tier's records (a row's distinct KV slices).
+        self.record_bytes = self._io.record_bytes
         self._prober: ExistenceProber | None = None
         self._reported = metrics.TierSnapshot()
         prefix = f"kvtier-{tier_type.lower()[:6]}"
@@ -213,7 +216,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             policy,
             self.metric_tier,
             self.tokens_per_row,
-            self._row_bytes,
+            self.record_bytes,
             self._clock,
             observes_prefill,
             release=context.release,
@@ -299,10 +302,9 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             return
 
         def timed_read() -> None:
-            started = time.perf_counter()
-            if store.get_into(key, self._bounce.get()):
-                seconds = time.perf_counter() - started
-                self.decider.policy.observe_load(self.metric_tier, self._row_bytes, seconds)
+            seconds = self._io.timed_read(store, key)
+            if seconds is not None:
+                self.decider.policy.observe_load(self.metric_tier, self.record_bytes, seconds)
 
         self._jobs.submit_read(timed_read)
 
@@ -349,9 +351,9 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         local = None if store is None else store.without_server()
         # Over the bound, a store with a part that needs no server still writes that part.
         keeps_part = local is not None and local is not store
-        over_bound = functools.partial(self._store_into, local) if keeps_part else None
+        over_bound = functools.partial(self._io.store_into, local) if keeps_part else None
         queued = self._jobs.submit_stores(
-            job_metadata.job_id, keys, rows, self._store_one, over_bound
+            job_metadata.job_id, keys, rows, self._io.store_one, over_bound
         )
         if queued is StoresQueued.DROPPED:
             # The tier cannot keep up: the store was dropped (a later one may succeed).
@@ -364,13 +366,13 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         """Queue one abandonable read per block, with a deadline for the whole job."""
         keys = list(job_metadata.keys)
         rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
-        nbytes = len(keys) * self._row_bytes
+        nbytes = len(keys) * self.record_bytes
         ticket = self.decider.policy.begin_load(self.metric_tier, nbytes)
         self._jobs.submit_loads(
             job_metadata.job_id,
             keys,
             rows,
-            self._load_share,
+            self._io.load_share,
             deadline=lambda: self._health.deadline(nbytes, ticket.deadline_s),
             ticket=ticket,
         )
@@ -391,7 +393,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
                     success=success,
                     successful_keys=None if success or not job.is_load else tuple(ok_keys),
                     transfer_time=done.elapsed_s,
-                    transfer_bytes=len(ok_keys) * self._row_bytes,
+                    transfer_bytes=len(ok_keys) * self.record_bytes,
                 )
             )
         return results
@@ -444,7 +446,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         # Our view of the host pool pins its mmap: release it so the pool can be unmapped
         # (a transfer left running still holds a row of it: then the exit unmaps it).
         with contextlib.suppress(BufferError):
-            self._pool_bytes.release()
+            self._io.release()
 
     # -- metrics -------------------------------------------------------------------------
     @classmethod
@@ -501,125 +503,3 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
                 snap.counters[(metrics.EVIDENCE_FILES, (self.metric_tier, outcome))] = getattr(
                     memory, outcome
                 )
-
-    # -- I/O threads ---------------------------------------------------------------------
-    @property
-    def record_bytes(self) -> int:
-        """Payload bytes of one of this tier's records (a row's distinct KV slices)."""
-        return self._row_bytes
-
-    def _row(self, row: int) -> memoryview:
-        """The whole row (padding included)."""
-        # A slice past the pool's end is short or empty, and a negative row counts from the
-        # end: either would store a record of the wrong length (or another row's bytes).
-        if not 0 <= row < self._pool_bytes.nbytes // self._pool_row_bytes:
-            raise IndexError(f"host-pool row {row} outside the pool's rows")
-        start = row * self._pool_row_bytes
-        return self._pool_bytes[start : start + self._pool_row_bytes]
-
-    def _record_of(self, row: int) -> memoryview:
-        """The record's bytes of ``row``: the row's prefix, or its slices gathered."""
-        row_view = self._row(row)
-        if self._layout.is_prefix:
-            return row_view[: self._row_bytes]
-        record = self._gathered.get()
-        self._layout.gather(row_view, record)
-        return record
-
-    def _store_one(self, key: OffloadKey, row: int) -> bool:
-        store = self._wait_store()
-        return store is not None and self._store_into(store, key, row)
-
-    def _store_into(self, store: BlockStore, key: OffloadKey, row: int) -> bool:
-        started = time.perf_counter()
-        record = self._record_of(row)
-        # A record of another length can never load into a row: replace it.
-        stored = store.payload_len(key) == self._row_bytes or store.put(key, record)
-        self._stats.stored(time.perf_counter() - started, ok=stored)
-        if stored:
-            self._health.stored(key)  # a fresh good copy is authoritative
-        return stored
-
-    def _load_share(
-        self, keys: list[OffloadKey], rows: list[int], loads: list[AbandonableLoad]
-    ) -> list[bool]:
-        """A thread's share of a load job: each block verified into its row, never after its
-        load was abandoned (the store writes a row only once its load is claimed). Read in
-        one call for the share where the rows are the records (``get_many_into_when``)."""
-        store = self._wait_store()
-        started = time.perf_counter()
-        loaded = [False] * len(keys) if store is None else self._read(store, keys, rows, loads)
-        seconds = (time.perf_counter() - started) / max(1, len(keys))
-        for key, ok, load in zip(keys, loaded, loads, strict=True):
-            if ok:
-                self._stats.loaded(seconds)  # the share's I/O time, spread over its blocks
-                self._health.load_completed()
-            elif load.state is not LoadState.ABANDONED:  # abandoned: counted then
-                self._load_failed(store, key)
-        return loaded
-
-    def _load_failed(self, store: BlockStore | None, key: OffloadKey) -> None:
-        if store is not None and store.payload_len(key) not in (None, self._row_bytes):
-            store.delete(key)  # it can never load: drop it so lookups stop offering it
-        self._stats.load_failed()
-        self._health.load_failed([key])
-        logger.warning(
-            "kvtier %s: load of block %s failed; it will be recomputed", self.label, key.hex()[:16]
-        )
-
-    def _read(
-        self,
-        store: BlockStore,
-        keys: list[OffloadKey],
-        rows: list[int],
-        loads: list[AbandonableLoad],
-    ) -> list[bool]:
-        try:
-            if self._layout.is_prefix:
-                outs = [self._row(row)[: self._row_bytes] for row in rows]
-                return store.get_many_into_when(keys, outs, loads, self._bounce.get())
-            return [
-                self._read_gathered(store, key, row, load)
-                for key, row, load in zip(keys, rows, loads, strict=True)
-            ]
-        finally:
-            for load in loads:
-                load.finish()  # a no-op unless claimed (copying or written)
-
-    def _read_gathered(
-        self, store: BlockStore, key: OffloadKey, row: int, load: AbandonableLoad
-    ) -> bool:
-        """A block whose record is gathered from slices of its row: read into this thread's
-        record buffer, then scattered into the row (claimed: the row is this load's)."""
-        record = self._gathered.get()
-        if not store.get_into_when(key, record, _ClaimForBuffer(load), self._bounce.get()):
-            return False
-        self._layout.scatter(record, self._row(row))
-        load.written()
-        return True
-
-
-class _ClaimForBuffer:
-    """A load's claim for a read into a buffer of the thread's, not into the row: the store
-    claims (and may give the claim back), but cannot mark the load written, since the row is
-    written only afterwards (the scatter); nor make the claim itself (no ``native_cell``)."""
-
-    __slots__ = ("_load",)
-
-    native_cell = None
-
-    def __init__(self, load: AbandonableLoad) -> None:
-        self._load = load
-
-    def claim(self) -> bool:
-        return self._load.claim()
-
-    def written(self) -> None:
-        """The row is written after the store returns (the scatter); marked there."""
-
-    def release(self) -> bool:
-        return self._load.release()
-
-    @property
-    def abandoned(self) -> bool:
-        return self._load.abandoned
