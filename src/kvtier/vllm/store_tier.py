@@ -39,10 +39,10 @@ This class is the adapter between vLLM's ``SecondaryTierManager`` and collaborat
 nothing of vLLM, one job each (``kvtier.runtime``): ``jobs`` (job table, I/O pools, abandonment),
 ``opener`` (opener thread, housekeeping), ``prober`` (the server's existence checks),
 ``health`` (negative cache, deadlines, slow back-off), ``stats`` (counters under one lock) and
-``row_io`` (the rows' reads and writes). It translates vLLM's jobs and verdicts and feeds the restore decision
-(``kvtier.vllm.tier_decider``); a tier that keeps the decision's evidence in its folder
-(``keeps_decision_evidence``: the disk tier) adopts it when its store opens and saves it from
-its housekeeping and at shutdown (``kvtier.runtime.decision_memory``).
+``row_io`` (the rows' reads and writes). It translates vLLM's jobs and verdicts and feeds the
+restore decision (``kvtier.vllm.tier_decider``); a tier that keeps the decision's evidence in
+its folder (``keeps_decision_evidence``: the disk tier) adopts it when its store opens and saves
+it from its housekeeping and at shutdown (``kvtier.runtime.decision_memory``).
 
 Seams for tests: ``open_store`` (e.g. a ``MemoryStore``) and ``clock`` (negative-cache expiry,
 deadlines).
