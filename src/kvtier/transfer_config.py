@@ -2,8 +2,9 @@
 
 It returns the plain dict vLLM takes as ``kv_transfer_config`` (``LLM(kv_transfer_config=...)``
 or ``--kv-transfer-config '<json>'``). Every option has a default that works; the dict names
-vLLM's stock ``OffloadingConnector`` and plugs kvtier in through ``spec_module_path`` and tier
-``module_path`` only.
+kvtier's connector (vLLM's ``OffloadingConnector``, which also tells kvtier's tiers each
+request's tenant) by ``kv_connector_module_path`` and plugs kvtier in through
+``spec_module_path`` and tier ``module_path``.
 """
 
 import os
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 DEFAULT_HOST_POOL = "2GiB"
+#: kvtier's connector (``kvtier.vllm.connector``), loaded by vLLM by module path.
+CONNECTOR_NAME = "KvtierConnector"
+CONNECTOR_MODULE = "kvtier.vllm.connector"
 # Upstream connector keys a user may still pass through ``extra``; anything else is a typo.
 PASSTHROUGH_KEYS = frozenset(
     {
@@ -293,7 +297,9 @@ class TransferOptions(SettingsModel):
         elif shared is not None:
             connector_extra["secondary_tiers"].append(shared.to_tier_config())
         return {
-            "kv_connector": "OffloadingConnector",
+            # vLLM's OffloadingConnector, tagging each request with its tenant.
+            "kv_connector": CONNECTOR_NAME,
+            "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": "kv_both",
             # A failed restore is recomputed, never turned into a failed request.
             "kv_load_failure_policy": "recompute",

@@ -9,9 +9,10 @@ from kvtier.errors import ConfigError
 from kvtier.units import format_size, parse_size
 
 
-def test_default_config_plugs_the_spec_into_the_stock_connector():
+def test_default_config_plugs_the_spec_into_kvtiers_connector():
     cfg = kvtier.kv_transfer_config()
-    assert cfg["kv_connector"] == "OffloadingConnector"
+    assert cfg["kv_connector"] == "KvtierConnector"
+    assert cfg["kv_connector_module_path"] == "kvtier.vllm.connector"
     assert cfg["kv_role"] == "kv_both"
     assert cfg["kv_load_failure_policy"] == "recompute"
     extra = cfg["kv_connector_extra_config"]
@@ -20,6 +21,15 @@ def test_default_config_plugs_the_spec_into_the_stock_connector():
     assert extra["cpu_bytes_to_use"] == 2 * 2**30
     assert extra["secondary_tiers"] == []
     json.dumps(cfg)  # must survive --kv-transfer-config '<json>'
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_every_platform_names_kvtiers_connector(platform):
+    cfg = kvtier.kv_transfer_config(platform=platform)
+    assert (cfg["kv_connector"], cfg["kv_connector_module_path"]) == (
+        "KvtierConnector",
+        "kvtier.vllm.connector",
+    )
 
 
 def test_disk_dir_adds_kvtiers_disk_tier_with_an_absolute_root(tmp_path, monkeypatch):

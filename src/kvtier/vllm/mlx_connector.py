@@ -1,4 +1,5 @@
-"""``KvtierMlxConnector``: vLLM's ``OffloadingConnector`` taking an MLX paged cache.
+"""``KvtierMlxConnector``: kvtier's connector (vLLM's ``OffloadingConnector``) taking an MLX
+paged cache.
 
 Loaded through vLLM's ``kv_connector_module_path``. Everything is upstream's but the worker
 side's registration: an MLX engine hands ``register_kv_caches`` its cache object (vllm-metal's
@@ -7,16 +8,14 @@ of torch tensors, and the spec builds the MLX worker over it. Store, load and fi
 then flow through upstream's connector worker as on every other platform.
 """
 
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
-    OffloadingConnector,
-)
-
 from kvtier.errors import ConfigError
+from kvtier.vllm.connector import KvtierConnector
 from kvtier.vllm.mlx_spec import KvtierMlxSpec
 
 
-class KvtierMlxConnector(OffloadingConnector):
-    """``OffloadingConnector`` whose worker side registers an MLX cache."""
+class KvtierMlxConnector(KvtierConnector):
+    """``KvtierConnector`` (tenant tags on the scheduler side) whose worker side registers an
+    MLX cache."""
 
     def register_kv_caches(self, kv_caches: object) -> None:  # type: ignore[override]
         worker_side = self.connector_worker

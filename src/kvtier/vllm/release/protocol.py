@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvtier.runtime.tenants import TenantTag, tenant_of
+
 if TYPE_CHECKING:  # the real classes come from the installed vLLM, per generation
     from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 
@@ -116,6 +118,8 @@ class Release(Protocol):
     def key_position(self, ctx: Any, key: bytes) -> int | None: ...
 
     def key_positions(self, ctx: Any) -> dict[bytes, int] | None: ...
+
+    def request_tenant(self, ctx: Any) -> TenantTag | None: ...
 
     def offloading_view(self, spec: Any) -> Any: ...
 
@@ -228,6 +232,13 @@ class ReleaseBase:
         except (AttributeError, TypeError, ValueError):
             return None
         return value if value > 0 else None
+
+    def request_tenant(self, ctx: Any) -> TenantTag | None:
+        """The tenant kvtier's connector tagged the request with (``kvtier.runtime.tenants``);
+        None when untagged. Every generation's ``ReqContext`` holds the request's own
+        ``kv_transfer_params`` dict (0.25: ``req_id`` and it alone; 0.32/0.33 add hints, the
+        load filter and a state slot), so one reading serves them all."""
+        return tenant_of(getattr(ctx, "kv_transfer_params", None))
 
     def spec_manager(self, spec: Any) -> Any:
         return spec._manager
