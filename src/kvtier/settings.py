@@ -242,12 +242,6 @@ class HostPoolSettings(SettingsModel):
         return cls.parse(data)
 
 
-#: Why ``require_cache_salt`` cannot be honoured (the start-up error and the docs say it).
-CACHE_SALT_BLOCKED = (
-    "vLLM's offloading hands a tier no cache_salt: a tier sees a request only as a "
-    "ReqContext, built from its request id, kv_transfer_params and kv_hints (the scheduler's "
-    "_create_req_context), so kvtier cannot tell a salted request from an unsalted one"
-)
 #: Environment variable of the master keys (``EncryptionSettings.key_env``).
 MASTER_KEY_VARIABLE = "KVTIER_MASTER_KEY"
 
@@ -282,24 +276,15 @@ class EncryptionSettings(SettingsModel):
             f"give true to read the keys from {MASTER_KEY_VARIABLE}, or false",
         ),
     )
-    #: Keep requests without a cache_salt out of the disk and shared tiers; not available on
-    #: the supported vLLM releases (their offloading does not tell a tier the cache_salt), so
-    #: true refuses start-up.
+    #: Keep requests without a cache_salt out of the disk and shared tiers (no store, no
+    #: lookup there); the host pool serves them as before. The salt reaches the tiers through
+    #: kvtier's connector (kvtier.runtime.tenants); a request it did not tag counts as
+    #: unsalted.
     require_cache_salt: bool = Field(
         default=False,
         strict=True,
-        **_option(
-            "require_cache_salt / --require-cache-salt",
-            "leave it false: " + CACHE_SALT_BLOCKED,
-        ),
+        **_option("require_cache_salt / --require-cache-salt", "give true or false"),
     )
-
-    @field_validator("require_cache_salt")
-    @classmethod
-    def _salt_visible(cls, required: bool) -> bool:
-        if required:
-            raise ValueError("cannot be enforced")
-        return required
 
     @model_validator(mode="after")
     def _one_key_source(self) -> Self:

@@ -111,8 +111,8 @@ def kv_transfer_config(
     encryption_key_env: the same with the keys in ``KVTIER_MASTER_KEY`` (read by the engine's
         processes) instead of files.
     require_cache_salt: keep requests without a ``cache_salt`` out of the disk and shared
-        tiers. Refused on the supported vLLM releases, whose offloading does not tell a tier
-        the salt.
+        tiers (no store, no lookup there; the host pool serves them as before). Needs an
+        encryption key option; kvtier's connector tells the tiers each request's salt.
     extra: upstream ``OffloadingConnector`` options passed through unchanged
         (one of ``PASSTHROUGH_KEYS``).
 

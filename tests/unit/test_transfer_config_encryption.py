@@ -42,11 +42,13 @@ def test_encryption_without_a_tier_to_encrypt_is_refused():
         kvtier.kv_transfer_config(encryption_key_env=True)
 
 
-def test_require_cache_salt_is_refused_naming_vllms_interface(tmp_path):
-    with pytest.raises(ConfigError, match="hands a tier no cache_salt"):
-        kvtier.kv_transfer_config(
-            disk_dir=tmp_path, encryption_key_env=True, require_cache_salt=True
-        )
+def test_require_cache_salt_reaches_the_disk_tiers_encryption(tmp_path):
+    cfg = kvtier.kv_transfer_config(
+        disk_dir=tmp_path, encryption_key_env=True, require_cache_salt=True
+    )
+    (tier,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["encryption"]["require_cache_salt"] is True
+    assert cfg["kv_connector_module_path"] == "kvtier.vllm.connector"
 
 
 def test_serve_passes_the_key_files_not_the_keys(tmp_path):

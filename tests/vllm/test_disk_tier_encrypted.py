@@ -4,15 +4,18 @@ rotated key reads the old ones, and a key file others can read refuses start-up.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
-from vllm.v1.kv_offload.base import LookupResult
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.errors import ConfigError
+from kvtier.runtime.tenants import TENANT_KEY, tagged_params
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.engine_context import EngineContext
 from tests.support.store import files_under
@@ -91,5 +94,63 @@ def test_the_decision_evidence_and_the_start_up_line_name_the_sealed_folder(
         assert tier._memory.path.parent == folder
         (line,) = lines
         assert f"namespace {folder.name[:12]}," in line
+    finally:
+        tier.shutdown()
+
+
+def tenant_ctx(req_id: str, salt: str | None) -> ReqContext:
+    """A request context as kvtier's connector leaves it (``kvtier.vllm.connector``)."""
+    return ReqContext(req_id=req_id, kv_transfer_params=tagged_params({}, salt))
+
+
+def job_on(tier: KvtierDiskTier, job_id: int, ctx: ReqContext, keys, rows, load: bool):
+    job = TransferJob(job_id, keys, np.array(rows, dtype=np.int32), load, ctx)
+    (tier.submit_load if load else tier.submit_store)(job)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        results = list(tier.get_finished_jobs())
+        if results:
+            (result,) = results
+            return result
+        time.sleep(0.01)
+    raise AssertionError("job did not finish")
+
+
+def test_require_cache_salt_keeps_unsalted_requests_off_the_tier(
+    tmp_path: Path, pool: np.ndarray
+) -> None:
+    init_none_hash(sha256)
+    spec = stock_spec(offloading_config(tmp_path / "model"))
+    tier = KvtierDiskTier(
+        spec,
+        memoryview(pool),
+        "KvtierDiskTier",
+        root_dir=str(tmp_path / "disk"),
+        capacity_bytes="1MiB",
+        encryption={
+            "key_files": [key_file(tmp_path, bytes(range(32)))],
+            "require_cache_salt": True,
+        },
+    )
+    salted = tenant_ctx("a", "tenant-a")
+    unsalted = tenant_ctx("u", None)
+    forged = ReqContext(req_id="f", kv_transfer_params={TENANT_KEY: {"cache_salt": "tenant-a"}})
+    try:
+        deadline = time.monotonic() + 30
+        while tier.lookup(key(99), salted) is LookupResult.RETRY:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pool[0] = np.arange(ROW_BYTES) % 101
+        before = files_under(tmp_path / "disk")
+        for job_id, ctx in ((1, unsalted), (2, forged), (3, CTX)):
+            assert not job_on(tier, job_id, ctx, [key(job_id)], [0], False).success
+        assert files_under(tmp_path / "disk") == before, "nothing written for them"
+        assert tier.counters.stores == 0
+        assert job_on(tier, 4, salted, [key(4)], [0], False).success
+        assert tier.lookup(key(4), salted) is LookupResult.HIT
+        for ctx in (unsalted, forged, CTX):
+            assert tier.lookup(key(4), ctx) is LookupResult.MISS
+        assert job_on(tier, 5, salted, [key(4)], [3], True).success
+        assert np.array_equal(pool[3], pool[0])
     finally:
         tier.shutdown()

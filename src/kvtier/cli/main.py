@@ -109,8 +109,8 @@ def serve(
         bool,
         typer.Option(
             "--require-cache-salt",
-            help="Keep requests without a cache_salt off the disk and shared tiers (refused: "
-            "vLLM does not tell tiers the salt).",
+            help="Keep requests without a cache_salt off the disk and shared tiers (with "
+            "encryption).",
         ),
     ] = False,
     dry_run: Annotated[

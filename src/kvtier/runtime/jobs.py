@@ -194,9 +194,7 @@ class JobTable:
         elif over_bound is not None:
             pool, queued, store = self._over_bound_pool, StoresQueued.OVER_BOUND, over_bound
         else:
-            done: Future[bool] = Future()
-            done.set_result(False)
-            self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
+            self.refuse_stores(job_id, keys)
             return StoresQueued.DROPPED
         with self._queued_lock:
             self._writes += len(keys)
@@ -205,6 +203,13 @@ class JobTable:
         futures = [self._submit(pool, run, k, r) for k, r in pairs]
         self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
         return queued
+
+    def refuse_stores(self, job_id: int, keys: Sequence[bytes]) -> None:
+        """Finish a store job at once, failed, with nothing written or queued."""
+        done: Future[bool] = Future()
+        done.set_result(False)
+        keys = list(keys)
+        self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
 
     def _counted_store(self, task: StoreTask, bounded: bool, key: bytes, row: int) -> bool:
         try:

@@ -84,6 +84,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
             backpressure_detector=backpressure_detector,
             start=False,
             drain_deadline_s=self.drain_deadline_s(self.settings),
+            require_cache_salt=self.requires_cache_salt(self.settings),
         )
         (check if check is not None else self.check_start_up)(self.settings, self.record_bytes)
         self.start()
@@ -120,6 +121,12 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
     def drain_deadline_s(settings: Any) -> float:
         """How long ``shutdown`` lets transfers go on (see ``kvtier.runtime.jobs``)."""
         return DRAIN_DEADLINE_S
+
+    @staticmethod
+    def requires_cache_salt(settings: Any) -> bool:
+        """Whether the tier's encryption keeps unsalted requests off it."""
+        encryption = getattr(settings, "encryption", None)
+        return encryption is not None and bool(encryption.require_cache_salt)
 
     @staticmethod
     def io_threads(settings: Any) -> int:

@@ -133,11 +133,14 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         backpressure_detector: Any = None,
         start: bool = True,
         drain_deadline_s: float = DRAIN_DEADLINE_S,
+        require_cache_salt: bool = False,
     ) -> None:
         """``start=False`` leaves the opener thread to ``start()`` (after more checks).
         ``load_deadline_s(nbytes)``, when given (tests), replaces the policy's deadlines.
-        ``drain_deadline_s``: how long ``shutdown`` lets transfers go on."""
+        ``drain_deadline_s``: how long ``shutdown`` lets transfers go on.
+        ``require_cache_salt``: a request without a salt is never looked up nor stored here."""
         self._drain_deadline_s = drain_deadline_s
+        self._require_cache_salt = require_cache_salt
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = RELEASE.locality(locality) if locality is not None else None
         self._clock = clock
@@ -312,7 +315,17 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 
+    def _kept_out(self, req_context: Any) -> bool:
+        """Whether ``require_cache_salt`` keeps the request off this tier: it has no salt, or
+        kvtier's connector did not tag it (fail closed)."""
+        if not self._require_cache_salt:
+            return False
+        tag = RELEASE.request_tenant(req_context)
+        return tag is None or not tag.salted
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._kept_out(req_context):
+            return LookupResult.MISS
         self.decider.on_lookup(req_context)
         store = self.store
         if store is None:
@@ -345,6 +358,9 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
 
     def submit_store(self, job_metadata: Any) -> None:
         keys = list(job_metadata.keys)
+        if self._kept_out(job_metadata.req_context):
+            self._jobs.refuse_stores(job_metadata.job_id, keys)
+            return
         self.decider.on_store(keys, job_metadata.req_context)
         rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
         store = self.store
