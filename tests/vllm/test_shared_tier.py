@@ -11,6 +11,7 @@ from kvtier import native
 from kvtier.dataplane.abandonable import AbandonableLoad, LoadState
 from kvtier.errors import ConfigError
 from kvtier.format import HEADER_BYTES
+from kvtier.runtime.tenants import tagged_params
 from kvtier.settings import SharedTierSettings
 from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
 from kvtier.store.base import FixedClaim
@@ -420,3 +421,43 @@ def test_a_row_is_written_back_only_when_its_load_was_not_abandoned_before_the_c
     # stored under this key.
     assert local.contains(key_of(1)) is not abandoned and store.written_back == 2 * (not abandoned)
     store.close()
+
+
+def test_require_cache_salt_keeps_unsalted_requests_off_the_shared_tier(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTIER_MASTER_KEY", "ab" * 32)
+    init_none_hash(sha256)
+    remote = FakeRemoteStore()
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
+    made = KvtierSharedTier(
+        spec,
+        memoryview(pool),
+        "KvtierSharedTier",
+        url="redis://127.0.0.1:1",
+        encryption={"key_env": True, "require_cache_salt": True},
+        store_factory=lambda settings, namespace: remote,
+        check=lambda settings, row_bytes: None,
+    )
+    salted = ReqContext(req_id="s", kv_transfer_params=tagged_params(None, "tenant-a"))
+    unsalted = ReqContext(req_id="u", kv_transfer_params=tagged_params(None, None))
+    try:
+        assert wait_until(lambda: made.lookup(key(9), salted) is not LookupResult.RETRY, 30, 0.01)
+        asked = len(remote.asked)
+        for ctx in (unsalted, CTX):
+            assert made.lookup(key(9), ctx) is LookupResult.MISS
+        assert len(remote.asked) == asked, "the server is never asked for an unsalted request"
+        made.submit_store(TransferJob(1, [key(1)], np.array([0]), False, unsalted))
+        made.submit_store(TransferJob(2, [key(2)], np.array([1]), False, salted))
+        results: dict[int, bool] = {}
+        assert wait_until(
+            lambda: (
+                results.update({r.job_id: r.success for r in made.get_finished_jobs()})
+                or len(results) == 2
+            ),
+            30,
+            0.01,
+        )
+        assert results == {1: False, 2: True}
+        assert not MemoryStore.contains(remote, key(1)) and MemoryStore.contains(remote, key(2))
+    finally:
+        made.shutdown()
