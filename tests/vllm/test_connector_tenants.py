@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler as vllm_scheduler
 
-from kvtier.runtime.tenants import TENANT_KEY, TenantTag, tenant_of, tenant_salt
+from kvtier.runtime.tenants import TENANT_KEY, TenantTag, tenant_of
 from kvtier.vllm.connector import KvtierConnector
 from tests.support.releases import API025, API026, API032, API033
 
@@ -83,7 +83,7 @@ def test_a_new_requests_context_carries_its_salt(release, make_context, salt):
     conn.on_new_request(request)
     (ctx,) = side.contexts
     assert release.request_tenant(ctx) == TenantTag(salt)
-    assert tenant_salt(ctx.kv_transfer_params) == salt
+    assert tenant_of(request.kv_transfer_params) == TenantTag(salt)
 
 
 @pytest.mark.parametrize(("release", "make_context"), GENERATIONS)
@@ -104,7 +104,7 @@ def test_an_unsalted_request_cannot_claim_a_tenant(release, make_context):
     conn.on_new_request(request)
     (ctx,) = side.contexts
     assert release.request_tenant(ctx) == TenantTag(None)
-    assert tenant_salt(ctx.kv_transfer_params) is None
+    assert not release.request_tenant(ctx).salted
 
 
 @pytest.mark.parametrize(("release", "make_context"), GENERATIONS)
@@ -131,4 +131,4 @@ def test_an_untagged_context_has_no_tenant(release, make_context):
     assert release.request_tenant(make_context(Request("r"))) is None
     forged = Request("r", kv_transfer_params={TENANT_KEY: {"cache_salt": "b"}})
     assert release.request_tenant(make_context(forged)) is None
-    assert tenant_salt(forged.kv_transfer_params) is None
+    assert tenant_of(forged.kv_transfer_params) is None

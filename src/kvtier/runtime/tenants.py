@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: The tenant of an unsalted request: ``KeyRing.tenant(None)``.
+#: The tenant of an unsalted request, ``KeyRing.tenant(None)``; the tiers seal every record,
+#: salted or not, under its keys (docs/encryption.md, "Tenants and cache_salt").
 DEFAULT_TENANT: str | None = None
 
 #: kvtier's key in a request's ``kv_transfer_params`` (namespaced: with vLLM's
@@ -63,10 +64,3 @@ def tenant_of(params: Mapping[str, Any] | None) -> TenantTag | None:
         return None
     tag = params.get(TENANT_KEY)
     return tag if isinstance(tag, TenantTag) else None
-
-
-def tenant_salt(params: Mapping[str, Any] | None) -> str | None:
-    """The salt whose keys seal the request's records: the tagged salt, else the default
-    tenant."""
-    tag = tenant_of(params)
-    return DEFAULT_TENANT if tag is None else tag.cache_salt
