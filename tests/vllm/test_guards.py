@@ -12,8 +12,11 @@ from kvtier.runtime.guards import (
     persistent_tiers,
     spec_kind,
 )
+from tests.support.releases import API032
 
 DISK = [{"type": "KvtierDiskTier", "module_path": "kvtier.vllm.disk_tier"}]
+#: vLLM's CPU build: NONE_HASH fixed without a seed for these (``Release.stable_hash_algos``).
+STABLE = API032.stable_hash_algos
 
 
 # -- upstream connector options --------------------------------------------------------------
@@ -36,7 +39,7 @@ def test_supported_connector_options_pass():
 # -- block-hash stability --------------------------------------------------------------------
 def test_random_hash_seed_with_a_disk_tier_is_refused_naming_both_fixes():
     with pytest.raises(ConfigError) as err:
-        check_hash_stability("xxhash", None, persistent_tiers(DISK))
+        check_hash_stability("xxhash", None, persistent_tiers(DISK), STABLE)
     message = str(err.value)
     assert "prefix_caching_hash_algo='xxhash' seeds block hashes randomly" in message
     assert "['KvtierDiskTier']" in message
@@ -44,16 +47,16 @@ def test_random_hash_seed_with_a_disk_tier_is_refused_naming_both_fixes():
 
 
 def test_xxhash_with_pythonhashseed_set_is_accepted():
-    check_hash_stability("xxhash_cbor", "0", persistent_tiers(DISK))
+    check_hash_stability("xxhash_cbor", "0", persistent_tiers(DISK), STABLE)
 
 
 @pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
 def test_sha256_hashes_are_stable_without_a_seed(algo):
-    check_hash_stability(algo, None, persistent_tiers(DISK))
+    check_hash_stability(algo, None, persistent_tiers(DISK), STABLE)
 
 
 def test_random_hash_seed_without_a_persistent_tier_is_accepted():
-    check_hash_stability("xxhash", None, persistent_tiers([{"type": "example"}]))
+    check_hash_stability("xxhash", None, persistent_tiers([{"type": "example"}]), STABLE)
 
 
 def test_every_tier_but_the_in_memory_example_counts_as_persistent():

@@ -31,7 +31,6 @@ from typing import Any
 
 from kvtier.errors import ConfigError
 
-STABLE_HASH_ALGOS = frozenset({"sha256", "sha256_cbor"})
 #: Secondary tiers that keep blocks only in this process's memory; any other tier persists
 #: blocks (or shares them with other processes), so block hashes must be stable.
 VOLATILE_TIER_TYPES = frozenset({"example"})
@@ -75,7 +74,7 @@ def check_hash_stability(
     hash_algo: str,
     pythonhashseed: str | None,
     tier_types: Sequence[str],
-    stable_algos: frozenset[str] = STABLE_HASH_ALGOS,
+    stable_algos: frozenset[str],
 ) -> None:
     """Refuse a persistent tier under block hashes that change with every process.
 

@@ -31,7 +31,6 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.errors import ConfigError
 from kvtier.format.keyfiles import tier_keyring
-from kvtier.log import setup_logging
 from kvtier.policy import RestorePolicy
 from kvtier.runtime.engine_policy import make_policy
 from kvtier.runtime.guards import check_cpu_data_plane_options, check_tiering_options
@@ -164,9 +163,8 @@ CPU_SPEC_ONLY: tuple[tuple[str, Any, str], ...] = (
 def start_options(extra: Mapping[str, Any], platform: Platform) -> StartOptions:
     """Parse and check every kvtier option in ``kv_connector_extra_config``; refuse what is
     unknown, invalid, or cannot apply on ``platform``; check each disk folder and key file.
-    The first thing both specs do (after the logging set-up): a refusal stops the engine
-    before any pool exists."""
-    setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
+    The first thing both specs do after setting up logging (``kvtier.log.setup_logging``,
+    which refuses a bad KVTIER_* variable): a refusal stops the engine before any pool exists."""
     host_pool = HostPoolSettings.from_extra_config(extra)
     check_tiering_options(extra)
     if platform == "cpu":

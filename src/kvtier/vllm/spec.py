@@ -46,13 +46,6 @@ from kvtier.vllm.release import current
 logger = logging.getLogger(__name__)
 
 
-def _current_vllm_config() -> Any:
-    """vLLM's config when the caller runs inside ``set_current_vllm_config`` (worker), else None."""
-    from vllm.config import get_current_vllm_config_or_none
-
-    return get_current_vllm_config_or_none()
-
-
 class KvtierCpuSpec(KvtierSpec):
     """Tiering spec whose worker copies KV with host memory operations."""
 
@@ -74,7 +67,7 @@ class KvtierCpuSpec(KvtierSpec):
         self._group_kinds: dict[int, list[str]] | None = None
         # Why the pool was shrunk to fit RAM, if it was (rank 0).
         self._clamp_message: str | None = None
-        vllm_config = _current_vllm_config()
+        vllm_config = release.engine_vllm_config(self)  # the worker's spec sees it
         if vllm_config is not None:
             self._check_engine(vllm_config)
 
@@ -84,6 +77,7 @@ class KvtierCpuSpec(KvtierSpec):
             str(vllm_config.cache_config.prefix_caching_hash_algo),
             os.environ.get("PYTHONHASHSEED"),
             persistent_tiers(self.secondary_tier_configs),
+            self.kvtier.release.stable_hash_algos,
         )
         layers = vllm_config.compilation_config.static_forward_context
         hma_off = bool(vllm_config.scheduler_config.disable_hybrid_kv_cache_manager)
