@@ -71,13 +71,3 @@ class Api026(Api025):
         from vllm.config import get_current_vllm_config_or_none
 
         return get_current_vllm_config_or_none()
-
-    def max_prompt_tokens(self, spec: Any) -> int | None:
-        """``max_model_len`` where vLLM's config is current; None elsewhere (the decision then
-        waits a step for a hit it cannot refuse at once)."""
-        vllm_config = self.engine_vllm_config(spec)
-        try:
-            value = int(vllm_config.model_config.max_model_len)
-        except (AttributeError, TypeError, ValueError):
-            return None
-        return value if value > 0 else None
