@@ -60,31 +60,20 @@ class EngineContext:
         release: Release,
         policy: RestorePolicy,
         step_clock: StepClock | None = None,
-        *,
-        shared: bool = True,
     ) -> None:
-        """``shared=False``: one tier's own context (a stock spec); it holds every role."""
         self.release = release
         self.policy = policy
         #: When the engine computed a stored block (None: evidence timed to the store jobs).
         self.step_clock = step_clock
         #: The engine's one start-up line, begun by the spec once its host pool is known.
         self.startup_line: StartupLine | None = None
-        self._shared = shared
         self._prefill_observer: str | None = None
         self._evidence_keeper: str | None = None
 
     @classmethod
     def stock(cls, clock: Callable[[], float], release: Release | None = None) -> EngineContext:
         """A tier's own context under a spec that shares none (vLLM's own spec)."""
-        return cls(
-            current() if release is None else release, make_policy(True, clock), None, shared=False
-        )
-
-    @property
-    def shared(self) -> bool:
-        """Whether kvtier's spec built this context for every tier of its engine."""
-        return self._shared
+        return cls(current() if release is None else release, make_policy(True, clock))
 
     @property
     def prefill_observer(self) -> str | None:
