@@ -63,6 +63,11 @@ prompt resumed from the engine's own prefix cache.
   stores them (folder ``disk-k``), l restores them all from the disk in a fresh process with
   the decision opted out, m does the same with the decision on; each prints the wall time
   until every first token, outputs checked against k's prefix hits.
+* t, u: tenants through kvtier's connector, records sealed (a key file of the scratch folder,
+  its own disk folder ``disk-t``): t serves one prompt of each length for tenant A (its
+  ``cache_salt``) and waits for the disk; u, a fresh process, serves each for tenant B first
+  (it must compute every token: no record of A's is found or opened for B), then for A (it
+  must restore from the disk, output equal to t's prefix hit), then unsalted (computed).
 * v, w: vLLM's own offloading without kvtier (CPU pool + stock ``fs`` tier in
   ``<work>/fs``): v serves each prompt cold and restores it from the CPU pool, w restores it
   from the ``fs`` tier in a fresh process; the same prompts and oracle as a.
@@ -245,7 +250,7 @@ def vllm_fs_config() -> dict:
     }
 
 
-def engine(disk: str = "disk", offload: str = "kvtier"):  # type: ignore[no-untyped-def]
+def engine(disk: str = "disk", offload: str = "kvtier", encrypt: bool = ENCRYPT):  # type: ignore[no-untyped-def]
     """An engine with kvtier's tiers (``offload="kvtier"``), vLLM's own (``"vllm-fs"``) or no
     offloading (``"none"``)."""
     from vllm import LLM
@@ -260,7 +265,7 @@ def engine(disk: str = "disk", offload: str = "kvtier"):  # type: ignore[no-unty
             disk_capacity="64GiB",
             platform="cuda",
             shared=SHARED_URL,
-            encryption_key_files=[key_file()] if ENCRYPT else None,
+            encryption_key_files=[key_file()] if encrypt else None,
             **({"disk_threads": DISK_THREADS} if DISK_THREADS else {}),
         )
     elif offload == "vllm-fs":
@@ -322,8 +327,11 @@ def medians(by_name: dict[str, float], unit: str = "s") -> str:
     )
 
 
-def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, list[int]]:  # type: ignore[no-untyped-def]
-    """(TTFT s, cached tokens, 8 greedy tokens) of one prompt."""
+def run(  # type: ignore[no-untyped-def]
+    llm, ids: list[int], params: dict | None = None, salt: str | None = None
+) -> tuple[float, int, list[int]]:
+    """(TTFT s, cached tokens, 8 greedy tokens) of one prompt (of tenant ``salt``, its
+    ``cache_salt``; None: unsalted)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -335,6 +343,8 @@ def run(llm, ids: list[int], params: dict | None = None) -> tuple[float, int, li
         )
 
     prompt = [TokensPrompt(prompt_token_ids=ids)]
+    if salt is not None:
+        prompt = [TokensPrompt(prompt_token_ids=ids, cache_salt=salt)]
     started = time.perf_counter()
     first = llm.generate(prompt, sampling(1), use_tqdm=False)[0]
     ttft = time.perf_counter() - started
@@ -1158,6 +1168,45 @@ def stall_bound_ok(log: str) -> bool:
     return ok
 
 
+#: Tenants of phases t and u (``cache_salt`` values).
+TENANT_A, TENANT_B = "tenant-a", "tenant-b"
+
+
+def phase_t() -> bool:
+    llm = engine(disk="disk-t", encrypt=True)
+    run(llm, [5] * 512)
+    oracles = {}
+    for n, (_, ids) in prompts().items():
+        cold = run(llm, ids, salt=TENANT_A)
+        hit = run(llm, ids, salt=TENANT_A)  # the engine's own prefix hit: the oracle
+        oracles[n] = hit[2]
+        print(f"t {n}: tenant A cold {cold[0]:.3f}s, prefix hit {hit[0]:.3f}s", flush=True)
+    held = wait_for_disk(folder="disk-t")
+    print(f"t: disk tier holds {held / 2**30:.2f} GiB of tenant A's sealed records", flush=True)
+    (WORK / "t.json").write_text(json.dumps(oracles))
+    return held > 0
+
+
+def phase_u() -> bool:
+    oracles = json.loads((WORK / "t.json").read_text())
+    llm = engine(disk="disk-t", encrypt=True)
+    run(llm, [5] * 512)
+    ok = True
+    for n, (_, ids) in prompts().items():
+        other = run(llm, ids, OFF, salt=TENANT_B)
+        own = run(llm, ids, OFF, salt=TENANT_A)
+        unsalted = run(llm, ids, OFF)
+        equal = own[2] == oracles[n]
+        ok &= other[1] == 0 and own[1] > 0 and equal and unsalted[1] == 0
+        print(
+            f"u {n} (fresh process): tenant B {other[0]:.3f}s [{other[1]} cached], "
+            f"tenant A {own[0]:.3f}s [{own[1]} cached] equal={equal}, "
+            f"unsalted {unsalted[0]:.3f}s [{unsalted[1]} cached]",
+            flush=True,
+        )
+    return ok
+
+
 PHASES = {
     "a": phase_a,
     "b": phase_b,
@@ -1170,6 +1219,8 @@ PHASES = {
     "m": phase_m,
     "n": phase_n,
     "s": phase_s,
+    "t": phase_t,
+    "u": phase_u,
     "v": phase_v,
     "w": phase_w,
 }

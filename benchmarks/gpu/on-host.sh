@@ -12,6 +12,11 @@
 #   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
 #   on-host.sh e2e NAME               the end-to-end runner of this checkout (kvtier: the
 #                                     bundle's), configured by KVTIER_E2E_* variables
+#   on-host.sh extras DIR             unpack DIR's *.tar.xz into the site: redis-bin.tar.xz and
+#                                     model.tar.xz into folders of those names, any other (the
+#                                     serving and LMCache pieces) into the site itself
+#   on-host.sh sxs NAME               side_by_side.py: a fresh vLLM OpenAI server per
+#                                     configuration and workload, configured by KVTIER_SXS_*
 # Each run is cut off after KVTIER_GPU_LIMIT_S seconds (default 540), so its results still
 # come back inside a 10-minute call.
 set -uo pipefail
@@ -72,6 +77,21 @@ e2e)
     echo "rc $?" >> "$dir/log"
     rm -rf "${KVTIER_E2E_WORK:-$root/work}"
     grep -v 'INFO\|WARNING\|^\[W' "$dir/log" | tail -60 ;;
+extras)
+    need_site
+    for t in "${1:?folder}"/*.tar.xz; do
+        name=$(basename "$t" .tar.xz); dest=$site
+        case $name in redis-bin|model) dest=$site/$name; mkdir -p "$dest" ;; esac
+        python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$t" "$dest" || exit 2
+        echo "unpacked $name into $dest"
+    done ;;
+sxs)
+    need_site; results "${1:?name}"; describe > "$dir/machine.txt"
+    KVTIER_SXS_OUT=$dir KVTIER_SXS_WORK=${KVTIER_SXS_WORK:-$root/sxs} KVTIER_SXS_TOKENIZER=$site/model \
+        KVTIER_SXS_REDIS_SERVER=$site/redis-bin/redis-server KVTIER_SXS_BUDGET_S=$((limit - 20)) \
+        PYTHONPATH=$site timeout "$limit" python3 benchmarks/gpu/side_by_side.py > "$dir/log" 2>&1
+    echo "rc $?" >> "$dir/log"
+    grep -v 'INFO\|WARNING\|^\[W' "$dir/log" | tail -80 ;;
 *)
     echo "on-host.sh: unknown command $command" >&2; exit 2 ;;
 esac

