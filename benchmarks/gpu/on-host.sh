@@ -12,9 +12,12 @@
 #   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
 #   on-host.sh e2e NAME               the end-to-end runner of this checkout (kvtier: the
 #                                     bundle's), configured by KVTIER_E2E_* variables
-#   on-host.sh extras DIR             unpack DIR's *.tar.xz into the site: redis-bin.tar.xz and
-#                                     model.tar.xz into folders of those names, any other (the
-#                                     serving and LMCache pieces) into the site itself
+#   on-host.sh stage-extras DIR       copy DIR's *.tar.xz to the host's scratch (a call of its own
+#                                     when they do not fit beside the bundle's pieces)
+#   on-host.sh extras [DIR..]         unpack the staged and DIRs' *.tar.xz into the site:
+#                                     redis-bin.tar.xz and model.tar.xz into folders of those
+#                                     names, any other (the serving and LMCache pieces) into the
+#                                     site itself
 #   on-host.sh sxs NAME               side_by_side.py: a fresh vLLM OpenAI server per
 #                                     configuration and workload, configured by KVTIER_SXS_*
 # Each run is cut off after KVTIER_GPU_LIMIT_S seconds (default 540), so its results still
@@ -77,14 +80,18 @@ e2e)
     echo "rc $?" >> "$dir/log"
     rm -rf "${KVTIER_E2E_WORK:-$root/work}"
     grep -v 'INFO\|WARNING\|^\[W' "$dir/log" | tail -60 ;;
+stage-extras)
+    mkdir -p "$root/extras" && cp "${1:?folder}"/*.tar.xz "$root/extras/" && ls -la "$root/extras" ;;
 extras)
     need_site
-    for t in "${1:?folder}"/*.tar.xz; do
+    for t in "$root"/extras/*.tar.xz; do [ -f "$t" ] && echo "$t"; done > "$root/extras.list"
+    for d in "$@"; do for t in "$d"/*.tar.xz; do [ -f "$t" ] && echo "$t"; done; done >> "$root/extras.list"
+    while read -r t; do
         name=$(basename "$t" .tar.xz); dest=$site
         case $name in redis-bin|model) dest=$site/$name; mkdir -p "$dest" ;; esac
         python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$t" "$dest" || exit 2
         echo "unpacked $name into $dest"
-    done ;;
+    done < "$root/extras.list" ;;
 sxs)
     need_site; results "${1:?name}"; describe > "$dir/machine.txt"
     KVTIER_SXS_OUT=$dir KVTIER_SXS_WORK=${KVTIER_SXS_WORK:-$root/sxs} KVTIER_SXS_TOKENIZER=$site/model \

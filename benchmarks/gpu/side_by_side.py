@@ -162,7 +162,7 @@ def lmcache_env() -> dict[str, str]:
         **os.environ,
         "KVTIER_SXS_CPU_GB": str(CPU_GB),
         "KVTIER_SXS_DISK_GB": str(DISK_GB),
-        "KVTIER_SXS_DISK_DIR": str(WORK / "disk-lmcache"),
+        "KVTIER_SXS_LMCACHE_DISK_DIR": str(WORK / "disk-lmcache"),
     }
     dump = subprocess.run(
         ["bash", "-c", f"set -a; source {shlex.quote(str(script))}; env -0"],
