@@ -7,6 +7,8 @@ Configurations (``KVTIER_SXS_CONFIGS``, space-separated, in this order by defaul
 * ``vllm-cpu``: vLLM's own CPU offloading as a user turns it on (``--kv-offloading-size``);
 * ``vllm-fs``: vLLM's CPU pool and its stock ``fs`` tier (``TieringOffloadingSpec``);
 * ``kvtier``: vLLM's host pool with kvtier's disk tier and decision (``kvtier.kv_transfer_config``);
+* ``kvtier-chunk256``: ``kvtier`` with vLLM's offloaded chunk set to 256 tokens (the
+  ``block_size`` option; vLLM's default is one GPU block, 16 tokens): a record per 256 tokens;
 * ``kvtier-shared``: the same with kvtier's shared tier on a loopback Redis
   (``KVTIER_SXS_REDIS_SERVER``: the carried ``redis-server``);
 * ``lmcache``: vLLM's ``LMCacheConnectorV1`` with LMCache's CPU and local-disk backends, set by
@@ -130,10 +132,11 @@ def model_dir() -> Path:
 
 def transfer_config(config: str) -> dict | None:
     """The ``--kv-transfer-config`` of a configuration (None: none)."""
-    if config in ("kvtier", "kvtier-shared"):
+    if config in ("kvtier", "kvtier-shared", "kvtier-chunk256"):
         import kvtier
 
         return kvtier.kv_transfer_config(
+            extra={"block_size": 256} if config == "kvtier-chunk256" else None,
             host_pool=f"{CPU_GB}GiB",
             disk_dir=WORK / "disk-kvtier",
             disk_capacity=f"{DISK_GB}GiB",
