@@ -166,6 +166,7 @@ def test_keys_asked_through_other_stores_are_asked_of_each_in_one_batch():
     assert asked == {"alice": [key(1), key(2)], "bob": [key(3)], "default": [key(4)]}
     assert prober.ask(key(1), alice), "found: asked again until the store answers from memory"
     assert not prober.ask(key(2), alice) and not prober.ask(key(4))
+    assert prober.ask(key(2), bob), "absent for one store, still asked of another"
 
 
 # -- tenants ------------------------------------------------------------------------------

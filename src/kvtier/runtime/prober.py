@@ -53,10 +53,11 @@ class ExistenceProber:
         self._wait_s = wait_s
         self._absent_ttl_s = absent_ttl_s
         self._lock = threading.Lock()
-        # Keys to ask about, keys being asked about, and recent "absent" answers.
+        # Keys to ask about, keys being asked about, and recent "absent" answers, each with
+        # the store asked (one tenant's absent key says nothing of another's).
         self._to_ask: list[tuple[bytes, ExistsMany]] = []
-        self._asking: set[bytes] = set()
-        self._absent_until: dict[bytes, float] = {}
+        self._asking: set[tuple[bytes, ExistsMany]] = set()
+        self._absent_until: dict[tuple[bytes, ExistsMany], float] = {}
         self._wanted = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -65,16 +66,17 @@ class ExistenceProber:
         """Scheduler thread, no I/O: True while the server is (or will be) asked about
         ``key`` (through ``exists_many``, default the store's); False when it said recently
         that it does not hold it."""
+        asked = (key, exists_many or self._exists_many)
         with self._lock:
-            if key in self._asking:
+            if asked in self._asking:
                 return True
-            until = self._absent_until.get(key)
+            until = self._absent_until.get(asked)
             if until is not None:
                 if until > self._clock():
                     return False
-                del self._absent_until[key]
-            self._asking.add(key)
-            self._to_ask.append((key, exists_many or self._exists_many))
+                del self._absent_until[asked]
+            self._asking.add(asked)
+            self._to_ask.append(asked)
         self._wanted.set()
         return True
 
@@ -98,18 +100,18 @@ class ExistenceProber:
         by_store: dict[ExistsMany, list[bytes]] = {}
         for key, exists_many in batch:
             by_store.setdefault(exists_many, []).append(key)
-        found: set[bytes] = set()
+        found: set[tuple[bytes, ExistsMany]] = set()
         for exists_many, keys in by_store.items():
             try:
-                found |= exists_many(keys)
+                found |= {(key, exists_many) for key in exists_many(keys)}
             except Exception:  # a store maps faults to "absent"; this is a bug, keep serving
                 logger.exception("kvtier %s: existence check failed", self._label)
         until = self._clock() + self._absent_ttl_s
         with self._lock:
-            for key, _ in batch:
-                self._asking.discard(key)
-                if key not in found:
-                    self._absent_until[key] = until
+            for asked in batch:
+                self._asking.discard(asked)
+                if asked not in found:
+                    self._absent_until[asked] = until
             if len(self._absent_until) > _ABSENT_MAX:  # forget stale answers now and then
                 now = self._clock()
                 self._absent_until = {k: t for k, t in self._absent_until.items() if t > now}
