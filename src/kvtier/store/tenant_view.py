@@ -144,7 +144,8 @@ class TenantView(BlockStore):
     """One tenant's view of a ``SealedStore`` (module docstring); as thread-safe as the store.
 
     Closing a view closes nothing: the store is its owner's. ``verify`` checks the whole
-    store, authenticating with this tenant's keys.
+    store, authenticating with this tenant's keys; the records of other tenants fail that
+    and are reported ``unauthenticated``, never repaired.
     """
 
     def __init__(self, store: SealedStore, sealer: RecordSealer) -> None:

@@ -91,7 +91,8 @@ class StoreCheck:
     unopened: Callable[[bytes], None] | None = None
     #: Called with the name of each sealed record whose checksums hold but whose tag fails
     #: under ``sealer``'s tenant (another tenant's, or forged: the two cannot be told apart
-    #: without the other tenant's keys); None: such a record is a ``corrupt`` problem.
+    #: without the other tenant's keys); None: such a record is an ``unauthenticated``
+    #: problem. Either way it is never repaired: it may be another tenant's good record.
     unauthenticated: Callable[[bytes], None] | None = None
     problems: list[Problem] = field(default_factory=list)
     _alive: dict[str, bool] = field(default_factory=dict)
@@ -233,14 +234,17 @@ class StoreCheck:
         return None, ""
 
     def _authenticate(self, row: Row, header: RecordHeader, out: memoryview) -> None:
-        """Open the record with the sealer; a failed tag is ``unauthenticated``'s when given."""
+        """Open the record with the sealer; a failed tag is ``unauthenticated``'s (above)."""
         assert self.sealer is not None
         try:
             self.sealer.verify(header, out)
         except CorruptRecordError as exc:
-            if exc.reason != "auth" or self.unauthenticated is None:
+            if exc.reason != "auth":
                 raise
-            self.unauthenticated(row.key)
+            if self.unauthenticated is not None:
+                self.unauthenticated(row.key)
+            else:
+                self.report("unauthenticated", str(exc), None, row.key, row.name)
 
     def quarantine_row(self, row: Row, reason: str, detail: str) -> None:
         label = f"{row.key.hex()}.{row.record_id}"

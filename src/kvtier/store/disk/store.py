@@ -711,10 +711,10 @@ class DiskStore(SealedStore):
         """See ``BlockStore.verify``; ``progress`` is called with the bytes of each record
         read. A sealed record is authenticated with the store's sealer; a store without one
         checks its header and ciphertext checksum only and calls ``unopened`` with its key id
-        (it could not check what the record decrypts to). With ``unauthenticated``, a sealed
-        record whose checksums hold but whose tag fails under the sealer's tenant is passed
-        to it (by name) instead of being reported: it may be another tenant's (kvtier.store.
-        tenant_view), so ``fix`` leaves it."""
+        (it could not check what the record decrypts to). A sealed record whose checksums
+        hold but whose tag fails under the sealer's tenant may be another tenant's
+        (kvtier.store.tenant_view): ``fix`` leaves it, and it is passed by name to
+        ``unauthenticated`` when given, else reported as ``unauthenticated``."""
         return self._verify(
             self._sealer,
             fix,
