@@ -297,7 +297,8 @@ def bench_store(
         bool,
         typer.Option(
             "--sealed-only",
-            help="Only the sealing figures: seal/open GB/s per core, DiskStore plain vs sealed.",
+            help="Only the sealing figures: seal/open GB/s per core, DiskStore plain vs "
+            "sealed for one tenant and for many.",
         ),
     ] = False,
 ) -> None:

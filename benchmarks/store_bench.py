@@ -19,8 +19,10 @@ Five tables:
    open() after real puts of ``--real-records`` small records (with the put rate).
 5. Sealing (encryption at rest): GB/s of one core sealing and opening a record of each block
    size, no disk. Table 1 has the sealed store beside the plain one ("DiskStore default,
-   sealed"). ``--sealed-only`` measures only these: the seal/open table and table 1 with the
-   default and the sealed store.
+   sealed"), and the same with the records spread over ``TENANTS`` tenants, each block put
+   and got through its tenant's view of the one store (its own names and keys; the views are
+   made before the pass, as a tier keeps them). ``--sealed-only`` measures only these: the
+   seal/open table and table 1 with the default store, sealed for one tenant and for many.
 
 Everything is written under a temporary folder in ``--dir`` and removed at the end.
 """
@@ -146,7 +148,11 @@ def store_pass(
     io: RecordIO,
     cold: bool,
     sealer: RecordSealer | None = None,
+    ring: KeyRing | None = None,
+    tenants: int = 0,
 ) -> Pass:
+    """One pass of the store; with ``ring`` and ``tenants``, block i is put and got through
+    tenant ``i % tenants``'s view (``sealer`` must then be the ring's default tenant's)."""
     store = DiskStore(
         folder,
         namespace(block),
@@ -157,22 +163,24 @@ def store_pass(
     )
     payload, out = aligned(block, os.urandom(4096)), aligned(block)
     keys = [i.to_bytes(36, "big") for i in range(count)]
+    views = [store.tenant_view(ring.tenant(f"tenant-{t}")) for t in range(tenants)] if ring else []
+    by_key = [views[i % len(views)] if views else store for i in range(count)]
     put_ms: list[float] = []
     get_ms: list[float] = []
 
     def write() -> None:
-        for key in keys:
-            put_ms.append(timed(lambda k=key: store.put(k, payload)) * 1e3)
+        for key, view in zip(keys, by_key, strict=True):
+            put_ms.append(timed(lambda k=key, v=view: v.put(k, payload)) * 1e3)
 
     def read(record: bool) -> None:
-        for key in keys:
-            ms = timed(lambda k=key: store.get_into(k, out)) * 1e3
+        for key, view in zip(keys, by_key, strict=True):
+            ms = timed(lambda k=key, v=view: v.get_into(k, out)) * 1e3
             if record:
                 get_ms.append(ms)
 
     write_s = timed(write)
     sync_s = timed(os.sync)
-    resident = resident_share([p for k in keys if (p := store.record_path(k))])
+    resident = resident_share(sorted(store.namespace_dir.glob("blocks/*/*")))
     cold_s = timed(lambda: read(True)) if cold and drop_page_cache() else None
     warm_s = timed(lambda: read(cold_s is None))
     if store.stats().hits != count * (2 if cold_s is not None else 1):
@@ -227,8 +235,17 @@ def bench_sealer() -> RecordSealer:
     return KeyRing([MasterKey(os.urandom(32))]).tenant()
 
 
+def tenants_pass(d: Path, b: int, n: int, c: bool) -> Pass:
+    ring = KeyRing([MasterKey(os.urandom(32))])
+    return store_pass(d, b, n, RecordIO(), c, ring.tenant(), ring, TENANTS)
+
+
+#: Tenants the many-tenant sealed case spreads its records over.
+TENANTS = 64
 #: The sealed store's case: the default store, records sealed (AES-256-GCM).
 SEALED_CASE = "DiskStore default, sealed (AES-256-GCM)"
+#: The same, each block of one of ``TENANTS`` tenants, under its keys.
+SEALED_TENANTS_CASE = f"DiskStore default, sealed, records of {TENANTS} tenants"
 PLAIN_CASE = "DiskStore default: fsync=never, O_DIRECT writes+reads"
 
 CASES: dict[str, Callable[[Path, int, int, bool], Pass]] = {
@@ -236,6 +253,7 @@ CASES: dict[str, Callable[[Path, int, int, bool], Pass]] = {
     "plain file, O_DIRECT": lambda d, b, n, c: plain_pass(d, b, n, True, c),
     PLAIN_CASE: _store_case(),
     SEALED_CASE: lambda d, b, n, c: store_pass(d, b, n, RecordIO(), c, bench_sealer()),
+    SEALED_TENANTS_CASE: tenants_pass,
     "DiskStore, buffered writes + DONTNEED": _store_case(direct_writes=False),
     "DiskStore, buffered writes, no fadvise": _store_case(
         direct_writes=False, drop_written_pages=False
@@ -566,7 +584,8 @@ def run(
         if sealed_only:
             seal_table, seal_raw = seal_rates(total_mib, repeats)
             emit(seal_table + "\n")
-            table, raw = throughput(work, total_mib, repeats, cold, (PLAIN_CASE, SEALED_CASE))
+            cases = (PLAIN_CASE, SEALED_CASE, SEALED_TENANTS_CASE)
+            table, raw = throughput(work, total_mib, repeats, cold, cases)
             emit(table + "\n")
             emit(f"{total_mib} MiB per pass, {repeats} passes; {environment_line()}")
             if json_path is not None:

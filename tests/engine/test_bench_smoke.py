@@ -162,6 +162,7 @@ def test_store_and_checksum_benches_run_as_commands(tmp_path):
     )
     assert sealed.exit_code == 0, sealed.output
     assert "seal GB/s" in sealed.output and "DiskStore default, sealed" in sealed.output
+    assert "sealed, records of 64 tenants" in sealed.output
     assert "fsync=always" not in sealed.output, "only the sealing figures"
     assert [p.name for p in tmp_path.iterdir()] == ["store.json"], "its work folder is removed"
     checksum = runner.invoke(app, ["checksum", "--repeats", "1"])

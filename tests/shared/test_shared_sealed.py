@@ -13,8 +13,9 @@ import redis
 from kvtier.format import HEADER_BYTES, Namespace
 from kvtier.format.record import decode_header, encode_header
 from kvtier.format.sealing import KeyRing, MasterKey, RecordSealer
-from kvtier.store import BlockStore
+from kvtier.store import BlockStore, DiskStore
 from kvtier.store.shared import KEY_PREFIX, SharedStore
+from kvtier.store.tiered import LocalThenShared
 from tests.shared.test_shared_contract import _SharedContract
 from tests.support.redis_servers import RedisClusterServers, RedisServer
 from tests.support.shared_store import open_shared
@@ -190,3 +191,62 @@ class TestSealedSharedCluster(TestSealedSharedStandalone):
         yield
         for store in self._opened:
             store.close()
+
+
+def test_tenant_views_of_one_store_keep_each_tenants_values_apart(shared) -> None:  # type: ignore[no-untyped-def]
+    ring = KeyRing([MasterKey(KEY_A)])
+    store = shared(ring.tenant(None))
+    alice, bob = store.tenant_view(ring.tenant("alice")), store.tenant_view(ring.tenant("bob"))
+    assert store.tenant_view(ring.tenant(None)) is store
+    assert alice.put(key_of(1), payload_of(1))
+    assert not bob.contains(key_of(1)) and bob.exists_many([key_of(1)]) == set()
+    assert store.exists_many([key_of(1)]) == set(), "nor the default tenant"
+    assert bob.put(key_of(1), payload_of(2))
+    assert alice.get(key_of(1)) == payload_of(1) and bob.get(key_of(1)) == payload_of(2)
+    assert list(alice.keys()) == [key_of(1)] and list(store.keys()) == []
+    assert len(server_values(store)) == 2, "one prefix, one value per tenant"
+    # Alice's value planted under Bob's name for the block: refused by the tag, deleted.
+    digest = store.namespace.digest()
+    name_a = ring.tenant("alice").name(digest, key_of(1))
+    name_b = ring.tenant("bob").name(digest, key_of(1))
+    value = store._client.get(store._server_key(name_a))
+    header = decode_header(value, digest, name_a)
+    planted = encode_header(dataclasses.replace(header, key=name_b)) + value[HEADER_BYTES:]
+    store._client.set(store._server_key(name_b), planted)
+    assert bob.get_into(key_of(1), memoryview(bytearray(PAYLOAD_BYTES))) is False
+    assert store.stats().corrupt == {"auth": 1} and store.stats().corrupt_deleted == 1
+    assert alice.get(key_of(1)) == payload_of(1)
+
+
+def test_verify_as_one_tenant_keeps_other_tenants_values(shared) -> None:  # type: ignore[no-untyped-def]
+    ring = KeyRing([MasterKey(KEY_A)])
+    store = shared(ring.tenant(None))
+    alice = store.tenant_view(ring.tenant("alice"))
+    alice.put(key_of(1), payload_of(1))
+    store.put(key_of(2), payload_of(2))
+    assert [p.kind for p in store.verify(fix=True)] == ["unauthenticated"]
+    assert alice.verify() != [] and len(server_values(store)) == 2
+    assert alice.get(key_of(1)) == payload_of(1)
+
+
+def test_a_tenant_view_of_disk_then_shared_writes_back_under_the_tenants_keys(
+    shared, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    ring = KeyRing([MasterKey(KEY_A)])
+    server = shared(ring.tenant(None))
+    disk = DiskStore(tmp_path, server.namespace, free_space_floor_bytes=0, sealer=ring.tenant(None))
+    store = LocalThenShared(disk, server)
+    try:
+        alice = store.tenant_view(ring.tenant("alice"))
+        assert server.tenant_view(ring.tenant("alice")).put(key_of(1), payload_of(1))
+        assert alice.exists_many([key_of(1)]) == {key_of(1)}
+        assert store.exists_many([key_of(1)]) == set(), "the default tenant's names differ"
+        assert alice.get(key_of(1)) == payload_of(1)
+        store.wait_write_back()
+        assert store.written_back == 1
+        assert disk.tenant_view(ring.tenant("alice")).get(key_of(1)) == payload_of(1)
+        assert not disk.contains(key_of(1))
+        alice.close()  # a view closes nothing
+        assert store.get(key_of(2)) is None and alice.get(key_of(1)) == payload_of(1)
+    finally:
+        store.close()

@@ -149,12 +149,16 @@ def record_stems(paths: set[Path] | list[Path]) -> set[str]:
 
 
 def store_on_disk_only(
-    engine: Engine, ns_dir: Path, prompt: list[int], max_tokens: int = MAX_TOKENS
+    engine: Engine,
+    ns_dir: Path,
+    prompt: list[int],
+    max_tokens: int = MAX_TOKENS,
+    cache_salt: str | None = None,
 ) -> list[Path]:
-    """Serve ``prompt``; return the record files it added (one per whole block), with only the
-    disk holding them."""
+    """Serve ``prompt`` (with ``cache_salt``); return the record files it added (one per whole
+    block), with only the disk holding them."""
     before = record_files(ns_dir)
-    engine.generate_one(prompt, max_tokens)
+    engine.generate_one(prompt, max_tokens, cache_salt=cache_salt)
     # New files, not a larger count: a capped folder evicts older records meanwhile.
     want = len(prompt) // BLOCK_TOKENS
     until_offloaded(engine, lambda: len(record_files(ns_dir) - before) >= want)

@@ -22,6 +22,11 @@ class FakeRemoteStore(MemoryStore):
             self.view.add(key)
         return ok
 
+    def tenant_view(self, sealer: object) -> "FakeRemoteStore":
+        """Itself: the fake holds plain records, which every tenant names alike (a sealed
+        store's views are tested in tests/store and tests/shared)."""
+        return self
+
     def without_server(self) -> None:
         return None  # it stands for a server
 

@@ -3,6 +3,7 @@ rotated key reads the old ones, and a key file others can read refuses start-up.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -15,7 +16,11 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.errors import ConfigError
+from kvtier.format import HEADER_BYTES
+from kvtier.format.record import decode_header, encode_header
+from kvtier.format.sealing import KeyRing, MasterKey
 from kvtier.runtime.tenants import TENANT_KEY, tagged_params
+from kvtier.store import DiskStore
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.engine_context import EngineContext
 from tests.support.store import files_under
@@ -152,5 +157,72 @@ def test_require_cache_salt_keeps_unsalted_requests_off_the_tier(
             assert tier.lookup(key(4), ctx) is LookupResult.MISS
         assert job_on(tier, 5, salted, [key(4)], [3], True).success
         assert np.array_equal(pool[3], pool[0])
+    finally:
+        tier.shutdown()
+
+
+def sealed_tier(tmp_path: Path, pool: np.ndarray, secret: bytes) -> KvtierDiskTier:
+    return make_tier(tmp_path, pool, key_file(tmp_path, secret))
+
+
+def test_each_tenants_blocks_are_stored_and_loaded_under_its_own_keys(
+    tmp_path: Path, pool: np.ndarray
+) -> None:
+    secret = bytes(range(32))
+    tier = sealed_tier(tmp_path, pool, secret)
+    alice, bob, unsalted = tenant_ctx("a", "alice"), tenant_ctx("b", "bob"), tenant_ctx("u", None)
+    try:
+        wait_open(tier)
+        pool[0] = np.arange(ROW_BYTES) % 97
+        pool[1] = np.arange(ROW_BYTES) % 89
+        assert job_on(tier, 1, alice, [key(1)], [0], False).success
+        assert tier.lookup(key(1), alice) is LookupResult.HIT
+        for other in (bob, unsalted, CTX):
+            assert tier.lookup(key(1), other) is LookupResult.MISS
+        assert job_on(tier, 2, bob, [key(1)], [1], False).success
+        assert job_on(tier, 3, alice, [key(1)], [4], True).success
+        assert job_on(tier, 4, bob, [key(1)], [5], True).success
+        assert np.array_equal(pool[4], pool[0]) and np.array_equal(pool[5], pool[1])
+        assert len(files_under(tmp_path / "disk" / tier.store.namespace_dir.name / "blocks")) == 2
+    finally:
+        tier.shutdown()
+    # The records are each tenant's: a store opened with Alice's keys reads hers alone.
+    ring = KeyRing([MasterKey(secret)])
+    namespace = tier.store.namespace
+    with DiskStore(tmp_path / "disk", namespace, sealer=ring.tenant("alice")) as as_alice:
+        out = bytearray(tier.record_bytes)
+        assert as_alice.get_into(key(1), memoryview(out))
+        assert bytes(out) == pool[0].tobytes()[: tier.record_bytes]
+        others: list[bytes] = []
+        assert as_alice.verify(unauthenticated=others.append) == [] and len(others) == 1
+
+
+def test_a_tenants_record_copied_under_another_tenants_name_is_never_loaded(
+    tmp_path: Path, pool: np.ndarray
+) -> None:
+    secret = bytes(range(32))
+    tier = sealed_tier(tmp_path, pool, secret)
+    alice, bob = tenant_ctx("a", "alice"), tenant_ctx("b", "bob")
+    try:
+        wait_open(tier)
+        pool[0] = np.arange(ROW_BYTES) % 97
+        pool[1] = np.arange(ROW_BYTES) % 89
+        assert job_on(tier, 1, alice, [key(1)], [0], False).success
+        assert job_on(tier, 2, bob, [key(1)], [1], False).success
+        store = tier.store
+        digest = store.namespace.digest()
+        paths = {p.name[:32]: p for p in files_under(store.namespace_dir / "blocks")}
+        ring = KeyRing([MasterKey(secret)])
+        name_a, name_b = (ring.tenant(s).name(digest, key(1)).hex() for s in ("alice", "bob"))
+        data = paths[name_a].read_bytes()
+        header = decode_header(data[:HEADER_BYTES], digest, bytes.fromhex(name_a))
+        renamed = dataclasses.replace(header, key=bytes.fromhex(name_b))
+        paths[name_b].write_bytes(encode_header(renamed) + data[HEADER_BYTES:])
+        pool[5] = 0
+        assert not job_on(tier, 3, bob, [key(1)], [5], True).success
+        assert store.stats().corrupt == {"auth": 1} and store.stats().quarantined == 1
+        assert tier.lookup(key(1), bob) is LookupResult.MISS
+        assert job_on(tier, 4, alice, [key(1)], [6], True).success
+        assert np.array_equal(pool[6], pool[0])
     finally:
         tier.shutdown()

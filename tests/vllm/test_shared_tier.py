@@ -461,3 +461,66 @@ def test_require_cache_salt_keeps_unsalted_requests_off_the_shared_tier(tmp_path
         assert not MemoryStore.contains(remote, key(1)) and MemoryStore.contains(remote, key(2))
     finally:
         made.shutdown()
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    from tests.support.redis_servers import server_binary, start_standalone
+
+    if server_binary() is None:
+        pytest.skip("no redis-server on PATH (run scripts/redis-server.sh)")
+    server = start_standalone(tmp_path / "redis")
+    yield server.url
+    server.kill()
+
+
+def sealed_shared_tier(tmp_path, pool, url):
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
+    return KvtierSharedTier(
+        spec, memoryview(pool), "KvtierSharedTier", url=url, encryption={"key_env": True}
+    )
+
+
+def finish(tier, job) -> bool:
+    (tier.submit_load if job.is_promotion else tier.submit_store)(job)
+    results: list = []
+    assert wait_until(lambda: results.extend(tier.get_finished_jobs()) or results, 30, 0.01)
+    return results[0].success
+
+
+def settled_lookup(tier, block, ctx) -> LookupResult:
+    """The lookup's answer once the server was asked (RETRY while it is)."""
+    answers: list = []
+    assert wait_until(
+        lambda: answers.append(tier.lookup(block, ctx)) or answers[-1] is not LookupResult.RETRY,
+        30,
+        0.01,
+    )
+    return answers[-1]
+
+
+def test_a_replica_asks_the_server_for_each_tenants_blocks_under_its_own_names(
+    tmp_path, monkeypatch, redis_url
+):
+    monkeypatch.setenv("KVTIER_MASTER_KEY", "cd" * 32)
+    init_none_hash(sha256)
+    alice = ReqContext(req_id="a", kv_transfer_params=tagged_params(None, "tenant-a"))
+    bob = ReqContext(req_id="b", kv_transfer_params=tagged_params(None, "tenant-b"))
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    writer = sealed_shared_tier(tmp_path, pool, redis_url)
+    try:
+        assert settled_lookup(writer, key(9), alice) is LookupResult.MISS
+        pool[0] = np.arange(ROW_BYTES) % 113
+        assert finish(writer, TransferJob(1, [key(1)], np.array([0]), False, alice))
+    finally:
+        writer.shutdown()
+    other_pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    reader = sealed_shared_tier(tmp_path, other_pool, redis_url)
+    try:
+        assert settled_lookup(reader, key(1), bob) is LookupResult.MISS
+        assert settled_lookup(reader, key(1), CTX) is LookupResult.MISS, "nor unsalted"
+        assert settled_lookup(reader, key(1), alice) is LookupResult.HIT
+        assert finish(reader, TransferJob(2, [key(1)], np.array([3]), True, alice))
+        assert np.array_equal(other_pool[3], pool[0])
+    finally:
+        reader.shutdown()

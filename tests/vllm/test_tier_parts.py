@@ -15,6 +15,7 @@ from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
 from kvtier.runtime.jobs import JobTable, StoresQueued
 from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
 from kvtier.runtime.stats import TierCounters, TierStats
+from kvtier.runtime.tenants import TenantViews
 from tests.support.waiting import wait_until
 
 
@@ -145,6 +146,52 @@ def test_keys_of_one_step_are_asked_in_one_batch_and_absent_ones_cached():
     assert not prober.ask(key(2)), "the server said absent: a miss without asking"
     clock.now += ABSENT_TTL_S + 0.1
     assert prober.ask(key(2)), "asked again once the answer is stale"
+
+
+def test_keys_asked_through_other_stores_are_asked_of_each_in_one_batch():
+    asked: dict[str, list[bytes]] = {}
+
+    def asker(name, held):
+        def exists_many(keys):
+            asked[name] = list(keys)
+            return {k for k in asked[name] if k in held}
+
+        return exists_many
+
+    alice, bob = asker("alice", {key(1)}), asker("bob", {key(3)})
+    prober = ExistenceProber(asker("default", set()), FakeClock(), label="t", wait_s=0.01)
+    assert prober.ask(key(1), alice) and prober.ask(key(2), alice) and prober.ask(key(3), bob)
+    assert prober.ask(key(4))
+    assert prober.run_once() == 4
+    assert asked == {"alice": [key(1), key(2)], "bob": [key(3)], "default": [key(4)]}
+    assert prober.ask(key(1), alice), "found: asked again until the store answers from memory"
+    assert not prober.ask(key(2), alice) and not prober.ask(key(4))
+    assert prober.ask(key(2), bob), "absent for one store, still asked of another"
+
+
+# -- tenants ------------------------------------------------------------------------------
+def test_tenant_views_are_made_once_per_tenant_and_the_default_tenant_gets_the_store():
+    made: list[str | None] = []
+
+    class Store:
+        def tenant_view(self, sealer):
+            made.append(sealer)
+            return ("view", sealer)
+
+    store = Store()
+    views = TenantViews(lambda salt: f"sealer:{salt}", max_views=2)
+    assert views.of(store, None) is store
+    assert views.of(store, "a") == ("view", "sealer:a") and views.of(store, "a") is views.of(
+        store, "a"
+    )
+    views.of(store, "b"), views.of(store, "c")
+    assert made == ["sealer:a", "sealer:b", "sealer:c"]
+    views.of(store, "a")
+    assert made[-1] == "sealer:a", "the least recently used view was dropped and made again"
+    other = Store()
+    views.of(other, "c")
+    assert made[-1] == "sealer:c", "another store (reopened) gets views of its own"
+    assert TenantViews(None).of(store, "a") is store, "a plain tier: every tenant alike"
 
 
 def test_a_failing_existence_check_answers_absent():

@@ -7,8 +7,11 @@ read. All four are safe while engines serve the folder: ``ls``/``du`` only read 
 
 Encrypted namespaces: record names are keyed MACs, so ``ls`` lists names that cannot be turned
 back into block keys, with or without the key. ``verify`` authenticates every record with the
-key (``--key-file`` / ``--key-env``); without it, it checks each header and ciphertext
-checksum and says how many records it could not authenticate. ``gc --retired-keys`` drops the
+key (``--key-file`` / ``--key-env``), as one tenant's (``--tenant SALT``, default the
+requests without a salt): a record whose checksums hold but whose tag fails is another
+tenant's or forged (the two cannot be told apart without the other tenant's keys), so it is
+counted and never fixed; without the key, it checks each header and ciphertext checksum and
+says how many records it could not authenticate. ``gc --retired-keys`` drops the
 records no key but a retired one opens. No command prints a key.
 """
 
@@ -45,6 +48,15 @@ KeyFileOpt = Annotated[
 ]
 KeyEnvOpt = Annotated[
     bool, typer.Option("--key-env", help="Read the master keys from KVTIER_MASTER_KEY.")
+]
+TenantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant",
+        metavar="SALT",
+        help="Authenticate the records of the tenant whose requests carry this cache_salt "
+        "(with --key-file or --key-env); default: the requests without a salt.",
+    ),
 ]
 
 
@@ -215,20 +227,30 @@ def verify(
     fix: Annotated[bool, typer.Option("--fix", help="Repair what can be repaired.")] = False,
     key_file: KeyFileOpt = None,
     key_env: KeyEnvOpt = False,
+    tenant: TenantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Read every record of every namespace and check it against the index.
 
-    Encrypted records are authenticated with the key; without it only their headers and
-    ciphertext checksums are checked, and the output says how many could not be opened.
-    Example: kvtier verify /var/cache/kvtier --key-file /etc/kvtier/key
+    Encrypted records are authenticated with the key as one tenant's (--tenant SALT; default
+    the requests without a salt). Records that do not authenticate as that tenant's but whose
+    checksums hold are other tenants' (or forged): counted, never fixed. Without the key only
+    headers and ciphertext checksums are checked, and the output says how many could not be
+    opened.
+    Example: kvtier verify /var/cache/kvtier --key-file /etc/kvtier/key --tenant team-a
     """
     from kvtier.store import DiskStore
     from kvtier.store.disk.inspect import namespace_summaries
 
     unopened: dict[str, int] = {}
+    others: dict[str, int] = {}
     with _exit_codes():
         ring = _keyring(key_file, key_env)
+        if tenant is not None and ring is None:
+            raise ConfigError(
+                f"verify --tenant {tenant!r} authenticates with the key; give --key-file or "
+                "--key-env too"
+            )
         summaries = namespace_summaries(disk_dir)
         results: dict[str, list[dict[str, Any]]] = {}
         total = sum(s.bytes or 0 for s in summaries)
@@ -240,14 +262,19 @@ def verify(
                     ]
                     continue
                 sealed = _encrypted(summary.namespace)
-                sealer = ring.tenant() if sealed and ring is not None else None
+                sealer = ring.tenant(tenant) if sealed and ring is not None else None
                 digest = summary.digest_hex
 
                 def count(_key_id: bytes, digest: str = digest) -> None:
                     unopened[digest] = unopened.get(digest, 0) + 1
 
+                def count_other(_name: bytes, digest: str = digest) -> None:
+                    others[digest] = others.get(digest, 0) + 1
+
                 with DiskStore(disk_dir, summary.namespace, sealer=sealer) as store:
-                    problems = store.verify(fix=fix, progress=advance, unopened=count)
+                    problems = store.verify(
+                        fix=fix, progress=advance, unopened=count, unauthenticated=count_other
+                    )
                 results[summary.digest_hex] = [
                     {
                         "kind": p.kind,
@@ -259,6 +286,7 @@ def verify(
                     for p in problems
                 ]
     found = sum(len(v) for v in results.values())
+    who = "the unsalted requests" if tenant is None else f"tenant {tenant!r}"
     lines = (
         [
             f"{ns}: {p['kind']} {p.get('path') or ''} {p['detail']}"
@@ -271,9 +299,21 @@ def verify(
             "checksum checked); give --key-file or --key-env to check them"
             for ns, n in unopened.items()
         ]
+        + [
+            f"{ns}: {n} encrypted records not authenticated as {who}'s: other tenants' (or "
+            "forged), left as they are; --tenant SALT checks a tenant's"
+            for ns, n in others.items()
+        ]
         + [f"{len(summaries)} namespaces, {format_size(total)} read, {found} problems"]
     )
-    data = {"namespaces": results, "problems": found, "bytes_read": total, "unopened": unopened}
+    data = {
+        "namespaces": results,
+        "problems": found,
+        "bytes_read": total,
+        "unopened": unopened,
+        "tenant": tenant,
+        "other_tenants": others,
+    }
     _emit(as_json, data, lines)
     if found:
         raise typer.Exit(PROBLEMS)

@@ -48,6 +48,7 @@ import mmap
 import os
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +78,8 @@ _HKDF_SALT = b"kvtier tenant keys v1"
 _AD_FIXED = struct.Struct("<HBBQ")
 _U16 = struct.Struct("<H")
 _PAGE = mmap.PAGESIZE
+#: Tenants whose keys a ``KeyRing`` keeps derived (least recently used dropped first).
+TENANTS_KEPT = 4096
 #: ``Namespace.extra`` entry of a namespace whose records are sealed.
 NAMESPACE_MARK = ("encryption", "aes-256-gcm/v1")
 
@@ -166,7 +169,7 @@ class KeyRing:
             raise ConfigError("encryption: the same master key is given twice; give each once")
         self.keys = tuple(keys)
         self._lock = threading.Lock()
-        self._tenants: dict[bytes, RecordSealer] = {}
+        self._tenants: OrderedDict[bytes, RecordSealer] = OrderedDict()
 
     @property
     def write_key_id(self) -> bytes:
@@ -178,13 +181,20 @@ class KeyRing:
         return tuple(k.key_id for k in self.keys)
 
     def tenant(self, cache_salt: str | None = None) -> RecordSealer:
-        """The sealer of a tenant (``None``: the default tenant); built once per tenant."""
+        """The sealer of a tenant (``None``: the default tenant). The ``TENANTS_KEPT`` most
+        recently used are kept; another is derived again (one HKDF per master key), and seals
+        and opens exactly as before."""
         label = tenant_label(cache_salt)
         with self._lock:
             sealer = self._tenants.get(label)
-            if sealer is None:
-                sealer = RecordSealer(tuple(_TenantKeys(k, label) for k in self.keys))
-                self._tenants[label] = sealer
+            if sealer is not None:
+                self._tenants.move_to_end(label)
+                return sealer
+        sealer = RecordSealer(tuple(_TenantKeys(k, label) for k in self.keys))
+        with self._lock:
+            sealer = self._tenants.setdefault(label, sealer)
+            if len(self._tenants) > TENANTS_KEPT:
+                self._tenants.popitem(last=False)
             return sealer
 
     def __repr__(self) -> str:
@@ -201,7 +211,6 @@ class RecordSealer:
     def __init__(self, keys: tuple[_TenantKeys, ...]) -> None:
         self._keys = keys
         self._by_id = {k.key_id: k for k in keys}
-        self._local = threading.local()
 
     def name(self, namespace_digest: bytes, block_key: bytes) -> bytes:
         """The stored name of ``block_key`` under the write key."""
@@ -219,16 +228,17 @@ class RecordSealer:
         """Encrypt ``payload`` as the record stored under ``name`` (``name(...)`` of its block
         key); return its header and the ciphertext.
 
-        The ciphertext lies in a page-aligned buffer of the calling thread, valid until its
-        next ``seal`` (so an ``O_DIRECT`` write still applies). One pass over the payload,
-        then one checksum pass over the ciphertext.
+        The ciphertext lies in a page-aligned buffer of the calling thread, shared by every
+        tenant's sealer and valid until the thread's next ``seal`` (so an ``O_DIRECT`` write
+        still applies): one buffer per thread however many tenants it seals for. One pass
+        over the payload, then one checksum pass over the ciphertext.
         """
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
         view = memoryview(payload).cast("B")
         keys = self._keys[0]
         salt, nonce = os.urandom(SALT_BYTES), os.urandom(NONCE_BYTES)
-        out = self._buffer(view.nbytes)
+        out = _thread_buffer(view.nbytes)
         encryptor = Cipher(algorithms.AES(_record_key(keys, salt)), modes.GCM(nonce)).encryptor()
         alg = _checksum.DEFAULT_ALGORITHM.algorithm_id
         encryptor.authenticate_additional_data(
@@ -299,20 +309,25 @@ class RecordSealer:
         verify_stored_bytes(header, ciphertext)
         self.open(header, ciphertext, memoryview(bytearray(header.payload_len)))
 
-    def _buffer(self, nbytes: int) -> memoryview:
-        buf: mmap.mmap | None = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < nbytes:
-            if buf is not None:
-                # A view of this thread's previous ciphertext may still be alive: then the
-                # mapping is left to be unmapped when that view goes (closing it would fail).
-                with contextlib.suppress(BufferError):
-                    buf.close()
-            buf = mmap.mmap(-1, max(_PAGE, -(-nbytes // _PAGE) * _PAGE))
-            self._local.buf = buf
-        return memoryview(buf)[:nbytes]
-
     def __repr__(self) -> str:
         return f"RecordSealer(key_ids={[k.key_id.hex() for k in self._keys]})"
+
+
+_local = threading.local()
+
+
+def _thread_buffer(nbytes: int) -> memoryview:
+    """The calling thread's ciphertext buffer, at least ``nbytes`` (page-aligned)."""
+    buf: mmap.mmap | None = getattr(_local, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        if buf is not None:
+            # A view of this thread's previous ciphertext may still be alive: then the
+            # mapping is left to be unmapped when that view goes (closing it would fail).
+            with contextlib.suppress(BufferError):
+                buf.close()
+        buf = mmap.mmap(-1, max(_PAGE, -(-nbytes // _PAGE) * _PAGE))
+        _local.buf = buf
+    return memoryview(buf)[:nbytes]
 
 
 def _name(keys: _TenantKeys, namespace_digest: bytes, block_key: bytes) -> bytes:

@@ -6,7 +6,8 @@ into a thread's buffer on store and scattered into every rank's part of the row 
 load writes its row only once its load is claimed, so a load abandoned at its deadline never
 writes the row vLLM has reused (``kvtier.dataplane.abandonable``). A load that fails is a
 miss: a record of the wrong length is dropped (it can never load), the failure counted and the
-key kept out of lookups (``kvtier.runtime.health``).
+key kept out of lookups (``kvtier.runtime.health``). Each block is stored and loaded through
+its request's tenant's view of the store (``kvtier.runtime.tenants.TenantViews``).
 
 Called on the tier's I/O threads only; every buffer is per thread. Knows nothing of vLLM.
 """
@@ -21,6 +22,7 @@ from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadSta
 from kvtier.runtime.health import TierHealth
 from kvtier.runtime.row_layout import RowLayout
 from kvtier.runtime.stats import TierStats
+from kvtier.runtime.tenants import DEFAULT_TENANT, TenantViews
 from kvtier.store import BlockStore
 
 logger = logging.getLogger(__name__)
@@ -39,9 +41,11 @@ class RowIO:
         stats: TierStats,
         health: TierHealth,
         label: str,
+        tenants: TenantViews | None = None,
     ) -> None:
         """``pool``: the host pool's rows (any shape); ``wait_store``: the store once open,
-        None if it never will be (I/O threads may wait for it)."""
+        None if it never will be (I/O threads may wait for it); ``tenants``: each tenant's
+        view of it (default: the store itself for every tenant)."""
         # A 2-D memoryview cannot be indexed by row; a flat byte view can be sliced without copy.
         self._pool_bytes = pool.cast("B")
         self._pool_row_bytes = pool_row_bytes
@@ -49,6 +53,7 @@ class RowIO:
         #: Payload bytes of one record: a row's distinct KV slices.
         self.record_bytes = layout.record_bytes
         self._wait_store = wait_store
+        self._tenants = tenants if tenants is not None else TenantViews(None)
         self._stats = stats
         self._health = health
         self.label = label
@@ -86,8 +91,13 @@ class RowIO:
         self._layout.gather(row_view, record)
         return record
 
-    def store_one(self, key: bytes, row: int) -> bool:
+    def _store_of(self, cache_salt: str | None) -> BlockStore | None:
+        """The store once open, as the tenant of ``cache_salt`` sees it."""
         store = self._wait_store()
+        return None if store is None else self._tenants.of(store, cache_salt)
+
+    def store_one(self, key: bytes, row: int, cache_salt: str | None = DEFAULT_TENANT) -> bool:
+        store = self._store_of(cache_salt)
         return store is not None and self.store_into(store, key, row)
 
     def store_into(self, store: BlockStore, key: bytes, row: int) -> bool:
@@ -101,12 +111,16 @@ class RowIO:
         return stored
 
     def load_share(
-        self, keys: list[bytes], rows: list[int], loads: list[AbandonableLoad]
+        self,
+        keys: list[bytes],
+        rows: list[int],
+        loads: list[AbandonableLoad],
+        cache_salt: str | None = DEFAULT_TENANT,
     ) -> list[bool]:
         """A thread's share of a load job: each block verified into its row, never after its
         load was abandoned (the store writes a row only once its load is claimed). Read in
         one call for the share where the rows are the records (``get_many_into_when``)."""
-        store = self._wait_store()
+        store = self._store_of(cache_salt)
         started = time.perf_counter()
         loaded = [False] * len(keys) if store is None else self._read(store, keys, rows, loads)
         seconds = (time.perf_counter() - started) / max(1, len(keys))

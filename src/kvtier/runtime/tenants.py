@@ -18,17 +18,32 @@ connector never saw) counts as unsalted: it is the default tenant, and with
 
 The salt itself is client-supplied (an ordinary field of the request body): the boundary
 between tenants is as strong as whatever sets it, normally a gateway in front of the engine.
+
+On an encrypted tier each tenant's records are named and sealed under its own keys
+(``KeyRing.tenant(cache_salt)``): the tier calls its store through the request's tenant view
+(``TenantViews``; kvtier.store.tenant_view), one store, one cap and one eviction order for
+all tenants. A plain tier needs none: vLLM already mixes the salt into the first block's hash,
+so two tenants' block keys differ.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-#: The tenant of an unsalted request, ``KeyRing.tenant(None)``; the tiers seal every record,
-#: salted or not, under its keys (docs/encryption.md, "Tenants and cache_salt").
+if TYPE_CHECKING:
+    from kvtier.format.sealing import RecordSealer
+    from kvtier.store import BlockStore
+
+#: The tenant of an unsalted request, ``KeyRing.tenant(None)``: a tier's store is opened with
+#: its sealer, and a salted request's records are sealed under its own tenant's keys
+#: (docs/encryption.md, "Tenants and cache_salt").
 DEFAULT_TENANT: str | None = None
+#: Tenant views a tier keeps (least recently used dropped first; a dropped one is made again).
+VIEWS_KEPT = 1024
 
 #: kvtier's key in a request's ``kv_transfer_params`` (namespaced: with vLLM's
 #: ``MultiConnector`` every connector sees the same dict).
@@ -64,3 +79,44 @@ def tenant_of(params: Mapping[str, Any] | None) -> TenantTag | None:
         return None
     tag = params.get(TENANT_KEY)
     return tag if isinstance(tag, TenantTag) else None
+
+
+def salt_of(tag: TenantTag | None) -> str | None:
+    """The tenant a tag names: its salt, or ``DEFAULT_TENANT`` for an untagged request."""
+    return DEFAULT_TENANT if tag is None else tag.cache_salt
+
+
+class TenantViews:
+    """Each tenant's view of a tier's store (``BlockStore.tenant_view``); thread-safe.
+
+    Built with the tier's key ring's ``tenant`` (salt -> sealer) on an encrypted tier; without
+    one (a plain tier) every tenant gets the store itself. The default tenant gets the store
+    itself too: the store is opened with its sealer.
+    """
+
+    def __init__(
+        self,
+        sealer_of: Callable[[str | None], RecordSealer] | None,
+        max_views: int = VIEWS_KEPT,
+    ) -> None:
+        self._sealer_of = sealer_of
+        self._max_views = max_views
+        self._lock = threading.Lock()
+        self._views: OrderedDict[str, tuple[BlockStore, BlockStore]] = OrderedDict()
+
+    def of(self, store: BlockStore, cache_salt: str | None) -> BlockStore:
+        """``store`` as the tenant of ``cache_salt`` sees it."""
+        if self._sealer_of is None or cache_salt is DEFAULT_TENANT:
+            return store
+        with self._lock:
+            kept = self._views.get(cache_salt)
+            if kept is not None and kept[0] is store:
+                self._views.move_to_end(cache_salt)
+                return kept[1]
+        view = store.tenant_view(self._sealer_of(cache_salt))
+        with self._lock:
+            self._views[cache_salt] = (store, view)
+            self._views.move_to_end(cache_salt)
+            if len(self._views) > self._max_views:
+                self._views.popitem(last=False)
+        return view

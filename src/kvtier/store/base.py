@@ -27,10 +27,13 @@ import abc
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from kvtier.buffers import copy_into
 from kvtier.format.checksum import Buffer
+
+if TYPE_CHECKING:
+    from kvtier.format.sealing import RecordSealer
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +289,12 @@ class BlockStore(abc.ABC):
         server falls behind (a disk store behind which a shared store sits keeps its disk).
         The store itself when no part is on a server; None when all of it is."""
         return self
+
+    def tenant_view(self, sealer: RecordSealer) -> BlockStore:
+        """This store's records as the tenant of ``sealer`` names and opens them, over the
+        same records, cap and eviction (kvtier.store.tenant_view). Only a store of sealed
+        records has one: the default raises ``ValueError``."""
+        raise ValueError(f"{type(self).__name__} does not seal records: no tenant view")
 
     def get(self, key: bytes) -> bytes | None:
         """The payload of ``key`` as new bytes, or None on a miss (built on ``get_into``)."""

@@ -17,6 +17,8 @@ local store (off the restore path, on a bounded queue), so the next restore is l
   server check for keys the local store does not hold.
 * ``abilities``: the local store's cap, the shared store's remote lookup, and two parts
   (``disk`` and ``shared``) for the metrics.
+* ``tenant_view``: both stores as one tenant sees them (kvtier.store.tenant_view), over the
+  same write-back queue; closing the view closes nothing.
 
 Engine-agnostic: no vLLM import.
 """
@@ -29,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from kvtier.format.checksum import Buffer
+from kvtier.format.sealing import RecordSealer
 from kvtier.store.base import (
     BlockStore,
     LoadClaim,
@@ -43,10 +46,26 @@ log = logging.getLogger(__name__)
 WRITE_BACK_QUEUE = 64
 
 
+class _WriteBack:
+    """The write-back queue of a ``LocalThenShared`` and of its tenant views: one thread, one
+    bound, one count."""
+
+    def __init__(self) -> None:
+        self.executor = ThreadPoolExecutor(1, "kvtier-write-back")
+        self.lock = threading.Lock()
+        self.queued = 0
+        #: Shared hits written back to the local store, and those dropped (queue full).
+        self.written = 0
+        self.dropped = 0
+
+
 class LocalThenShared(BlockStore):
     """Local store first, shared store second, write-back of shared hits (see module doc)."""
 
-    def __init__(self, local: BlockStore, shared: BlockStore) -> None:
+    def __init__(
+        self, local: BlockStore, shared: BlockStore, *, _write_back: _WriteBack | None = None
+    ) -> None:
+        """``_write_back``: the owner's queue, for a tenant view (``tenant_view``)."""
         self.local = local
         self.shared = shared
         self.abilities = StoreAbilities(
@@ -54,12 +73,26 @@ class LocalThenShared(BlockStore):
             capacity=local.abilities.capacity,
             parts=True,
         )
-        self._write_back = ThreadPoolExecutor(1, "kvtier-write-back")
-        self._queued = 0
-        self._lock = threading.Lock()
-        #: Shared hits written back to the local store, and those dropped (queue full).
-        self.written_back = 0
-        self.write_back_dropped = 0
+        self._owner = _write_back is None
+        self._wb = _WriteBack() if _write_back is None else _write_back
+        self._write_back = self._wb.executor
+
+    @property
+    def written_back(self) -> int:
+        """Shared hits written back to the local store (every tenant's)."""
+        return self._wb.written
+
+    @property
+    def write_back_dropped(self) -> int:
+        """Shared hits not written back: the queue was full."""
+        return self._wb.dropped
+
+    def tenant_view(self, sealer: RecordSealer) -> BlockStore:
+        return LocalThenShared(
+            self.local.tenant_view(sealer),
+            self.shared.tenant_view(sealer),
+            _write_back=self._wb,
+        )
 
     @property  # type: ignore[override]
     def capacity_bytes(self) -> int:
@@ -155,12 +188,17 @@ class LocalThenShared(BlockStore):
             self._queue_write_back(key, payload)
 
     def _queue_write_back(self, key: bytes, payload: bytes) -> None:
-        with self._lock:
-            if self._queued >= WRITE_BACK_QUEUE:
-                self.write_back_dropped += 1
+        wb = self._wb
+        with wb.lock:
+            if wb.queued >= WRITE_BACK_QUEUE:
+                wb.dropped += 1
                 return
-            self._queued += 1
-        self._write_back.submit(self._store_locally, key, payload)
+            wb.queued += 1
+        try:
+            self._write_back.submit(self._store_locally, key, payload)
+        except RuntimeError:  # closed meanwhile
+            with wb.lock:
+                wb.queued -= 1
 
     def wait_write_back(self) -> None:
         """Return once every write-back queued so far is done (the queue is one FIFO
@@ -171,15 +209,16 @@ class LocalThenShared(BlockStore):
             return
 
     def _store_locally(self, key: bytes, payload: bytes) -> None:
+        wb = self._wb
         try:
             if self.local.put(key, payload):
-                with self._lock:
-                    self.written_back += 1
+                with wb.lock:
+                    wb.written += 1
         except Exception:  # a store never raises for I/O; this is a bug, keep serving
             log.exception("kvtier: write-back to the local store failed")
         finally:
-            with self._lock:
-                self._queued -= 1
+            with wb.lock:
+                wb.queued -= 1
 
     def contains(self, key: bytes) -> bool:
         return self.local.contains(key) or self.shared.contains(key)
@@ -219,6 +258,8 @@ class LocalThenShared(BlockStore):
         return self.local.verify(fix) + self.shared.verify(fix)
 
     def close(self) -> None:
+        if not self._owner:
+            return  # a tenant view: the stores are the owner's
         self._write_back.shutdown(wait=True)
         self.local.close()
         self.shared.close()

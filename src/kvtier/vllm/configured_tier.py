@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from kvtier.format import Namespace
+from kvtier.format.keyfiles import tier_keyring
+from kvtier.format.sealing import RecordSealer
 from kvtier.log import setup_logging
 from kvtier.store import BlockStore
 from kvtier.units import format_size
@@ -85,6 +87,7 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
             start=False,
             drain_deadline_s=self.drain_deadline_s(self.settings),
             require_cache_salt=self.requires_cache_salt(self.settings),
+            tenant_sealer=self.tenant_sealer(self.settings),
         )
         (check if check is not None else self.check_start_up)(self.settings, self.record_bytes)
         self.start()
@@ -127,6 +130,13 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
         """Whether the tier's encryption keeps unsalted requests off it."""
         encryption = getattr(settings, "encryption", None)
         return encryption is not None and bool(encryption.require_cache_salt)
+
+    @staticmethod
+    def tenant_sealer(settings: Any) -> Callable[[str | None], RecordSealer] | None:
+        """An encrypted tier's sealer per tenant (its key ring's ``tenant``: the store opens
+        with the default tenant's); None for a plain tier."""
+        ring = tier_keyring(settings)
+        return None if ring is None else ring.tenant
 
     @staticmethod
     def io_threads(settings: Any) -> int:

@@ -43,7 +43,8 @@ def open_disk_store(
 ) -> BlockStore:
     """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
     of the shared store when one is configured (``LocalThenShared``); both sealed with the
-    disk tier's keys when it is encrypted (the default tenant: see ``kvtier.runtime.tenants``).
+    disk tier's keys when it is encrypted, opened with the default tenant's (the tier reaches
+    a salted request's records through its tenant's view: ``kvtier.runtime.tenants``).
     ``io``: the folder's file I/O (default: the real one; tests and the soak slow it down)."""
     ring = tier_keyring(settings)
     sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)

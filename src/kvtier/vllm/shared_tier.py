@@ -39,7 +39,9 @@ def open_shared_store(
 ) -> BlockStore:
     """The shared store of this engine's namespace (raises ``ConfigError`` if unusable); the
     password comes from ``KVTIER_SHARED_PASSWORD`` when the settings give none. ``sealer``:
-    behind a disk tier, the disk tier's; else the shared tier's own encryption, if any."""
+    behind a disk tier, the disk tier's; else the shared tier's own encryption, if any, with
+    the default tenant's keys (a salted request's through its tenant's view:
+    ``kvtier.runtime.tenants``)."""
     from kvtier.store.shared import SharedStore  # imports redis-py: only when configured
 
     if sealer is None:

@@ -24,6 +24,10 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   abandoned: its blocks become misses (recomputed), the tier is marked slow (lookups miss for
   ``SLOW_BACKOFF_S``, doubling while it stays slow), and the late read can never write into
   the row, which vLLM reuses at once (``kvtier.dataplane.abandonable``).
+* On an encrypted tier every lookup, store and load goes through the request's tenant's view
+  of the store (``kvtier.runtime.tenants.TenantViews``): a salted request's records are named
+  and sealed under its own tenant's keys, in the same store, cap and eviction order as every
+  other tenant's.
 * A load that fails (missing, failed check, I/O error) is a miss: the store drops a bad record
   itself, and the tier keeps the key out of lookups for ``negative_ttl_s`` whatever the cause,
   so no request re-promotes a bad block forever (the livelock of vLLM issue 49176). A good
@@ -66,6 +70,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from kvtier.format import Namespace
+from kvtier.format.sealing import RecordSealer
 from kvtier.runtime.decision_memory import DecisionMemory
 from kvtier.runtime.engine_policy import HOST_TIER
 from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
@@ -80,6 +85,7 @@ from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
 from kvtier.runtime.row_io import RowIO
 from kvtier.runtime.stats import TierCounters, TierStats
 from kvtier.runtime.step_clock import STEP_TIMED_NOTE
+from kvtier.runtime.tenants import DEFAULT_TENANT, TenantViews, salt_of
 from kvtier.store import BlockStore
 from kvtier.vllm import metrics
 from kvtier.vllm.engine_context import EngineContext, engine_context
@@ -134,13 +140,19 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         start: bool = True,
         drain_deadline_s: float = DRAIN_DEADLINE_S,
         require_cache_salt: bool = False,
+        tenant_sealer: Callable[[str | None], RecordSealer] | None = None,
     ) -> None:
         """``start=False`` leaves the opener thread to ``start()`` (after more checks).
         ``load_deadline_s(nbytes)``, when given (tests), replaces the policy's deadlines.
         ``drain_deadline_s``: how long ``shutdown`` lets transfers go on.
-        ``require_cache_salt``: a request without a salt is never looked up nor stored here."""
+        ``require_cache_salt``: a request without a salt is never looked up nor stored here.
+        ``tenant_sealer``: an encrypted tier's key ring's ``tenant`` (a salt's sealer); the
+        store must then be opened with the default tenant's sealer."""
         self._drain_deadline_s = drain_deadline_s
         self._require_cache_salt = require_cache_salt
+        self._tenants = TenantViews(tenant_sealer)
+        #: The tenant of the latest store job, whose keys the idle tier's probe reads.
+        self._recent_salt: str | None = DEFAULT_TENANT
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = RELEASE.locality(locality) if locality is not None else None
         self._clock = clock
@@ -170,6 +182,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             stats=self._stats,
             health=self._health,
             label=self.label,
+            tenants=self._tenants,
         )
         #: Payload bytes of one of this tier's records (a row's distinct KV slices).
         self.record_bytes = self._io.record_bytes
@@ -300,6 +313,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         request's path (the policy says when), so it can show that it recovered."""
         if not self.decider.policy.probe_due(self.metric_tier):
             return
+        store = self._tenants.of(store, self._recent_salt)
         key = next(iter(store.keys()), None)
         if key is None or self._opener.stopping:
             return
@@ -323,20 +337,26 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         tag = RELEASE.request_tenant(req_context)
         return tag is None or not tag.salted
 
+    @staticmethod
+    def _salt(req_context: Any) -> str | None:
+        """The request's tenant: its salt as kvtier's connector tagged it."""
+        return salt_of(RELEASE.request_tenant(req_context))
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if self._kept_out(req_context):
             return LookupResult.MISS
         self.decider.on_lookup(req_context)
-        store = self.store
-        if store is None:
+        opened = self.store
+        if opened is None:
             return LookupResult.MISS if self._opener.failed else LookupResult.RETRY
+        store = self._tenants.of(opened, self._salt(req_context))
         health = self._health
         if health.is_slow():
             return LookupResult.MISS  # overran a deadline recently: recompute instead
         if self._stats.snapshot().loads_stuck >= self._jobs.io_threads:
             return LookupResult.MISS  # every read thread is held by an abandoned load
         if not store.contains(key):
-            return self._ask_server(key)
+            return self._ask_server(store, key)
         if health.recently_failed(key):
             return LookupResult.MISS
         return self.decider.hit(
@@ -346,12 +366,13 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             knows_all=not store.abilities.remote_lookup,
         )
 
-    def _ask_server(self, key: OffloadKey) -> LookupResult:
-        """MISS for a store without a server to ask; else RETRY while the server is asked."""
+    def _ask_server(self, store: BlockStore, key: OffloadKey) -> LookupResult:
+        """MISS for a store without a server to ask; else RETRY while the server is asked
+        (through ``store``: the request's tenant's view)."""
         prober = self._prober
         if prober is None:
             return LookupResult.MISS
-        return LookupResult.RETRY if prober.ask(key) else LookupResult.MISS
+        return LookupResult.RETRY if prober.ask(key, store.exists_many) else LookupResult.MISS
 
     def on_schedule_end(self, context: Any) -> None:
         self.decider.end_step()
@@ -363,13 +384,20 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             return
         self.decider.on_store(keys, job_metadata.req_context)
         rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
-        store = self.store
+        salt = self._salt(job_metadata.req_context)
+        self._recent_salt = salt
+        opened = self.store
+        store = None if opened is None else self._tenants.of(opened, salt)
         local = None if store is None else store.without_server()
         # Over the bound, a store with a part that needs no server still writes that part.
         keeps_part = local is not None and local is not store
         over_bound = functools.partial(self._io.store_into, local) if keeps_part else None
         queued = self._jobs.submit_stores(
-            job_metadata.job_id, keys, rows, self._io.store_one, over_bound
+            job_metadata.job_id,
+            keys,
+            rows,
+            functools.partial(self._io.store_one, cache_salt=salt),
+            over_bound,
         )
         if queued is StoresQueued.DROPPED:
             # The tier cannot keep up: the store was dropped (a later one may succeed).
@@ -388,7 +416,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             job_metadata.job_id,
             keys,
             rows,
-            self._io.load_share,
+            functools.partial(self._io.load_share, cache_salt=self._salt(job_metadata.req_context)),
             deadline=lambda: self._health.deadline(nbytes, ticket.deadline_s),
             ticket=ticket,
         )

@@ -49,7 +49,12 @@ from pathlib import Path
 
 from kvtier.errors import ConfigError, CorruptRecordError
 from kvtier.format.namespace import Namespace
-from kvtier.format.record import decode_header, verify_payload, verify_stored_bytes
+from kvtier.format.record import (
+    RecordHeader,
+    decode_header,
+    verify_payload,
+    verify_stored_bytes,
+)
 from kvtier.format.sealing import RecordSealer
 from kvtier.store.base import Problem
 from kvtier.store.disk import layout
@@ -84,6 +89,11 @@ class StoreCheck:
     sealer: RecordSealer | None = None
     #: Called with the key id of each sealed record that could not be authenticated (no key).
     unopened: Callable[[bytes], None] | None = None
+    #: Called with the name of each sealed record whose checksums hold but whose tag fails
+    #: under ``sealer``'s tenant (another tenant's, or forged: the two cannot be told apart
+    #: without the other tenant's keys); None: such a record is an ``unauthenticated``
+    #: problem. Either way it is never repaired: it may be another tenant's good record.
+    unauthenticated: Callable[[bytes], None] | None = None
     problems: list[Problem] = field(default_factory=list)
     _alive: dict[str, bool] = field(default_factory=dict)
 
@@ -208,7 +218,7 @@ class StoreCheck:
                 row.payload_len,
             )
             if self.sealer is not None:
-                self.sealer.verify(header, out)
+                self._authenticate(row, header, out)
             elif header.seal is not None:
                 verify_stored_bytes(header, out)
                 if self.unopened is not None:
@@ -222,6 +232,19 @@ class StoreCheck:
         except OSError as exc:
             return "io_error", str(exc)
         return None, ""
+
+    def _authenticate(self, row: Row, header: RecordHeader, out: memoryview) -> None:
+        """Open the record with the sealer; a failed tag is ``unauthenticated``'s (above)."""
+        assert self.sealer is not None
+        try:
+            self.sealer.verify(header, out)
+        except CorruptRecordError as exc:
+            if exc.reason != "auth":
+                raise
+            if self.unauthenticated is not None:
+                self.unauthenticated(row.key)
+            else:
+                self.report("unauthenticated", str(exc), None, row.key, row.name)
 
     def quarantine_row(self, row: Row, reason: str, detail: str) -> None:
         label = f"{row.key.hex()}.{row.record_id}"

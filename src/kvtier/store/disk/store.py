@@ -48,7 +48,9 @@ names, the header's key field, the quarantine's labels and the log lines. The ca
 speaks block keys; each method turns one into the names it may be stored under (the write
 key's first, then each older key's), so records written before a rotation are still found.
 ``keys()`` lists only block keys this process has stored or loaded: the names cannot be turned
-back into keys, which is the point.
+back into keys, which is the point. The store seals under the sealer it was opened with;
+``tenant_view`` gives another tenant's view of the same records, index and cap
+(kvtier.store.tenant_view).
 """
 
 from __future__ import annotations
@@ -79,7 +81,6 @@ from kvtier.format.record import (
 from kvtier.format.sealing import RecordSealer, sealed_namespace
 from kvtier.settings import DISK_MIN_CAPACITY_BYTES
 from kvtier.store.base import (
-    BlockStore,
     LoadClaim,
     Problem,
     StoreAbilities,
@@ -96,6 +97,7 @@ from kvtier.store.disk.record_io import RecordIO
 from kvtier.store.disk.session import Session, reap_dead_sessions
 from kvtier.store.disk.trash import Trash
 from kvtier.store.disk.writer import RecordWriter
+from kvtier.store.tenant_view import SealedStore
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ class _Entry(NamedTuple):
     seq: int
 
 
-class DiskStore(BlockStore):
+class DiskStore(SealedStore):
     """Persistent, capped, verified block store in ``<root>/<namespace digest>/``.
 
     Several processes may open the same root (same or other namespaces) at once; they share
@@ -202,7 +204,9 @@ class DiskStore(BlockStore):
         #: The reader again where it is the native one: the claimed reads are its alone.
         self._native = self._reader if isinstance(self._reader, NativeRecordReader) else None
         self._sealer = sealer
-        self._known: dict[bytes, bytes] = {}
+        #: name -> (block key, its tenant's sealer) of sealed records this process stored or
+        #: loaded (``keys()``).
+        self._known: dict[bytes, tuple[bytes, RecordSealer]] = {}
         self._lock = threading.Lock()
         self._mem: dict[bytes, _Entry] = {}
         self._seq = 0
@@ -250,11 +254,11 @@ class DiskStore(BlockStore):
 
     # -- BlockStore --------------------------------------------------------------------------
 
-    def put(self, key: bytes, payload: Buffer) -> bool:
+    def _put(self, sealer: RecordSealer | None, key: bytes, payload: Buffer) -> bool:
         check_key(key)
         view = memoryview(payload)
-        if self._sealer is not None:
-            block_key, key = key, self._sealer.name(self._digest, key)
+        if sealer is not None:
+            block_key, key = key, sealer.name(self._digest, key)
         record_bytes = HEADER_BYTES + view.nbytes
         if self._closed:
             return self._put_failed(key, "closed")
@@ -266,12 +270,12 @@ class DiskStore(BlockStore):
             return self._put_failed(key, "larger than the cap")
         if self._trash.has_retries():
             self._trash.retry()
-        if self._sealer is None:
+        if sealer is None:
             header = encode_header(make_header(self._digest, key, view))
         else:
-            sealed, view = self._sealer.seal(self._digest, key, view)
+            sealed, view = sealer.seal(self._digest, key, view)
             header = encode_header(sealed)
-            self._remember(key, block_key)
+            self._remember(key, block_key, sealer)
         record_id = None
         for attempt in range(RESERVE_ATTEMPTS):
             try:
@@ -321,11 +325,16 @@ class DiskStore(BlockStore):
         self._trash.empty(Trashed(r.path, "") for r in superseded)
         return True
 
-    def get_into(self, key: bytes, out: memoryview) -> bool:
-        return self._load(key, memoryview(out), None, None)
+    def _get_into(self, sealer: RecordSealer | None, key: bytes, out: memoryview) -> bool:
+        return self._load(sealer, key, memoryview(out), None, None)
 
-    def get_into_when(
-        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
+    def _get_into_when(
+        self,
+        sealer: RecordSealer | None,
+        key: bytes,
+        out: memoryview,
+        claim: LoadClaim,
+        bounce: memoryview,
     ) -> bool:
         """``get_into`` that writes ``out`` only after ``claim.claim()`` returned True.
 
@@ -347,19 +356,38 @@ class DiskStore(BlockStore):
         when the scheduler may already have abandoned the load and vLLM reused the row.
         """
         out = memoryview(out)
-        if (
-            self._sealer is None
-            and self._native is not None
-            and self._native.reads_resident_into(out)
-        ):
+        if sealer is None and self._native is not None and self._native.reads_resident_into(out):
             try:
-                return self._load(key, out, claim, bounce)
+                return self._load(sealer, key, out, claim, bounce)
             except NowaitRefused:
-                return self._read_refused_again(key, out, claim, bounce)
-        return super().get_into_when(key, out, claim, bounce)
+                return self._read_refused_again(sealer, key, out, claim, bounce)
+        return self._bounced(sealer, key, out, claim, bounce)
+
+    def _bounced(
+        self,
+        sealer: RecordSealer | None,
+        key: bytes,
+        out: memoryview,
+        claim: LoadClaim,
+        bounce: memoryview,
+    ) -> bool:
+        """``BlockStore.get_into_when``: read and checked in ``bounce``, copied into ``out``
+        once claimed."""
+        if not self._load(sealer, key, memoryview(bounce), None, None):
+            return False
+        if not claim.claim():
+            return False
+        copy_into(out, bounce)
+        claim.written()
+        return True
 
     def _read_refused_again(
-        self, key: bytes, out: memoryview, claim: LoadClaim, bounce: memoryview
+        self,
+        sealer: RecordSealer | None,
+        key: bytes,
+        out: memoryview,
+        claim: LoadClaim,
+        bounce: memoryview,
     ) -> bool:
         """After ``NowaitRefused`` (claimed, nothing read; the reader takes the bounce buffer
         from now on): give the claim back and read the record that way, rather than lose the
@@ -367,10 +395,11 @@ class DiskStore(BlockStore):
         once. A claim that cannot be given back was spent: a miss."""
         if not claim.release():
             return self._missed()
-        return super().get_into_when(key, out, claim, bounce)
+        return self._bounced(sealer, key, out, claim, bounce)
 
-    def get_many_into_when(
+    def _get_many_into_when(
         self,
+        sealer: RecordSealer | None,
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
         claims: Sequence[LoadClaim],
@@ -387,16 +416,16 @@ class DiskStore(BlockStore):
         native = self._native
         if (
             len(keys) < 2
-            or self._sealer is not None
+            or sealer is not None
             or native is None
             or any(cell is None for cell in cells)
             or any(out.nbytes != bounce.nbytes or not native.claims_into(out) for out in outs)
         ):
-            return super().get_many_into_when(keys, outs, claims, bounce)
+            return super()._get_many_into_when(sealer, keys, outs, claims, bounce)
         answers = [False] * len(keys)
         batch: list[tuple[int, bytes, _Entry]] = []  # (index, stored name, entry)
         for i, key in enumerate(keys):
-            pinned = self._pin(key, outs[i])
+            pinned = self._pin(sealer, key, outs[i])
             if pinned is not None:
                 batch.append((i, *pinned))
         if not batch:
@@ -409,12 +438,13 @@ class DiskStore(BlockStore):
                 bounce,
                 [outs[i] for i, _, _ in batch],
                 [cells[i] for i, _, _ in batch],  # type: ignore[misc]
-                self._sealer is None,
+                True,  # plain records only (checked above)
             )
             for (i, name, entry), read in zip(batch, reads, strict=True):
                 settled += 1  # _settle unpins, whatever it raises
                 try:
                     answers[i] = self._settle(
+                        sealer,
                         keys[i],
                         name,
                         entry,
@@ -428,11 +458,12 @@ class DiskStore(BlockStore):
             for _, name, _ in batch[settled:]:
                 self._unpin(name)
         for i in refused:
-            answers[i] = self._read_refused_again(keys[i], outs[i], claims[i], bounce)
+            answers[i] = self._read_refused_again(sealer, keys[i], outs[i], claims[i], bounce)
         return answers
 
     def _load(
         self,
+        sealer: RecordSealer | None,
         key: bytes,
         out: memoryview,
         claim: LoadClaim | None,
@@ -441,12 +472,12 @@ class DiskStore(BlockStore):
         """``get_into``, or with ``claim`` and ``bounce`` ``get_into_when``'s read: in one
         native call when ``claim`` carries a claim cell, else the resident read around a
         Python claim."""
-        pinned = self._pin(key, out)
+        pinned = self._pin(sealer, key, out)
         if pinned is None:
             return False
         name, entry = pinned
         path = self._path_of(name, entry)
-        checksum = self._sealer is None
+        checksum = sealer is None
         # A claim with a native cell (kvtier.dataplane.abandonable) the reader can make itself.
         native = self._native
         cell = None
@@ -477,14 +508,16 @@ class DiskStore(BlockStore):
                 claim.written()
             return None if resident is None else ClaimedRead(out, *resident, True)
 
-        return self._settle(key, name, entry, out, claim, read)
+        return self._settle(sealer, key, name, entry, out, claim, read)
 
-    def _pin(self, key: bytes, out: memoryview) -> tuple[bytes, _Entry] | None:
+    def _pin(
+        self, sealer: RecordSealer | None, key: bytes, out: memoryview
+    ) -> tuple[bytes, _Entry] | None:
         """The name ``key`` is stored under and its entry, pinned (no eviction removes the
         file until ``_settle`` unpins it); None, counted as a miss, when it is not stored or
         not of ``out``'s size."""
         with self._lock:
-            name, entry = self._find(key)
+            name, entry = self._find(sealer, key)
             if entry is None or out.nbytes != entry.payload_len:
                 self._stats.misses += 1
                 return None
@@ -502,6 +535,7 @@ class DiskStore(BlockStore):
 
     def _settle(
         self,
+        sealer: RecordSealer | None,
         block_key: bytes,
         key: bytes,
         entry: _Entry,
@@ -524,10 +558,10 @@ class DiskStore(BlockStore):
                 # reused already), so it is neither served nor checked.
                 return False
             header = decode_header(landed.header, self._digest, key, entry.payload_len)
-            if self._sealer is None:
+            if sealer is None:
                 verify_payload(header, landed.into, landed.payload_checksum)
             else:  # in place; the tag covers every byte
-                self._sealer.open(header, landed.into, landed.into)
+                sealer.open(header, landed.into, landed.into)
         except FileNotFoundError:
             # Evicted or replaced by another process (its row is already gone), or deleted
             # behind the store's back: drop the row too, so its bytes leave the cap and no
@@ -552,8 +586,8 @@ class DiskStore(BlockStore):
             return self._missed()
         finally:
             self._unpin(key)
-        if self._sealer is not None:
-            self._remember(key, block_key)
+        if sealer is not None:
+            self._remember(key, block_key, sealer)
         with self._lock:
             self._stats.hits += 1
             self._stats.page_cache_hits += landed.from_page_cache
@@ -570,16 +604,16 @@ class DiskStore(BlockStore):
         claim.written()
         return True
 
-    def contains(self, key: bytes) -> bool:
-        if self._sealer is None:
+    def _contains(self, sealer: RecordSealer | None, key: bytes) -> bool:
+        if sealer is None:
             return key in self._mem
-        return self._find(key)[1] is not None
+        return self._find(sealer, key)[1] is not None
 
-    def delete(self, key: bytes) -> bool:
+    def _delete(self, sealer: RecordSealer | None, key: bytes) -> bool:
         check_key(key)
         if self._closed:
             return False
-        names = [key] if self._sealer is None else self._sealer.names(self._digest, key)
+        names = [key] if sealer is None else sealer.names(self._digest, key)
         rows = []
         try:
             for name in names:
@@ -594,14 +628,22 @@ class DiskStore(BlockStore):
         self._trash.empty(Trashed(r.path, "") for r in rows)
         return bool(rows)
 
-    def keys(self) -> Iterator[bytes]:
+    def _keys(self, sealer: RecordSealer | None) -> Iterator[bytes]:
+        """For sealed records, the block keys of ``sealer``'s tenant this process stored or
+        loaded (a name cannot be turned back into its key)."""
         with self._lock:
-            if self._sealer is None:
+            if sealer is None:
                 return iter(list(self._mem))
-            return iter([key for name, key in self._known.items() if name in self._mem])
+            return iter(
+                [
+                    key
+                    for name, (key, owner) in self._known.items()
+                    if owner is sealer and name in self._mem
+                ]
+            )
 
-    def payload_len(self, key: bytes) -> int | None:
-        entry = self._find(key)[1]
+    def _payload_len(self, sealer: RecordSealer | None, key: bytes) -> int | None:
+        entry = self._find(sealer, key)[1]
         return None if entry is None else entry.payload_len
 
     def used_bytes(self) -> int:
@@ -664,11 +706,32 @@ class DiskStore(BlockStore):
         *,
         progress: Callable[[int], None] | None = None,
         unopened: Callable[[bytes], None] | None = None,
+        unauthenticated: Callable[[bytes], None] | None = None,
     ) -> list[Problem]:
         """See ``BlockStore.verify``; ``progress`` is called with the bytes of each record
         read. A sealed record is authenticated with the store's sealer; a store without one
         checks its header and ciphertext checksum only and calls ``unopened`` with its key id
-        (it could not check what the record decrypts to)."""
+        (it could not check what the record decrypts to). A sealed record whose checksums
+        hold but whose tag fails under the sealer's tenant may be another tenant's
+        (kvtier.store.tenant_view): ``fix`` leaves it, and it is passed by name to
+        ``unauthenticated`` when given, else reported as ``unauthenticated``."""
+        return self._verify(
+            self._sealer,
+            fix,
+            progress=progress,
+            unopened=unopened,
+            unauthenticated=unauthenticated,
+        )
+
+    def _verify(
+        self,
+        sealer: RecordSealer | None,
+        fix: bool,
+        *,
+        progress: Callable[[int], None] | None = None,
+        unopened: Callable[[bytes], None] | None = None,
+        unauthenticated: Callable[[bytes], None] | None = None,
+    ) -> list[Problem]:
         if self._closed:
             raise ValueError("verify() on a closed store; open it again")
         self._access.flush()
@@ -681,8 +744,9 @@ class DiskStore(BlockStore):
             self._quarantine_limits(),
             fix,
             progress,
-            self._sealer,
+            sealer,
             unopened,
+            unauthenticated,
         ).run()
         if fix:
             self._reload()
@@ -702,30 +766,31 @@ class DiskStore(BlockStore):
 
     def record_path(self, key: bytes) -> Path | None:
         """The file currently holding ``key``'s record (as this process knows it), or None."""
-        key, entry = self._find(key)
+        key, entry = self._find(self._sealer, key)
         if entry is None:
             return None
         return self.namespace_dir / layout.record_name(key, entry.record_id)
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _find(self, key: bytes) -> tuple[bytes, _Entry | None]:
-        """The name ``key`` is stored under here, and its entry (None: not stored)."""
+    def _find(self, sealer: RecordSealer | None, key: bytes) -> tuple[bytes, _Entry | None]:
+        """The name ``key`` is stored under here by ``sealer``'s tenant, and its entry (None:
+        not stored)."""
         if self._closed:
             return key, None
-        if self._sealer is None:
+        if sealer is None:
             return key, self._mem.get(key)
-        names = self._sealer.names(self._digest, key)
+        names = sealer.names(self._digest, key)
         for name in names:
             entry = self._mem.get(name)
             if entry is not None:
                 return name, entry
         return names[0], None
 
-    def _remember(self, name: bytes, block_key: bytes) -> None:
+    def _remember(self, name: bytes, block_key: bytes, sealer: RecordSealer) -> None:
         with self._lock:
             self._known.pop(name, None)
-            self._known[name] = block_key
+            self._known[name] = (block_key, sealer)
             if len(self._known) > KNOWN_KEYS_MAX:
                 del self._known[next(iter(self._known))]
 

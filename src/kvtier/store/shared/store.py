@@ -37,7 +37,8 @@ record, so neither a SCAN nor a read of the server's memory or its RDB/AOF files
 hash or KV. The in-memory view is keyed by name too; each method turns the caller's block key
 into the names it may be stored under (the write key's, then each older key's). A GET asks for
 the first name the view knows, else the write key's: a record another replica wrote under an
-older key is found through ``exists_many``, which asks for every name.
+older key is found through ``exists_many``, which asks for every name. ``tenant_view`` gives
+another tenant's view of the same prefix and in-memory view (kvtier.store.tenant_view).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ from kvtier.store.shared.breaker import CircuitBreaker
 from kvtier.store.shared.client import READ_INTO_AVAILABLE, RecordValue, retry_pause_s
 from kvtier.store.shared.stats import SharedStoreStats
 from kvtier.store.shared.view import KeyView
+from kvtier.store.tenant_view import SealedStore
 
 log = logging.getLogger("kvtier.store.shared")
 
@@ -112,7 +114,7 @@ class _Unavailable(Exception):
     """Internal: the operation did not reach the server (breaker open or fault)."""
 
 
-class SharedStore(BlockStore):
+class SharedStore(SealedStore):
     """A ``BlockStore`` on Redis/Valkey, standalone or Cluster (see the module docstring).
 
     Thread-safe; every method but ``contains``/``payload_len``/``keys``/``used_bytes``
@@ -155,8 +157,9 @@ class SharedStore(BlockStore):
         self._server = self.config.server
         self._clock = clock
         self._sealer = sealer
-        #: name -> block key of sealed records this process stored or loaded (``keys()``).
-        self._known: dict[bytes, bytes] = {}
+        #: name -> (block key, its tenant's sealer) of sealed records this process stored or
+        #: loaded (``keys()``).
+        self._known: dict[bytes, tuple[bytes, RecordSealer]] = {}
         self._lock = threading.Lock()
         self._view = KeyView(self.config.view_max_keys)
         self._stats = SharedStoreStats()
@@ -198,22 +201,23 @@ class SharedStore(BlockStore):
     def _server_key(self, key: bytes) -> bytes:
         return self._prefix + key.hex().encode()
 
-    def _names(self, key: bytes) -> list[bytes]:
-        """The names ``key`` may be stored under (itself, for plain records)."""
+    def _names(self, sealer: RecordSealer | None, key: bytes) -> list[bytes]:
+        """The names ``key`` may be stored under by ``sealer``'s tenant (itself, for plain
+        records)."""
         check_key(key)
-        return [key] if self._sealer is None else self._sealer.names(self._digest, key)
+        return [key] if sealer is None else sealer.names(self._digest, key)
 
-    def _find(self, key: bytes) -> bytes:
+    def _find(self, sealer: RecordSealer | None, key: bytes) -> bytes:
         """The name to ask for: the first one the view knows, else the write key's."""
-        names = self._names(key)
+        names = self._names(sealer, key)
         return next((n for n in names if n in self._view), names[0])
 
-    def _remember(self, name: bytes, block_key: bytes) -> None:
-        if self._sealer is None:
+    def _remember(self, name: bytes, block_key: bytes, sealer: RecordSealer | None) -> None:
+        if sealer is None:
             return
         with self._lock:
             self._known.pop(name, None)
-            self._known[name] = block_key
+            self._known[name] = (block_key, sealer)
             if len(self._known) > self.config.view_max_keys:
                 del self._known[next(iter(self._known))]
 
@@ -324,7 +328,7 @@ class SharedStore(BlockStore):
 
     # ------------------------------------------------------------------ BlockStore
 
-    def put(self, key: bytes, payload: Buffer) -> bool:
+    def _put(self, sealer: RecordSealer | None, key: bytes, payload: Buffer) -> bool:
         """SET the record (header + payload, sent without joining them); False on any fault."""
         check_key(key)
         view = memoryview(payload).cast("B")
@@ -333,13 +337,13 @@ class SharedStore(BlockStore):
         record_bytes = HEADER_BYTES + view.nbytes
         if record_bytes > self.max_record_bytes:
             return self._put_failed("too_large")
-        if self._sealer is None:
+        if sealer is None:
             header = encode_header(make_header(self._digest, key, view))
         else:
-            block_key, key = key, self._sealer.name(self._digest, key)
-            sealed, view = self._sealer.seal(self._digest, key, view)
+            block_key, key = key, sealer.name(self._digest, key)
+            sealed, view = sealer.seal(self._digest, key, view)
             header = encode_header(sealed)
-            self._remember(key, block_key)
+            self._remember(key, block_key, sealer)
         server_key = self._server_key(key)
         value = RecordValue((header, view))
         try:
@@ -359,17 +363,27 @@ class SharedStore(BlockStore):
             self._stats.put_failures += 1
         return False
 
-    def get_into(self, key: bytes, out: memoryview) -> bool:
+    def _get_into(self, sealer: RecordSealer | None, key: bytes, out: memoryview) -> bool:
         """GET the value straight into ``out`` (its header aside), verify it there.
 
         A wrong-sized ``out`` is a plain miss (the record stays); a value failing any check is
         deleted on the server, counted in ``corrupt`` by reason, and missed. On a miss ``out``
         may hold part of a value (the ``BlockStore`` contract).
         """
-        return self._get(key, memoryview(out).cast("B"), None, None)
+        return self._get(sealer, key, memoryview(out).cast("B"), None, None)
 
     def get_into_when(
         self, key: bytes, out: memoryview, claim: LoadClaim, bounce: object = None
+    ) -> bool:
+        return self._get_into_when(self._sealer, key, out, claim, bounce)
+
+    def _get_into_when(
+        self,
+        sealer: RecordSealer | None,
+        key: bytes,
+        out: memoryview,
+        claim: LoadClaim,
+        bounce: object = None,
     ) -> bool:
         """``get_into`` that writes ``out`` only after ``claim.claim()`` returned True.
 
@@ -379,16 +393,17 @@ class SharedStore(BlockStore):
         verified there and copied into ``out`` once claimed; without a usable ``bounce`` the
         client returns a new ``bytes``, verified and copied from there.
         """
-        return self._get(key, memoryview(out).cast("B"), claim, bounce)
+        return self._get(sealer, key, memoryview(out).cast("B"), claim, bounce)
 
     def _get(
         self,
+        sealer: RecordSealer | None,
         key: bytes,
         dest: memoryview,
         claim: LoadClaim | None,
         bounce: object,
     ) -> bool:
-        block_key, key = key, self._find(key)
+        block_key, key = key, self._find(sealer, key)
         known = self._view.payload_len(key)
         if self._closed or (known is not None and known != dest.nbytes):
             return self._miss()
@@ -431,11 +446,11 @@ class SharedStore(BlockStore):
             # A sealed value is opened where it landed (in place, before any claim) when that
             # buffer is writable; the client's own bytes are opened straight into ``dest``,
             # which may happen only once claimed.
-            deferred = self._sealer is not None and payload.readonly
-            if self._sealer is None:
+            deferred = sealer is not None and payload.readonly
+            if sealer is None:
                 verify_payload(header, payload)
             elif not deferred:
-                self._sealer.open(header, payload, payload)
+                sealer.open(header, payload, payload)
         except CorruptRecordError as exc:
             self._drop_corrupt(key, server_key, exc)
             return self._miss()
@@ -444,7 +459,7 @@ class SharedStore(BlockStore):
             return False
         if deferred:
             try:
-                self._sealer.open(header, payload, dest)  # type: ignore[union-attr]
+                sealer.open(header, payload, dest)  # type: ignore[union-attr]
             except CorruptRecordError as exc:
                 self._drop_corrupt(key, server_key, exc)
                 return self._miss()
@@ -452,12 +467,13 @@ class SharedStore(BlockStore):
             copy_into(dest, memoryview(payload).cast("B"))
         if claim is not None:
             claim.written()
-        self._remember(key, block_key)
+        self._remember(key, block_key, sealer)
         self._count_hit(header.payload_len, direct)
         return True
 
-    def get_many_into_when(
+    def _get_many_into_when(
         self,
+        sealer: RecordSealer | None,
         keys: Sequence[bytes],
         outs: Sequence[memoryview],
         claims: Sequence[LoadClaim],
@@ -472,14 +488,14 @@ class SharedStore(BlockStore):
         cells = [claim.native_cell for claim in claims]
         if (
             len(keys) < 2
-            or self._sealer is not None  # opened in the bounce buffer before its claim
+            or sealer is not None  # opened in the bounce buffer before its claim
             or self._server.tls  # its socket decrypts in Python
             or self._closed
             or not batch.available()
             or any(cell is None for cell in cells)
             or any(out.readonly or out.nbytes > bounce.nbytes for out in outs)
         ):
-            return super().get_many_into_when(keys, outs, claims, bounce)
+            return super()._get_many_into_when(sealer, keys, outs, claims, bounce)
         answers = [False] * len(keys)
         alone: list[int] = []  # keys left to a GET of their own
         groups: dict[str, tuple[ConnectionPool, list[int]]] = {}
@@ -500,7 +516,7 @@ class SharedStore(BlockStore):
                 node, pool, indices, keys, outs, claims, cells, bounce, answers
             )
         for i in sorted(alone):
-            answers[i] = self._get(keys[i], outs[i], claims[i], bounce)
+            answers[i] = self._get(sealer, keys[i], outs[i], claims[i], bounce)
         return answers
 
     def _exchange_with(
@@ -610,14 +626,14 @@ class SharedStore(BlockStore):
             self._stats.batched_hits += batched
             self._stats.bytes_read += payload_len
 
-    def contains(self, key: bytes) -> bool:
+    def _contains(self, sealer: RecordSealer | None, key: bytes) -> bool:
         """In the in-memory view (stored or found by this process); no network I/O."""
-        return any(name in self._view for name in self._names(key))
+        return any(name in self._view for name in self._names(sealer, key))
 
-    def delete(self, key: bytes) -> bool:
+    def _delete(self, sealer: RecordSealer | None, key: bytes) -> bool:
         """DEL on the server; True if the server removed a value (False on a fault)."""
         removed = False
-        for name in self._names(key):
+        for name in self._names(sealer, key):
             self._view.forget(name)
             with self._lock:
                 self._known.pop(name, None)
@@ -630,17 +646,19 @@ class SharedStore(BlockStore):
                 )
         return removed
 
-    def keys(self) -> Iterator[bytes]:
-        """Keys of the in-memory view (a snapshot); for sealed values, the block keys this
-        process stored or loaded (a name cannot be turned back into its key)."""
+    def _keys(self, sealer: RecordSealer | None) -> Iterator[bytes]:
+        """Keys of the in-memory view (a snapshot); for sealed values, the block keys of
+        ``sealer``'s tenant this process stored or loaded (a name cannot be turned back into
+        its key)."""
         names = self._view.snapshot()
-        if self._sealer is None:
+        if sealer is None:
             return iter(names)
         with self._lock:
-            return iter([self._known[n] for n in names if n in self._known])
+            known = [self._known.get(n) for n in names]
+        return iter([k[0] for k in known if k is not None and k[1] is sealer])
 
-    def payload_len(self, key: bytes) -> int | None:
-        return self._view.payload_len(self._find(key))
+    def _payload_len(self, sealer: RecordSealer | None, key: bytes) -> int | None:
+        return self._view.payload_len(self._find(sealer, key))
 
     def used_bytes(self) -> int:
         """Record bytes of the keys in this process's view; the server's total is not known
@@ -655,7 +673,7 @@ class SharedStore(BlockStore):
         snapshot.reconnects = sum(b.recoveries for b in breakers)
         return snapshot
 
-    def exists_many(self, keys: Iterable[bytes]) -> set[bytes]:
+    def _exists_many(self, sealer: RecordSealer | None, keys: Iterable[bytes]) -> set[bytes]:
         """Which of ``keys`` the server holds now; learns them (and their lengths) into the view.
 
         One pipelined STRLEN per key, batched per Cluster node, so the cost is about one round
@@ -663,9 +681,9 @@ class SharedStore(BlockStore):
         open) are reported absent but stay in the view. Blocking: call it from the tier's
         threads, not the scheduler. A value too short to be a record counts as absent.
         """
-        if self._sealer is None:
+        if sealer is None:
             return self._check(keys)[0]
-        by_name = {name: key for key in keys for name in self._names(key)}
+        by_name = {name: key for key in keys for name in self._names(sealer, key)}
         return {by_name[name] for name in self._check(by_name)[0]}
 
     def _check(self, keys: Iterable[bytes]) -> tuple[set[bytes], set[bytes]]:
@@ -724,9 +742,14 @@ class SharedStore(BlockStore):
         """SCAN this namespace's keys on every master and fully verify each value.
 
         A value that fails is reported as ``corrupt`` (deleted with ``fix``); an unreachable
-        server as ``unreachable``. View keys the server has evicted leave the view silently
-        (eviction is normal for a cache).
+        server as ``unreachable``. A sealed value whose checksums hold but whose tag fails
+        under the store's tenant is ``unauthenticated`` and never deleted: it may be another
+        tenant's (kvtier.store.tenant_view). View keys the server has evicted leave the view
+        silently (eviction is normal for a cache).
         """
+        return self._verify(self._sealer, fix)
+
+    def _verify(self, sealer: RecordSealer | None, fix: bool) -> list[Problem]:
         if self._closed:
             return []
         problems: list[Problem] = []
@@ -736,7 +759,7 @@ class SharedStore(BlockStore):
             try:
                 server_keys = list(client.scan_iter(match=self._prefix + b"*", count=1000))
                 for sk in server_keys:
-                    problem = self._verify_one(client, sk, fix)
+                    problem = self._verify_one(sealer, client, sk, fix)
                     seen.add(sk)
                     if problem is not None:
                         problems.append(problem)
@@ -750,7 +773,9 @@ class SharedStore(BlockStore):
                 self._view.forget(key)
         return problems
 
-    def _verify_one(self, client: Any, server_key: bytes, fix: bool) -> Problem | None:
+    def _verify_one(
+        self, sealer: RecordSealer | None, client: Any, server_key: bytes, fix: bool
+    ) -> Problem | None:
         try:
             key = bytes.fromhex(server_key[len(self._prefix) :].decode())
             check_key(key)
@@ -764,8 +789,8 @@ class SharedStore(BlockStore):
                 raise CorruptRecordError("key", f"server key {server_key!r:.80} is not ours")
             raw = memoryview(value)
             header = decode_header(raw, self._digest, key, raw.nbytes - HEADER_BYTES)
-            if self._sealer is not None:
-                self._sealer.verify(header, raw[HEADER_BYTES:])
+            if sealer is not None:
+                sealer.verify(header, raw[HEADER_BYTES:])
             elif header.seal is not None:
                 # Without the key only the ciphertext's integrity can be checked; deleting
                 # what cannot be opened here would empty an encrypted server.
@@ -773,6 +798,8 @@ class SharedStore(BlockStore):
             else:
                 verify_payload(header, raw[HEADER_BYTES:])
         except CorruptRecordError as exc:
+            if exc.reason == "auth":  # checksums held: maybe another tenant's, kept
+                return Problem("unauthenticated", str(exc), key=key)
             if fix:
                 client.delete(server_key)
                 if key is not None:
