@@ -29,11 +29,12 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_26_x86_64
       --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64
       --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
-# The API server: uvicorn (h11 and click: the host's httpx and the bundle bring them),
-# watchfiles, SageMaker's container standards (+ jmespath), the metrics middleware;
-# python-multipart only for the transcription routes, small enough to carry anyway.
-serve=(uvicorn==0.55.0 watchfiles==1.3.0 model-hosting-container-standards==0.1.16 jmespath==1.1.0
-       prometheus-fastapi-instrumentator==8.1.0 python-multipart==0.0.34)
+# The API server: uvicorn with httptools (uvicorn picks it over h11, as in a `pip install vllm`
+# through fastapi[standard]; LMCache lists it too; h11 and click come from the host's httpx and
+# the bundle), watchfiles, SageMaker's container standards (+ jmespath), the metrics
+# middleware; python-multipart only for the transcription routes, small enough to carry anyway.
+serve=(uvicorn==0.55.0 httptools==0.9.0 watchfiles==1.3.0 model-hosting-container-standards==0.1.16
+       jmespath==1.1.0 prometheus-fastapi-instrumentator==8.1.0 python-multipart==0.0.34)
 # `kvtier bench workload` refuses to start without matplotlib (its PNG); httpx is the host's.
 # dateutil 2.9 with six rather than 4.0, which wants tzdata.
 bench=(matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.69.1 kiwisolver==1.5.1
