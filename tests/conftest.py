@@ -1,5 +1,6 @@
 """Shared fixtures: models built once per session, engines closed even when a test fails."""
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,20 @@ LONGEST_FIRST = (
     "tests/engine/test_demo.py",
     "tests/engine/test_bench_smoke.py",
 )
+
+
+#: One compute thread per engine, unbound: the suite runs two workers on two cores, and an
+#: engine's default OpenMP team (a thread bound to each core) then waits at every parallel
+#: region for a thread whose core the other worker holds, spinning meanwhile: beside one busy
+#: process a tiny model's request took 0.13-0.8 s instead of 0.06-0.07 s. Tests read outputs,
+#: never speed; set before any test imports torch, so in-process engines and every child
+#: (engine processes, servers, runners) inherit it. Exported values win.
+ENGINE_THREADS = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, value in ENGINE_THREADS.items():
+        os.environ.setdefault(name, value)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -177,7 +177,10 @@ def test_serve_on_a_cuda_build_runs_vllms_own_host_pool_with_kvtiers_tiers(monke
 
 def test_serve_sets_pythonhashseed_where_the_cuda_release_needs_it(monkeypatch):
     cuda_build(monkeypatch, hash_seed=True)
-    caller, server = run_serve_capturing_exec(monkeypatch, {"PYTHONHASHSEED": None})
+    # The caller's own CPU settings (the test session sets some) are unset, so any in the
+    # server's environment would be serve's.
+    cpu_settings = {k: None for k in os.environ if k.startswith("VLLM_CPU")}
+    caller, server = run_serve_capturing_exec(monkeypatch, {"PYTHONHASHSEED": None, **cpu_settings})
     assert server == caller | {"PYTHONHASHSEED": "0"}
     assert not [k for k in server if k.startswith("VLLM_CPU")], "no CPU-only settings"
 

@@ -32,7 +32,9 @@ from tests.mlx.paged_caches import CacheShape, LayerwiseCache
 from tests.mlx.stub_engine import RequestState, StubEngine
 
 BLOCK = 16
-PREFIX_BLOCKS = 12
+#: Several blocks, so that several records are restored into other block ids; few, since each
+#: block of SmolLM2 costs seconds of MLX CPU compute per engine that computes it.
+PREFIX_BLOCKS = 4
 PROMPT_TOKENS = PREFIX_BLOCKS * BLOCK + 8  # full blocks and a tail vLLM computes after a restore
 MAX_TOKENS = 4
 OTHER_PROMPT_TOKENS = 40
