@@ -335,6 +335,47 @@ def bench_checksum(
     typer.echo(checksum_bench.run(repeats))
 
 
+@app.command("write-cost")
+def bench_write_cost(
+    sizes: Annotated[str, typer.Option(help="Record sizes in MiB, comma separated.")] = "2,32",
+    rate: Annotated[float, typer.Option(help="Bytes written per second, in MB/s.")] = 200.0,
+    settings: Annotated[
+        str,
+        typer.Option(
+            help="Settings, comma separated, each optionally with /process (the loop in a "
+            "process of its own: CPU shared, GIL not): none, fs, kvtier, kvtier-nohash, "
+            "kvtier-noindex, kvtier-nopayload."
+        ),
+    ] = "none,fs,fs/process,kvtier,kvtier/process,kvtier-noindex,kvtier-nopayload",
+    threads: Annotated[int, typer.Option(help="Writer threads.")] = 4,
+    seconds: Annotated[float, typer.Option(help="Seconds per setting and round.")] = 3.0,
+    rounds: Annotated[int, typer.Option(help="Rounds (every setting once each, in order).")] = 5,
+    folder: Annotated[
+        Path | None, typer.Option("--dir", help="Folder for the records (default: temp).")
+    ] = None,
+) -> None:
+    """What writes to disk cost an engine-like Python loop in the same process: vLLM's fs
+    tier's way, kvtier's put, and kvtier's put without parts of it (no engine).
+
+    Example: python -m benchmarks write-cost --sizes 2,32 --rate 200 --rounds 5
+    """
+    from benchmarks import write_cost
+
+    for size in (int(s) for s in sizes.split(",")):
+        record_bytes = size << 20
+        results = write_cost.run(
+            settings.split(","),
+            record_bytes,
+            rate * 1e6,
+            threads=threads,
+            seconds=seconds,
+            rounds=rounds,
+            folder=folder,
+        )
+        typer.echo(write_cost.table(results, record_bytes, rate * 1e6))
+        typer.echo("")
+
+
 @app.command("pool-on-disk")
 def bench_pool_on_disk(
     folder: Annotated[Path, typer.Option("--dir", help="Folder for the pool file.")],
