@@ -53,6 +53,11 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+# What vLLM needs on the GPU host, and the throw-away loopback Redis: the end-to-end runner's
+# (standard library only at import).
+from kvtier_cuda_e2e import ENV, start_redis  # noqa: E402
+
 WORK = Path(os.environ.get("KVTIER_SXS_WORK", "/var/tmp/kvtier-sxs"))
 OUT = Path(os.environ.get("KVTIER_SXS_OUT", "sxs-out"))
 TOKENIZER = Path(os.environ.get("KVTIER_SXS_TOKENIZER", ".gpu26/model"))
@@ -84,18 +89,6 @@ BUDGET_S = float(os.environ.get("KVTIER_SXS_BUDGET_S", "540"))
 MIN_LEFT_S = float(os.environ.get("KVTIER_SXS_MIN_LEFT_S", "100"))
 PORT = int(os.environ.get("KVTIER_SXS_PORT", "8100"))
 SERVED_NAME = "llama-3-8b-shape"
-#: What vLLM needs on the GPU host (see ../../shared/research/gpu-vllm-cuda.md's facts, as
-#: the end-to-end runner sets them).
-ENV = {
-    "VLLM_USE_FLASHINFER_SAMPLER": "0",
-    "VLLM_USE_DEEP_GEMM": "0",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
-    "PYTHONHASHSEED": "0",
-}
 #: Llama-3-8B's shape (32 layers, 8 KV heads of 128: 128 KiB of KV per token) with SmolLM2's
 #: vocabulary and special tokens.
 SHAPE = {
@@ -332,9 +325,6 @@ def main() -> int:
     redis = None
     binary = os.environ.get("KVTIER_SXS_REDIS_SERVER")
     if "kvtier-shared" in CONFIGS and binary:
-        sys.path.insert(0, str(HERE))
-        from kvtier_cuda_e2e import start_redis
-
         redis, os.environ["KVTIER_SXS_SHARED_URL"] = start_redis(binary)
     print(
         f"side by side: configs {CONFIGS}, workloads {WORKLOADS}, host memory {CPU_GB} GiB, "
