@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import os
@@ -269,13 +270,19 @@ def test_a_master_key_is_not_pickled() -> None:
 def test_a_larger_seal_while_the_last_ciphertext_is_still_viewed_works() -> None:
     # A thread seals into one reusable buffer and grows it for a larger record; a caller that
     # still holds the previous ciphertext's view must neither break that nor lose its bytes.
-    sealer = ring().tenant()
-    small, large = payload_of(1, 4096), payload_of(2, 3 * 1024 * 1024)
-    name = sealer.name(NS, key_of(1))
-    header, body = sealer.seal(NS, name, small)
-    kept = bytes(body)
-    _, larger = sealer.seal(NS, sealer.name(NS, key_of(2)), large)
-    assert bytes(body) == kept and larger.nbytes == len(large)
-    out = memoryview(bytearray(body))
-    sealer.open(header, out, out)
-    assert bytes(out) == small
+    # In a thread of its own: the buffer is the thread's, for every sealer, and an earlier
+    # test's seal in this thread may have grown it past the larger record already.
+    def seal_small_then_large() -> None:
+        sealer = ring().tenant()
+        small, large = payload_of(1, 4096), payload_of(2, 3 * 1024 * 1024)
+        name = sealer.name(NS, key_of(1))
+        header, body = sealer.seal(NS, name, small)
+        kept = bytes(body)
+        _, larger = sealer.seal(NS, sealer.name(NS, key_of(2)), large)
+        assert bytes(body) == kept and larger.nbytes == len(large)
+        out = memoryview(bytearray(body))
+        sealer.open(header, out, out)
+        assert bytes(out) == small
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as fresh_thread:
+        fresh_thread.submit(seal_small_then_large).result()

@@ -33,6 +33,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvtier.cli.main import app
+from kvtier.extras import ALTERNATIVES
 from kvtier.paths import cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,5 +243,6 @@ def test_a_command_needing_an_extra_names_it_in_one_line(
     done = kvtier_in(venv, *argv)
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("kvtier: ") and line.endswith(f"(kvtier's [{extra}] extra)")
+    ending = f"(kvtier's [{extra}] extra){ALTERNATIVES.get(extra, '')}"
+    assert line.startswith("kvtier: ") and line.endswith(ending)
     assert "pip install " in line
