@@ -1,8 +1,11 @@
 """vLLM offloading configs for tier tests without an engine."""
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.config import (
     OffloadingCacheConfig,
     OffloadingConfig,
@@ -10,6 +13,7 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
+from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.vllm.engine_context import EngineContext, KvtierSpec
 
@@ -42,3 +46,18 @@ class KvtierSpecStub(KvtierSpec):
         self.config = config
         self.kvtier = context
         self.replicated_layout = False
+
+
+def finish_job(tier, job_id: int, keys, rows, load: bool, ctx: ReqContext):  # type: ignore[no-untyped-def]
+    """Submit a store (``load`` false) or load job of ``ctx``'s request to ``tier`` and return
+    its result once the tier reports it (at most 30 s)."""
+    job = TransferJob(job_id, keys, np.array(rows, dtype=np.int32), load, ctx)
+    (tier.submit_load if load else tier.submit_store)(job)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        results = list(tier.get_finished_jobs())
+        if results:
+            (result,) = results
+            return result
+        time.sleep(0.01)
+    raise AssertionError("job did not finish")

@@ -18,8 +18,8 @@ from kvtier.runtime.row_io import ClaimForBuffer
 from kvtier.store import DiskStore, MemoryStore, RecordIO, RecordWriter
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from tests.support import store as stores
+from tests.support.tiers import finish_job, stock_spec
 from tests.support.tiers import offloading_config as tier_config
-from tests.support.tiers import stock_spec
 
 ROWS, ROW_BYTES = 8, 8192
 CTX = ReqContext(req_id="r")
@@ -54,16 +54,7 @@ def key(i: int) -> bytes:
 
 
 def run(tier, job_id, keys, rows, is_promotion):
-    job = TransferJob(job_id, keys, np.array(rows, dtype=np.int32), is_promotion, CTX)
-    (tier.submit_load if is_promotion else tier.submit_store)(job)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        results = list(tier.get_finished_jobs())
-        if results:
-            (result,) = results
-            return result
-        time.sleep(0.01)
-    raise AssertionError("job did not finish")
+    return finish_job(tier, job_id, keys, rows, is_promotion, CTX)
 
 
 def wait_open(tier):

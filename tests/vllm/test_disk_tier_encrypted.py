@@ -13,7 +13,6 @@ import pytest
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
-from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvtier.errors import ConfigError
 from kvtier.format import HEADER_BYTES
@@ -24,7 +23,7 @@ from kvtier.store import DiskStore
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.engine_context import EngineContext
 from tests.support.store import files_under
-from tests.support.tiers import stock_spec
+from tests.support.tiers import finish_job, stock_spec
 from tests.vllm.test_disk_tier import CTX, ROW_BYTES, ROWS, key, offloading_config, run, wait_open
 
 
@@ -108,19 +107,6 @@ def tenant_ctx(req_id: str, salt: str | None) -> ReqContext:
     return ReqContext(req_id=req_id, kv_transfer_params=tagged_params({}, salt))
 
 
-def job_on(tier: KvtierDiskTier, job_id: int, ctx: ReqContext, keys, rows, load: bool):
-    job = TransferJob(job_id, keys, np.array(rows, dtype=np.int32), load, ctx)
-    (tier.submit_load if load else tier.submit_store)(job)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        results = list(tier.get_finished_jobs())
-        if results:
-            (result,) = results
-            return result
-        time.sleep(0.01)
-    raise AssertionError("job did not finish")
-
-
 def test_require_cache_salt_keeps_unsalted_requests_off_the_tier(
     tmp_path: Path, pool: np.ndarray
 ) -> None:
@@ -148,14 +134,14 @@ def test_require_cache_salt_keeps_unsalted_requests_off_the_tier(
         pool[0] = np.arange(ROW_BYTES) % 101
         before = files_under(tmp_path / "disk")
         for job_id, ctx in ((1, unsalted), (2, forged), (3, CTX)):
-            assert not job_on(tier, job_id, ctx, [key(job_id)], [0], False).success
+            assert not finish_job(tier, job_id, [key(job_id)], [0], False, ctx).success
         assert files_under(tmp_path / "disk") == before, "nothing written for them"
         assert tier.counters.stores == 0
-        assert job_on(tier, 4, salted, [key(4)], [0], False).success
+        assert finish_job(tier, 4, [key(4)], [0], False, salted).success
         assert tier.lookup(key(4), salted) is LookupResult.HIT
         for ctx in (unsalted, forged, CTX):
             assert tier.lookup(key(4), ctx) is LookupResult.MISS
-        assert job_on(tier, 5, salted, [key(4)], [3], True).success
+        assert finish_job(tier, 5, [key(4)], [3], True, salted).success
         assert np.array_equal(pool[3], pool[0])
     finally:
         tier.shutdown()
@@ -175,13 +161,13 @@ def test_each_tenants_blocks_are_stored_and_loaded_under_its_own_keys(
         wait_open(tier)
         pool[0] = np.arange(ROW_BYTES) % 97
         pool[1] = np.arange(ROW_BYTES) % 89
-        assert job_on(tier, 1, alice, [key(1)], [0], False).success
+        assert finish_job(tier, 1, [key(1)], [0], False, alice).success
         assert tier.lookup(key(1), alice) is LookupResult.HIT
         for other in (bob, unsalted, CTX):
             assert tier.lookup(key(1), other) is LookupResult.MISS
-        assert job_on(tier, 2, bob, [key(1)], [1], False).success
-        assert job_on(tier, 3, alice, [key(1)], [4], True).success
-        assert job_on(tier, 4, bob, [key(1)], [5], True).success
+        assert finish_job(tier, 2, [key(1)], [1], False, bob).success
+        assert finish_job(tier, 3, [key(1)], [4], True, alice).success
+        assert finish_job(tier, 4, [key(1)], [5], True, bob).success
         assert np.array_equal(pool[4], pool[0]) and np.array_equal(pool[5], pool[1])
         assert len(files_under(tmp_path / "disk" / tier.store.namespace_dir.name / "blocks")) == 2
     finally:
@@ -207,8 +193,8 @@ def test_a_tenants_record_copied_under_another_tenants_name_is_never_loaded(
         wait_open(tier)
         pool[0] = np.arange(ROW_BYTES) % 97
         pool[1] = np.arange(ROW_BYTES) % 89
-        assert job_on(tier, 1, alice, [key(1)], [0], False).success
-        assert job_on(tier, 2, bob, [key(1)], [1], False).success
+        assert finish_job(tier, 1, [key(1)], [0], False, alice).success
+        assert finish_job(tier, 2, [key(1)], [1], False, bob).success
         store = tier.store
         digest = store.namespace.digest()
         paths = {p.name[:32]: p for p in files_under(store.namespace_dir / "blocks")}
@@ -219,10 +205,10 @@ def test_a_tenants_record_copied_under_another_tenants_name_is_never_loaded(
         renamed = dataclasses.replace(header, key=bytes.fromhex(name_b))
         paths[name_b].write_bytes(encode_header(renamed) + data[HEADER_BYTES:])
         pool[5] = 0
-        assert not job_on(tier, 3, bob, [key(1)], [5], True).success
+        assert not finish_job(tier, 3, [key(1)], [5], True, bob).success
         assert store.stats().corrupt == {"auth": 1} and store.stats().quarantined == 1
         assert tier.lookup(key(1), bob) is LookupResult.MISS
-        assert job_on(tier, 4, alice, [key(1)], [6], True).success
+        assert finish_job(tier, 4, [key(1)], [6], True, alice).success
         assert np.array_equal(pool[6], pool[0])
     finally:
         tier.shutdown()
