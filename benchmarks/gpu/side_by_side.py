@@ -56,7 +56,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 # What vLLM needs on the GPU host, and the throw-away loopback Redis: the end-to-end runner's
 # (standard library only at import).
-from kvtier_cuda_e2e import ENV, start_redis  # noqa: E402
+from kvtier_cuda_e2e import ENV, SHAPES, start_redis  # noqa: E402
 
 WORK = Path(os.environ.get("KVTIER_SXS_WORK", "/var/tmp/kvtier-sxs"))
 OUT = Path(os.environ.get("KVTIER_SXS_OUT", "sxs-out"))
@@ -90,25 +90,8 @@ MIN_LEFT_S = float(os.environ.get("KVTIER_SXS_MIN_LEFT_S", "100"))
 PORT = int(os.environ.get("KVTIER_SXS_PORT", "8100"))
 SERVED_NAME = "llama-3-8b-shape"
 #: Llama-3-8B's shape (32 layers, 8 KV heads of 128: 128 KiB of KV per token) with SmolLM2's
-#: vocabulary and special tokens.
-SHAPE = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 49152,
-    "max_position_embeddings": 65536,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "bfloat16",
-}
+#: vocabulary.
+SHAPE = {**SHAPES["llama-3-8b"], "vocab_size": 49152}
 STARTED = time.monotonic()
 
 
