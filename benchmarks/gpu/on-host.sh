@@ -10,6 +10,8 @@
 #   on-host.sh machine NAME           what the host is (GPU, CPUs, disk, kvtier commit)
 #   on-host.sh disk-read NAME ARGS..  python -m benchmarks disk-read ARGS (no engine)
 #   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
+#   on-host.sh write-cost NAME ARGS.. python -m benchmarks write-cost ARGS (no engine; records
+#                                     in the host's scratch)
 #   on-host.sh e2e NAME               the end-to-end runner of this checkout (kvtier: the
 #                                     bundle's), configured by KVTIER_E2E_* variables
 #   on-host.sh stage-extras DIR       copy DIR's *.tar.xz to the host's scratch (a call of its own
@@ -20,6 +22,7 @@
 #                                     site itself
 #   on-host.sh sxs NAME               side_by_side.py: a fresh vLLM OpenAI server per
 #                                     configuration and workload, configured by KVTIER_SXS_*
+#                                     (py-spy: the extras' tools.tar.xz, when profiling)
 # Each run is cut off after KVTIER_GPU_LIMIT_S seconds (default 540), so its results still
 # come back inside a 10-minute call.
 set -uo pipefail
@@ -73,6 +76,12 @@ disk-read|shared-busy)
     redis_wrapper
     PATH=$root/bin:$PATH PYTHONPATH=$site:$PWD timeout "$limit" \
         python3 -m benchmarks "$command" --out "$dir" "$@" 2>&1 | grep -v '^\s*$' | tee "$dir/log" | tail -40 ;;
+write-cost)
+    need_site; results "${1:?name}"; shift; describe > "$dir/machine.txt"
+    rm -rf "$root/write-cost" && mkdir -p "$root/write-cost"
+    PYTHONPATH=$site:$PWD timeout "$limit" python3 -m benchmarks write-cost --dir "$root/write-cost" "$@" \
+        2>&1 | tee "$dir/log" | tail -40
+    rm -rf "$root/write-cost" ;;
 e2e)
     need_site; results "${1:?name}"; describe > "$dir/machine.txt"
     KVTIER_E2E_WORK=${KVTIER_E2E_WORK:-$root/work} PYTHONPATH=$site timeout "$limit" \
@@ -95,7 +104,7 @@ extras)
 sxs)
     need_site; results "${1:?name}"; describe > "$dir/machine.txt"
     KVTIER_SXS_OUT=$dir KVTIER_SXS_WORK=${KVTIER_SXS_WORK:-$root/sxs} KVTIER_SXS_TOKENIZER=$site/model \
-        KVTIER_SXS_REDIS_SERVER=$site/redis-bin/redis-server KVTIER_SXS_BUDGET_S=$((limit - 20)) \
+        KVTIER_SXS_REDIS_SERVER=$site/redis-bin/redis-server KVTIER_SXS_PYSPY=$site/py-spy KVTIER_SXS_BUDGET_S=$((limit - 20)) \
         PYTHONPATH=$site timeout "$limit" python3 benchmarks/gpu/side_by_side.py > "$dir/log" 2>&1
     echo "rc $?" >> "$dir/log"
     grep -v 'INFO\|WARNING\|^\[W' "$dir/log" | tail -80 ;;

