@@ -269,16 +269,23 @@ def workload_argv(workload: str, config: str, out: Path) -> list[str]:
 
 
 def engine_core_pid(server_pid: int) -> int | None:
-    """The engine-core process under the API server (vLLM titles it ``VLLM::EngineCore``)."""
-    for comm in Path("/proc").glob("[0-9]*/comm"):
+    """The engine-core process under the API server: the one vLLM titles ``VLLM::EngineCore``
+    where ``setproctitle`` is installed, else the server's largest other process (the one
+    holding the model)."""
+    members: list[tuple[int, int]] = []  # (resident KiB, pid)
+    for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            title = comm.read_text()
-            pgid = int(comm.with_name("stat").read_text().rsplit(")", 1)[1].split()[2])
+            pgid = int(status.with_name("stat").read_text().rsplit(")", 1)[1].split()[2])
+            if pgid != server_pid or int(status.parent.name) == server_pid:
+                continue
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+            cmdline = status.with_name("cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if pgid == server_pid and "EngineCor" in title:
-            return int(comm.parent.name)
-    return None
+        if "EngineCor" in fields.get("Name", "") or b"EngineCore" in cmdline:
+            return int(status.parent.name)
+        members.append((int(fields.get("VmRSS", "0 kB").split()[0]), int(status.parent.name)))
+    return max(members)[1] if members else None
 
 
 def profile(config: str, out: Path, driver: subprocess.Popen) -> None:
