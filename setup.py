@@ -1,13 +1,15 @@
 """Build recipe of kvtier's C extensions; the project's metadata is in pyproject.toml.
 
-Both are compiled whenever kvtier is built: ``pip install .``, a wheel, an sdist install, or
-``python setup.py build_ext --inplace`` for a clone (scripts/setup.sh). Both are optional:
+They are compiled whenever kvtier is built: ``pip install .``, a wheel, an sdist install, or
+``python setup.py build_ext --inplace`` for a clone (scripts/setup.sh). Each is optional:
 without a C compiler the build warns and goes on, and kvtier uses its Python paths at run time.
 
 * ``kvtier.native._streamcopy``: the host pool's streaming-store page copier (x86-64 only;
   without it, ``memmove`` per page).
 * ``kvtier.native._recordread``: the disk tier's record read (open, checks, read, checksum) in
   one GIL-free call per block (Linux; without it, the same steps in Python).
+* ``kvtier.native._recordwrite``: the disk tier's record writes (open, write, close, rename)
+  in one GIL-free call per batch of records (POSIX; without it, the same steps in Python).
 * ``kvtier.native._sockread``: the shared tier's receive of one record's value, and of a
   thread's share of a load's records, in one GIL-free call (POSIX; without it, a Python
   ``recv_into`` loop and a GET per record).
@@ -69,6 +71,9 @@ recordread = native_extension(
     ["recordread.c", "xxh3.c", "recordread_module.c"],
     ["recordread.h", "claim.h", "xxh3.h"],
 )
+recordwrite = native_extension(
+    "_recordwrite", ["recordwrite.c", "recordwrite_module.c"], ["recordwrite.h"]
+)
 sockread = native_extension(
     "_sockread",
     ["sockread.c", "xxh3.c", "sockread_module.c"],
@@ -76,7 +81,7 @@ sockread = native_extension(
 )
 
 setup(
-    ext_modules=[streamcopy, recordread, sockread],
+    ext_modules=[streamcopy, recordread, recordwrite, sockread],
     cmdclass={"build_ext": ReplacingBuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )

@@ -344,7 +344,7 @@ def bench_write_cost(
         typer.Option(
             help="Settings, comma separated, each optionally with /process (the loop in a "
             "process of its own: CPU shared, GIL not): none, fs, kvtier, kvtier-nohash, "
-            "kvtier-noindex, kvtier-nopayload."
+            "kvtier-pywrite, kvtier-noindex, kvtier-nopayload."
         ),
     ] = "none,fs,fs/process,kvtier,kvtier/process,kvtier-noindex,kvtier-nopayload",
     threads: Annotated[int, typer.Option(help="Writer threads.")] = 4,

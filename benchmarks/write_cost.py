@@ -12,6 +12,8 @@ rate of bytes per second from a page-aligned pool:
 * ``fs``: what vLLM's stock ``fs`` tier does per block: ``open(O_DIRECT)``, ``write``,
   ``close``, ``replace``;
 * ``kvtier``: kvtier's write path, ``RowIO.store_into`` -> ``DiskStore.put``;
+* ``kvtier-pywrite``: the same with the record file written by the Python steps instead of the
+  native writer's one call (``RecordWriter.write_records``);
 * ``kvtier-nohash``: the same without the payload checksum (bisect);
 * ``kvtier-noindex``: header + checksum + temp file + rename, without the SQLite index (bisect);
 * ``kvtier-nopayload``: ``DiskStore.put`` writing only the header page (the index, the glue and
@@ -54,7 +56,15 @@ from kvtier.store.disk import store as disk_store_module
 from kvtier.store.disk.record_io import RecordIO
 from kvtier.store.disk.writer import RecordWriter
 
-SETTINGS = ("none", "fs", "kvtier", "kvtier-nohash", "kvtier-noindex", "kvtier-nopayload")
+SETTINGS = (
+    "none",
+    "fs",
+    "kvtier",
+    "kvtier-pywrite",
+    "kvtier-nohash",
+    "kvtier-noindex",
+    "kvtier-nopayload",
+)
 
 #: A setting's suffix that runs the loop in a process of its own: the writers then share the
 #: CPU with it but not the GIL (the control that tells the GIL's cost from the CPU's).
@@ -165,6 +175,13 @@ class _HeaderOnlyWriter(RecordWriter):
         super().write_file(path, header, memoryview(b""), direct=False)
 
 
+class _PythonStepsWriter(RecordWriter):
+    """The record writer's Python steps: a subclass overriding a step never writes natively."""
+
+    def publish(self, temp: Path, final: Path) -> None:
+        super().publish(temp, final)
+
+
 def _namespace(record_bytes: int) -> Namespace:
     """A Llama-3-8B-shaped namespace (bfloat16, 8 KV heads of 128, 32 layers)."""
     return Namespace(
@@ -216,12 +233,17 @@ def _writer(
             key = n.to_bytes(16, "big")
             header = encode_header(make_header(digest, key, rows[row]))
             temp = folder / f"{n}.{threading.get_ident()}.tmp"
-            writer.write_temp(temp, header, rows[row])
-            writer.publish(temp, folder / "blocks" / f"{n % 1024}.rec")
+            final = folder / "blocks" / f"{n % 1024}.rec"
+            (failed,) = writer.write_records([(temp, final, header, rows[row])])
+            if failed is not None:
+                raise failed
 
         yield write_noindex
         return
-    io = RecordIO(_HeaderOnlyWriter()) if setting == "kvtier-nopayload" else None
+    io = {
+        "kvtier-nopayload": RecordIO(_HeaderOnlyWriter()),
+        "kvtier-pywrite": RecordIO(_PythonStepsWriter()),
+    }.get(setting)
     store = DiskStore(
         folder,
         _namespace(record_bytes),

@@ -1,12 +1,12 @@
 """Small native helpers, compiled when kvtier is built (never at run time); Python fallbacks.
 
 ``_streamcopy`` (the host pool's page copier), ``_recordread`` (the disk tier's one-call
-record read) and ``_sockread`` (the shared tier's one-call receives) are C extensions
-built by setup.py: by ``pip install`` (wheel or sdist) or, for a
-clone, by scripts/setup.sh (``setup.py build_ext --inplace``, ignored by git). Nothing here runs
-a compiler. Each is optional: when one is missing (no C compiler when kvtier was built, not
-x86-64 for the copier) or fails to load, callers get ``None``, keep their Python path, and the
-log says so once per process.
+record read), ``_recordwrite`` (its one-call record writes) and ``_sockread`` (the shared
+tier's one-call receives) are C extensions built by setup.py: by ``pip install`` (wheel or
+sdist) or, for a clone, by scripts/setup.sh (``setup.py build_ext --inplace``, ignored by
+git). Nothing here runs a compiler. Each is optional: when one is missing (no C compiler when
+kvtier was built, not x86-64 for the copier) or fails to load, callers get ``None``, keep
+their Python path, and the log says so once per process.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,32 @@ def residency_probe() -> str | None:
     ``"cachestat"`` or ``"mincore"`` (kernels before 6.5); None where it is not built."""
     module = _reader_module()
     return None if module is None else str(module.residency_probe())
+
+
+#: Signature of ``write_records(records, direct, datasync, drop_pages) -> [(status, errno)]``,
+#: each record ``(temp, final, header, payload)``: see recordwrite.h; the statuses are
+#: ``WriteStatuses``' fields.
+RecordsWriter = Callable[[list[tuple[Any, Any, Any, Any]], bool, bool, bool], list[tuple[int, int]]]
+
+
+class WriteStatuses(NamedTuple):
+    """What ``write_records`` says of each record, as the C module numbers it."""
+
+    ok: int
+    errno: int
+    direct_refused: int
+    no_folder: int
+
+
+@functools.cache
+def records_writer() -> tuple[RecordsWriter, WriteStatuses] | None:
+    """The one-call record writer (releases the GIL once per batch) and its statuses, or None
+    where it was not built. Cached per process."""
+    module = _load("kvtier.native._recordwrite", "record writes run their steps in Python")
+    if module is None:
+        return None
+    statuses = WriteStatuses(module.OK, module.ERRNO, module.DIRECT_REFUSED, module.NO_FOLDER)
+    return module.write_records, statuses
 
 
 #: Signature of ``recv_exactly(fd, buffers, timeout_ms) -> (status, received, errno)``: see

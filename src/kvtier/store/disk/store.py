@@ -305,8 +305,9 @@ class DiskStore(SealedStore):
         final = self.namespace_dir / layout.record_name(key, record_id)
         temp = self.namespace_dir / layout.temp_name(key, record_id, self._session.session_id)
         try:
-            self._writer.write_temp(temp, header, view)
-            self._writer.publish(temp, final)
+            (failed,) = self._writer.write_records([(temp, final, header, view)])
+            if failed is not None:
+                raise failed
             self._folders.note_put(final.parent, temp.parent)
             committed = self._index.commit(record_id, key)
         except (OSError, sqlite3.Error) as exc:

@@ -1,0 +1,114 @@
+"""``RecordWriter.write_records``: a batch of record files written and published, by the native
+writer where it is built and by the Python steps otherwise, with the same files, modes and
+errors either way."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from kvtier.format.record import HEADER_BYTES
+from kvtier.native import records_writer
+from kvtier.store.disk.writer import RecordWriter
+
+PAGE = mmap.PAGESIZE
+
+
+class PythonStepsWriter(RecordWriter):
+    """The Python steps, forced: a subclass that overrides a step never takes the native path."""
+
+    def publish(self, temp: Path, final: Path) -> None:
+        super().publish(temp, final)
+
+
+WRITERS = [
+    pytest.param(
+        RecordWriter,
+        id="native",
+        marks=pytest.mark.skipif(records_writer() is None, reason="native writer not built"),
+    ),
+    pytest.param(PythonStepsWriter, id="python"),
+]
+
+
+def aligned_payload(size: int, fill: int) -> memoryview:
+    buf = mmap.mmap(-1, size)
+    buf.write(bytes([fill]) * size)
+    return memoryview(buf)
+
+
+def test_a_subclass_overriding_a_step_keeps_the_python_steps() -> None:
+    assert PythonStepsWriter()._native is None
+    assert RecordWriter(fsync="always")._native is None
+    assert (RecordWriter()._native is None) == (records_writer() is None)
+
+
+@pytest.mark.parametrize("writer_class", WRITERS)
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_records_are_published_whole_and_private(
+    tmp_path: Path, writer_class: type[RecordWriter], aligned: bool
+) -> None:
+    writer = writer_class()
+    records = []
+    for i in range(3):
+        header = bytes([0x40 + i]) * HEADER_BYTES
+        payload = aligned_payload(2 * PAGE, i) if aligned else memoryview(bytes([i]) * 1000)
+        records.append((tmp_path / f"t{i}", tmp_path / f"r{i}", header, payload))
+    old_umask = os.umask(0)
+    try:
+        assert writer.write_records(records) == [None, None, None]
+    finally:
+        os.umask(old_umask)
+    for temp, final, header, payload in records:
+        assert not temp.exists()
+        assert final.read_bytes() == header + bytes(payload)
+        assert stat.S_IMODE(final.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("writer_class", WRITERS)
+def test_a_missing_folder_is_created_and_a_failed_record_fails_alone(
+    tmp_path: Path, writer_class: type[RecordWriter]
+) -> None:
+    writer = writer_class()
+    header = b"h" * HEADER_BYTES
+    payload = aligned_payload(PAGE, 7)
+    records = [
+        (tmp_path / "t0", tmp_path / "new-folder" / "r0", header, payload),  # folder made
+        (tmp_path / "absent" / "t1", tmp_path / "r1", header, payload),  # cannot create
+        (tmp_path / "t2", tmp_path / "r2", header, payload),
+    ]
+    errors = writer.write_records(records)
+    assert errors[0] is None and errors[2] is None
+    assert isinstance(errors[1], FileNotFoundError)
+    assert (tmp_path / "new-folder" / "r0").read_bytes() == header + bytes(payload)
+    assert (tmp_path / "r2").exists() and not (tmp_path / "r1").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new-folder", "r2"]
+
+
+@pytest.mark.parametrize("writer_class", WRITERS)
+def test_an_existing_temp_file_is_never_overwritten(
+    tmp_path: Path, writer_class: type[RecordWriter]
+) -> None:
+    (tmp_path / "t0").write_bytes(b"someone else's")
+    errors = writer_class().write_records(
+        [(tmp_path / "t0", tmp_path / "r0", b"h" * HEADER_BYTES, aligned_payload(PAGE, 1))]
+    )
+    assert isinstance(errors[0], FileExistsError)
+    assert (tmp_path / "t0").read_bytes() == b"someone else's"
+    assert not (tmp_path / "r0").exists()
+
+
+def test_the_native_writer_and_the_python_steps_write_the_same_bytes(tmp_path: Path) -> None:
+    if records_writer() is None:
+        pytest.skip("native writer not built")
+    header = bytes(range(256)) * (HEADER_BYTES // 256)
+    payload = aligned_payload(3 * PAGE, 9)
+    for name, writer in (("native", RecordWriter()), ("python", PythonStepsWriter())):
+        (tmp_path / name).mkdir()
+        folder = tmp_path / name
+        assert writer.write_records([(folder / "t", folder / "r", header, payload)]) == [None]
+    assert (tmp_path / "native" / "r").read_bytes() == (tmp_path / "python" / "r").read_bytes()
