@@ -5,7 +5,12 @@ kvtier.store.disk.index. Root settings and preflight: kvtier.store.disk.root. Op
 kvtier.store.disk.recovery. Trash: kvtier.store.disk.trash. File I/O: kvtier.store.disk.writer
 and kvtier.store.disk.reader.
 
-Writing a record (``put``), and what a crash at each step leaves behind:
+Writing a record (``put``), and what a crash at each step leaves behind. ``put_many`` writes
+a batch of up to PUT_BATCH_MAX records of distinct keys (a longer list is several batches)
+through the same steps, each step for the whole batch: one reservation transaction, the
+files written and renamed one by one, one commit transaction; so what a crash leaves is what
+it leaves of a single put, for each record of the batch. A record whose write fails is
+dropped (its reservation and files go to trash) and fails alone; the others commit.
 
 1. Reserve: one index transaction checks the cap, evicts LRU records (of any namespace under
    the root) down to the low watermark if the new record would cross it (their rows leave
