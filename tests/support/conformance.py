@@ -171,7 +171,8 @@ class StoreContract:
             == [True] * 3
         )
         assert store.used_bytes() <= cap
-        assert store.stats().evictions > 0
+        if store.abilities.capacity:  # else the server evicts, by its own policy
+            assert store.stats().evictions > 0
         self.assert_truth(store, {key_of(i): payload_of(i) for i in range(4, 7)})
 
     def test_put_many_of_a_key_twice_keeps_the_later_payload(self) -> None:
