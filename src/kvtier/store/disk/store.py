@@ -547,7 +547,7 @@ class DiskStore(SealedStore):
                 [self._path_of(name, entry) for _, name, entry in batch],
                 bounce,
                 [outs[i] for i, _, _ in batch],
-                [cells[i] for i, _, _ in batch],
+                [cells[i] for i, _, _ in batch],  # type: ignore[misc]
                 True,  # plain records only (checked above)
             )
             for (i, name, entry), read in zip(batch, reads, strict=True):
