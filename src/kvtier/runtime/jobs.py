@@ -1,24 +1,24 @@
 """A tier's transfer jobs and the I/O threads that run them.
 
-One job is one vLLM transfer (a list of blocks), split into one task per I/O thread, each
-taking its share of the blocks (every n-th) in one go. A load's share is read in one native
-call by a disk store: one GIL hand-over per share instead of one per block, each of which can
-wait out the interpreter's switch interval while the engine's loop runs Python. A store's
-share is written with ``put_many``: a disk store reserves and commits a batch of records in
-one index transaction each instead of two per record, the index's cost being most of a put's
-CPU time (docs/bench/2026-12-07-cpu-write-cost.md). The pools' threads run at background I/O
-priority. The table keeps the jobs until they are reported: ``finished`` returns the jobs
-whose tasks all ended and the load jobs past their deadline whose unfinished blocks could all
-be abandoned (``kvtier.dataplane.abandonable``: an abandoned block never writes its row, which
-vLLM reuses at once). A block being copied into its row cannot be abandoned; its job is asked
-again at the next step (a copy ends within milliseconds).
+One job is one vLLM transfer (a list of blocks), split between the I/O threads, each taking its
+share of the blocks (every n-th). A load's share is one task, read in one native call by a disk
+store: one GIL hand-over per share instead of one per block, each of which can wait out the
+interpreter's switch interval while the engine's loop runs Python. A store's share is one task
+per batch of at most STORE_BATCH_BLOCKS blocks, each written with one ``put_many``: a disk
+store reserves and commits the batch in one index transaction each instead of two per block,
+the index being most of a put's CPU time (docs/bench/2026-12-07-cpu-write-cost.md). The pools'
+threads run at background I/O priority. The table keeps the jobs until they are reported:
+``finished`` returns the jobs whose tasks all ended and the load jobs past their deadline whose
+unfinished blocks could all be abandoned (``kvtier.dataplane.abandonable``: an abandoned block
+never writes its row, which vLLM reuses at once). A block being copied into its row cannot be
+abandoned; its job is asked again at the next step (a copy ends within milliseconds).
 
-Stores beyond ``max_queued_blocks`` waiting blocks (counted in blocks, released as each share
-ends) are dropped (a slow tier never holds the
-host pool), and reported as failed, unless the job brings a task for that case
-(``over_bound``: a disk tier with a shared tier behind it still writes its disk, as a disk
-tier alone would, and drops only the server's part). Draining waits for every task; it never
-cancels a copy under way. Shutdown waits at most its drain deadline (``shutdown``).
+Stores beyond ``max_queued_blocks`` waiting blocks (a task's blocks count until the task ends)
+are dropped (a slow tier never holds the host pool), and reported as failed, unless the job
+brings a task for that case (``over_bound``: a disk tier with a shared tier behind it still
+writes its disk, as a disk tier alone would, and drops only the server's part). Draining waits
+for every task; it never cancels a copy under way. Shutdown waits at most its drain deadline
+(``shutdown``).
 
 An abandoned load whose read is still running holds its I/O thread until the read returns;
 such reads are counted, one per thread held (``TierStats.stuck``), so the tier can stop
@@ -73,7 +73,8 @@ def default_queue_bound(pool_rows: int) -> int:
     return max(1, int(pool_rows * QUEUED_POOL_SHARE))
 
 
-#: A thread's share of a store: (keys, host-pool rows) -> per block, True when it was stored.
+#: A batch of a thread's share of a store: (keys, host-pool rows) -> per block, True when it
+#: was stored.
 StoreTask = Callable[[list[bytes], list[int]], list[bool]]
 #: A thread's share of a load: (keys, host-pool rows, their abandonable loads) -> per block,
 #: True when it was loaded.
@@ -106,7 +107,8 @@ class Job:
     ticket: Any = None
     #: Loads only: seconds the job was allowed when it was queued (its deadline, in words).
     allowed_s: float = float("inf")
-    #: The tasks on the I/O pool, one per thread's share of the blocks.
+    #: The tasks on the I/O pool: one per thread's share of the blocks (a load), one per
+    #: batch of a thread's share (a store).
     shares: list[Future[Any]] = field(default_factory=list)
 
 
@@ -153,9 +155,10 @@ class JobTable:
             io_threads, f"{thread_prefix}-write-over", initializer=_start_io_thread
         )
         self._jobs: dict[int, Job] = {}
-        #: Store tasks waiting or running on the bounded write pool (``max_queued_blocks``).
+        #: Blocks of store tasks waiting or running on the bounded write pool
+        #: (``max_queued_blocks``).
         self._queued_stores = 0
-        #: Store tasks waiting or running on either write pool (``writing``).
+        #: Blocks of store tasks waiting or running on either write pool (``writing``).
         self._writes = 0
         self._queued_lock = threading.Lock()
         # Every task on the I/O threads not finished yet, with the blocks it transfers: what
@@ -191,10 +194,9 @@ class JobTable:
         task: StoreTask,
         over_bound: StoreTask | None = None,
     ) -> StoresQueued:
-        """Queue the job's stores, one task per write thread: thread ``t`` of ``n`` stores
-        blocks ``t, t + n, ...``, in batches of at most STORE_BATCH_BLOCKS, each one call of
-        ``task``. When more than
-        ``max_queued_blocks`` blocks would wait, queue ``over_bound`` tasks instead, on
+        """Queue the job's stores: write thread ``t`` of ``n`` takes blocks ``t, t + n, ...``,
+        one task (one call of ``task``) per batch of at most STORE_BATCH_BLOCKS. When more
+        than ``max_queued_blocks`` blocks would wait, queue ``over_bound`` tasks instead, on
         threads of their own and not counted against the bound (it is for work that does not
         wait on what the bound holds back), or, without one, drop the job: it is then
         reported failed, nothing is written."""

@@ -418,7 +418,8 @@ class Index:
                 want = max(settled + total - low, extra)
                 evicted = self._pick_lru(conn, want, pinned)
                 freed = sum(charge(r.record_bytes) for r in evicted)
-            # Fewer than a call's most: the LRU scan found nothing more to evict.
+            # Fewer than a call's most: the LRU scan freed what it wanted or found nothing
+            # more to evict (a record that still does not fit never will).
             exhausted = len(evicted) < TXN_ROWS_MAX
             record_ids: list[int | None] = [None] * len(records)
             room = _Room(capacity, used + overhead_bytes, settled - freed, freed, exhausted)
