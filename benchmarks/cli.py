@@ -343,8 +343,8 @@ def bench_write_cost(
         str,
         typer.Option(
             help="Settings, comma separated, each optionally with /process (the loop in a "
-            "process of its own: CPU shared, GIL not): none, fs, kvtier, kvtier-nohash, "
-            "kvtier-pywrite, kvtier-noindex, kvtier-nopayload."
+            "process of its own: CPU shared, GIL not): none, fs, kvtier, kvtier-batch, "
+            "kvtier-pywrite, kvtier-nohash, kvtier-noindex, kvtier-nopayload."
         ),
     ] = "none,fs,fs/process,kvtier,kvtier/process,kvtier-noindex,kvtier-nopayload",
     threads: Annotated[int, typer.Option(help="Writer threads.")] = 4,
@@ -353,9 +353,13 @@ def bench_write_cost(
     folder: Annotated[
         Path | None, typer.Option("--dir", help="Folder for the records (default: temp).")
     ] = None,
+    batch: Annotated[
+        int, typer.Option(help="Records per put_many call of the kvtier-batch setting.")
+    ] = 8,
 ) -> None:
     """What writes to disk cost an engine-like Python loop in the same process: vLLM's fs
-    tier's way, kvtier's put, and kvtier's put without parts of it (no engine).
+    tier's way, kvtier's put (one at a time and in batches), and kvtier's put without parts
+    of it (no engine).
 
     Example: python -m benchmarks write-cost --sizes 2,32 --rate 200 --rounds 5
     """
@@ -371,6 +375,7 @@ def bench_write_cost(
             seconds=seconds,
             rounds=rounds,
             folder=folder,
+            batch_records=batch,
         )
         typer.echo(write_cost.table(results, record_bytes, rate * 1e6))
         typer.echo("")

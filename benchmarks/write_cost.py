@@ -11,9 +11,12 @@ rate of bytes per second from a page-aligned pool:
 * ``none``: nothing beside the loop (the baseline);
 * ``fs``: what vLLM's stock ``fs`` tier does per block: ``open(O_DIRECT)``, ``write``,
   ``close``, ``replace``;
-* ``kvtier``: kvtier's write path, ``RowIO.store_into`` -> ``DiskStore.put``;
-* ``kvtier-pywrite``: the same with the record file written by the Python steps instead of the
-  native writer's one call (``RecordWriter.write_records``);
+* ``kvtier``: kvtier's write path one block at a time, ``RowIO.store_many`` of one block ->
+  ``DiskStore.put_many`` of one record (what a single ``put`` does);
+* ``kvtier-batch``: the same path with ``batch_records`` blocks per call, as the tier's store
+  tasks write a thread's share of a job: one reservation and one commit per batch;
+* ``kvtier-pywrite``: ``kvtier-batch`` with the record files written by the Python steps instead
+  of the native writer's one call per batch (``RecordWriter.write_records``);
 * ``kvtier-nohash``: the same without the payload checksum (bisect);
 * ``kvtier-noindex``: header + checksum + temp file + rename, without the SQLite index (bisect);
 * ``kvtier-nopayload``: ``DiskStore.put`` writing only the header page (the index, the glue and
@@ -60,6 +63,7 @@ SETTINGS = (
     "none",
     "fs",
     "kvtier",
+    "kvtier-batch",
     "kvtier-pywrite",
     "kvtier-nohash",
     "kvtier-noindex",
@@ -75,6 +79,9 @@ PROCESS_SUFFIX = "/process"
 RELEASE_BYTES = 4096
 #: Host-pool rows the writers cycle through.
 POOL_ROWS = 16
+#: Records per call of ``kvtier-batch`` by default (a write thread's share of a store job of
+#: 32 blocks on 4 threads).
+BATCH_RECORDS = 8
 
 
 @dataclass(frozen=True)
@@ -200,9 +207,11 @@ def _namespace(record_bytes: int) -> Namespace:
 
 @contextlib.contextmanager
 def _writer(
-    setting: str, folder: Path, pool: memoryview, record_bytes: int
-) -> Iterator[Callable[[int, int], None]]:
-    """A function writing record number ``n`` from pool row ``row``, for ``setting``."""
+    setting: str, folder: Path, pool: memoryview, record_bytes: int, batch_records: int
+) -> Iterator[tuple[Callable[[int, int], None], int]]:
+    """A function writing call number ``n`` from pool row ``row`` on, for ``setting``, and
+    how many records one call writes (``batch_records`` for ``kvtier-batch``, else 1: record
+    ``n`` from row ``row``)."""
     rows = [pool[r * record_bytes : (r + 1) * record_bytes] for r in range(POOL_ROWS)]
     if setting == "fs":
         # vLLM's fs tier: a file per block under a two-level fan-out, replaced in place.
@@ -220,7 +229,7 @@ def _writer(
                 os.close(fd)
             os.replace(temp, final)
 
-        yield write_fs
+        yield write_fs, 1
         return
     if setting == "kvtier-noindex":
         writer = RecordWriter()
@@ -238,7 +247,7 @@ def _writer(
             if failed is not None:
                 raise failed
 
-        yield write_noindex
+        yield write_noindex, 1
         return
     io = {
         "kvtier-nopayload": RecordIO(_HeaderOnlyWriter()),
@@ -263,13 +272,18 @@ def _writer(
     )
     patched = _NoChecksum.applied() if setting == "kvtier-nohash" else contextlib.nullcontext()
 
+    per_call = batch_records if setting in ("kvtier-batch", "kvtier-pywrite") else 1
+
     def write_kvtier(n: int, row: int) -> None:
-        if not row_io.store_into(store, n.to_bytes(16, "big"), row):
+        numbers = range(n * per_call, (n + 1) * per_call)
+        keys = [i.to_bytes(16, "big") for i in numbers]
+        rows = [(row + i) % POOL_ROWS for i in range(per_call)]
+        if not all(row_io.store_many(store, keys, rows)):
             raise RuntimeError("a put failed (see the log)")
 
     try:
         with patched:
-            yield write_kvtier
+            yield write_kvtier, per_call
     finally:
         store.close()
         row_io.release()
@@ -285,19 +299,20 @@ def run_setting(
     seconds: float,
     shape: LoopShape,
     loop_process: bool = False,
+    batch_records: int = BATCH_RECORDS,
 ) -> RoundResult:
     """The loop's steps beside ``threads`` writers of ``setting`` at ``bytes_per_s``;
     ``loop_process``: the loop runs in a process of its own (it shares the CPU with the
-    writers, not the GIL)."""
+    writers, not the GIL); ``batch_records``: records per call of ``kvtier-batch``."""
     puts = 0
     writer_cpu_s = 0.0
     count_lock = threading.Lock()
     errors: list[BaseException] = []
     with (
-        _writer(setting, folder, pool, record_bytes)
+        _writer(setting, folder, pool, record_bytes, batch_records)
         if setting != "none"
-        else (contextlib.nullcontext()) as write
-    ):
+        else contextlib.nullcontext((None, 1))
+    ) as (write, per_call):
         pacer: Pacer | None = None
         numbers = iter(range(1 << 62))
 
@@ -311,7 +326,7 @@ def run_setting(
                         n = next(numbers)
                     write(n, n % POOL_ROWS)
                     with count_lock:
-                        puts += 1
+                        puts += per_call
             except BaseException as exc:  # reported after the round
                 errors.append(exc)
             finally:
@@ -328,7 +343,7 @@ def run_setting(
             )
             child.start()
         # Made once the child runs, so a slow fork leaves no missed slots to catch up on.
-        pacer = Pacer(bytes_per_s / record_bytes)
+        pacer = Pacer(bytes_per_s / record_bytes / per_call)
         writing_from = time.perf_counter()
         if write is not None:
             for worker in workers:
@@ -368,6 +383,7 @@ def run(
     shape: LoopShape | None = None,
     folder: Path | None = None,
     on_round: Callable[[RoundResult], None] | None = None,
+    batch_records: int = BATCH_RECORDS,
 ) -> dict[str, list[RoundResult]]:
     """Every setting once per round, in order (ABC ABC ...); the results by setting."""
     unknown = [s for s in settings if s.removesuffix(PROCESS_SUFFIX) not in SETTINGS]
@@ -398,6 +414,7 @@ def run(
                         seconds,
                         shape,
                         loop_process=setting.endswith(PROCESS_SUFFIX),
+                        batch_records=batch_records,
                     )
                     result.setting = setting
                 finally:

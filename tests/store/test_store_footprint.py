@@ -6,9 +6,9 @@ over: its size (``st_size``) and what it occupies (``st_blocks * 512``, what ``d
 for it); both sums must stay within the cap. Folders themselves are not charged by the store
 and not summed (docs/store.md says how much they take). Writers put fresh records from
 several threads into their own namespaces under one root, so every put evicts, often another
-process's records; some writers die (SIGKILL while frozen, or ``os._exit`` between an
-eviction and its unlinks) and are replaced, and a last store opened afterwards reclaims what
-they left.
+process's records (one at a time, or in batches); some writers die (SIGKILL while frozen, or
+``os._exit`` between an eviction and its unlinks) and are replaced, and a last store opened
+afterwards reclaims what they left.
 """
 
 from __future__ import annotations
@@ -86,14 +86,22 @@ def wait_stopped(pid: int) -> None:
 
 
 def sample(
-    root: Path, writers: int, threads: int, samples: int, kill_every: int, crash_at: str
+    root: Path,
+    writers: int,
+    threads: int,
+    samples: int,
+    kill_every: int,
+    crash_at: str,
+    batch: int = 1,
 ) -> list[Footprint]:
     ctx = multiprocessing.get_context("spawn")
     rng = random.Random(samples)
 
     def start(seed: int) -> multiprocessing.process.BaseProcess:
         process = ctx.Process(
-            target=put_forever, args=(str(root), seed, threads, CAPACITY, crash_at), daemon=True
+            target=put_forever,
+            args=(str(root), seed, threads, CAPACITY, crash_at, batch),
+            daemon=True,
         )
         process.start()
         return process
@@ -136,20 +144,34 @@ def sample(
 
 
 @pytest.mark.parametrize(
-    ("writers", "threads", "samples", "kill_every", "crash_at"),
+    ("writers", "threads", "samples", "kill_every", "crash_at", "batch"),
     [
-        pytest.param(2, 2, 60, 20, "", id="2x2-writers"),
-        pytest.param(2, 2, 40, 0, "before_evict_unlink", id="crash-mid-eviction"),
+        pytest.param(2, 2, 60, 20, "", 1, id="2x2-writers"),
+        pytest.param(2, 2, 100, 20, "", 4, id="2x2-writers-batches-of-4"),
+        pytest.param(2, 2, 40, 0, "before_evict_unlink", 1, id="crash-mid-eviction"),
         pytest.param(
-            4, 4, 600, 50, "", id="4x4-writers-long", marks=[pytest.mark.slow, pytest.mark.faults]
+            4,
+            4,
+            600,
+            50,
+            "",
+            1,
+            id="4x4-writers-long",
+            marks=[pytest.mark.slow, pytest.mark.faults],
         ),
     ],
 )
 def test_cap_holds_for_every_file_under_the_folder_at_every_instant(
-    tmp_path: Path, writers: int, threads: int, samples: int, kill_every: int, crash_at: str
+    tmp_path: Path,
+    writers: int,
+    threads: int,
+    samples: int,
+    kill_every: int,
+    crash_at: str,
+    batch: int,
 ) -> None:
     root = tmp_path / "kvroot"
-    seen = sample(root, writers, threads, samples, kill_every, crash_at)
+    seen = sample(root, writers, threads, samples, kill_every, crash_at, batch)
     busiest = max(seen, key=lambda f: f.allocated_bytes)
     print(
         f"cap {CAPACITY} B; {len(seen)} samples; peak {busiest.files} files, "

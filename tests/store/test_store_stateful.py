@@ -1,4 +1,4 @@
-"""Random put/get/delete/reopen sequences against a dict model, for every store.
+"""Random put/put_many/get/delete/reopen sequences against a dict model, for every store.
 
 Invariants after every step: usage within the cap; ``verify()`` finds nothing; the backend's
 ground truth (record files decoded with kvtier.format, or the memory store's dict) holds
@@ -73,6 +73,16 @@ class StoreMachine(RuleBasedStateMachine):
         payload = bytes([fill]) * size
         if self.store.put(key, payload):
             self.model[key] = payload
+
+    @rule(records=st.lists(st.tuples(KEYS, SIZES, st.integers(0, 255)), min_size=1, max_size=6))
+    def put_many(self, records: list[tuple[bytes, int, int]]) -> None:
+        payloads = [bytes([fill]) * size for _, size, fill in records]
+        keys = [key for key, _, _ in records]
+        for key, payload, stored in zip(
+            keys, payloads, self.store.put_many(keys, payloads), strict=True
+        ):
+            if stored:  # in order: a key's later record replaces its earlier one
+                self.model[key] = payload
 
     @rule(key=KEYS)
     def get(self, key: bytes) -> None:

@@ -151,6 +151,48 @@ class StoreContract:
         assert 0 < sum(self.record_bytes(len(p)) for p in truth.values()) <= cap
         self.assert_truth(store, {})
 
+    def test_put_many_stores_each_record_and_says_which(self) -> None:
+        store = self.make_store(records=2)
+        keys = [key_of(1), key_of(2), key_of(3)]
+        payloads = [payload_of(1), bytes(3 * PAYLOAD_BYTES + 8192), payload_of(3)]
+        assert store.put_many(keys, payloads) == [True, False, True]
+        assert store.stats().put_failures == 1
+        assert store.used_bytes() == 2 * self.record_bytes(PAYLOAD_BYTES)
+        self.assert_truth(
+            store, {key_of(1): payload_of(1), key_of(2): None, key_of(3): payload_of(3)}
+        )
+
+    def test_put_many_evicts_to_stay_under_the_cap(self) -> None:
+        store = self.make_store(records=4)
+        cap = 4 * self.record_bytes(PAYLOAD_BYTES)
+        assert store.put_many([key_of(i) for i in range(4)], [payload_of(i) for i in range(4)])
+        assert (
+            store.put_many([key_of(i) for i in range(4, 7)], [payload_of(i) for i in range(4, 7)])
+            == [True] * 3
+        )
+        assert store.used_bytes() <= cap
+        if store.abilities.capacity:  # else the server evicts, by its own policy
+            assert store.stats().evictions > 0
+        self.assert_truth(store, {key_of(i): payload_of(i) for i in range(4, 7)})
+
+    def test_put_many_of_a_key_twice_keeps_the_later_payload(self) -> None:
+        store = self.make_store()
+        keys = [key_of(1), key_of(2), key_of(1)]
+        outcomes = store.put_many(keys, [payload_of(1), payload_of(2), payload_of(3)])
+        assert outcomes == [True, True, True]
+        assert store.used_bytes() == 2 * self.record_bytes(PAYLOAD_BYTES)
+        self.assert_truth(store, {key_of(1): payload_of(3), key_of(2): payload_of(2)})
+
+    def test_put_many_needs_one_payload_per_key(self) -> None:
+        store = self.make_store()
+        try:
+            store.put_many([key_of(1), key_of(2)], [payload_of(1)])
+        except ValueError as exc:
+            assert "2 keys for 1 payloads" in str(exc)
+        else:
+            raise AssertionError("put_many accepted 2 keys for 1 payload")
+        assert list(store.keys()) == []
+
     def test_least_recently_used_is_evicted_first(self) -> None:
         store = self.make_store(records=4)
         for i in range(4):

@@ -19,14 +19,18 @@ CAPACITY_RECORDS = 4
 class CrashingWriter(RecordWriter):
     """Exits the process, without any cleanup, at step ``at`` of a write."""
 
-    def __init__(self, at: str) -> None:
+    def __init__(self, at: str, occurrence: int = 1) -> None:
+        """Exit at the ``occurrence``-th time step ``at`` is reached once armed."""
         super().__init__()
         self.at = at
         self.armed = True
+        self._left = occurrence
 
     def _maybe_crash(self, step: str) -> None:
         if self.armed and self.at == step:
-            os._exit(CRASH_EXIT_CODE)
+            self._left -= 1
+            if not self._left:
+                os._exit(CRASH_EXIT_CODE)
 
     def write_temp(self, path: Path, header: bytes, payload: Buffer) -> None:
         self._maybe_crash("before_write")
@@ -62,4 +66,12 @@ def fill_then_crash(root: str, at: str, prefill: int) -> None:
         store.put(key_of(100 + i), payload_of(100 + i))
     writer.armed = True
     store.put(key_of(1), payload_of(1))
+    raise SystemExit(f"did not crash at {at}")
+
+
+def put_many_then_crash(root: str, at: str, records: int) -> None:
+    """Store ``records`` records in one ``put_many`` and crash at the last record's step
+    ``at`` (its last rename: every file of the batch published, nothing committed)."""
+    store = open_store(root, CrashingWriter(at, occurrence=records))
+    store.put_many([key_of(i) for i in range(records)], [payload_of(i) for i in range(records)])
     raise SystemExit(f"did not crash at {at}")

@@ -130,10 +130,13 @@ def open_close_loop(root: str, rounds: int) -> None:
             os._exit(OPEN_FAILED_EXIT)
 
 
-def put_forever(root: str, seed: int, threads: int, capacity: int, crash_at: str) -> None:
+def put_forever(
+    root: str, seed: int, threads: int, capacity: int, crash_at: str, batch: int = 1
+) -> None:
     """``threads`` threads put fresh records into their own namespace under ``root`` (one per
-    ``seed``) with cap ``capacity`` until killed, so every put evicts. ``crash_at`` (a
-    ``CrashingWriter`` step, or "") makes the process die at that step after a while instead."""
+    ``seed``) with cap ``capacity`` until killed, so every put evicts; ``batch`` records at a
+    time with ``put_many`` when more than one. ``crash_at`` (a ``CrashingWriter`` step, or "")
+    makes the process die at that step after a while instead."""
     import threading
 
     from kvtier.store import DiskStore, RecordIO
@@ -158,11 +161,15 @@ def put_forever(root: str, seed: int, threads: int, capacity: int, crash_at: str
 
     def loop(thread: int) -> None:
         rng = random.Random(seed * 1000 + thread)
-        payload = memoryview(mmap.mmap(-1, FUZZ_PAYLOAD))
+        payloads = [memoryview(mmap.mmap(-1, FUZZ_PAYLOAD)) for _ in range(batch)]
         for n in range(1 << 62):
-            i = rng.randrange(1 << 30)
-            payload[:8] = i.to_bytes(8, "big")
-            store.put(fuzz_key(i), payload)
+            numbers = [rng.randrange(1 << 30) for _ in range(batch)]
+            for i, payload in zip(numbers, payloads, strict=True):
+                payload[:8] = i.to_bytes(8, "big")
+            if batch == 1:
+                store.put(fuzz_key(numbers[0]), payloads[0])
+            else:
+                store.put_many([fuzz_key(i) for i in numbers], payloads)
             if n % 16 == 0:
                 store.refresh()
             if crash_at and n == 8:

@@ -12,10 +12,13 @@ import pytest
 
 from kvtier.dataplane.abandonable import AbandonableLoad
 from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
-from kvtier.runtime.jobs import JobTable, StoresQueued
+from kvtier.runtime.jobs import STORE_BATCH_BLOCKS, JobTable, StoresQueued
 from kvtier.runtime.prober import ABSENT_TTL_S, ExistenceProber
+from kvtier.runtime.row_io import RowIO
+from kvtier.runtime.row_layout import RowLayout
 from kvtier.runtime.stats import TierCounters, TierStats
 from kvtier.runtime.tenants import TenantViews
+from kvtier.store import MemoryStore
 from tests.support.waiting import wait_until
 
 
@@ -236,36 +239,42 @@ def table():
 
 def test_stores_beyond_the_bound_are_dropped_and_reported_failed(table):
     release = threading.Event()
-    whole = table.submit_stores(1, [key(1), key(2)], [0, 1], lambda k, r: release.wait(10))
+    whole = table.submit_stores(
+        1, [key(1), key(2)], [0, 1], lambda ks, rs: [release.wait(10)] * len(ks)
+    )
     assert whole is StoresQueued.WHOLE
-    assert table.submit_stores(2, [key(3)], [2], lambda k, r: True) is StoresQueued.DROPPED
+    assert table.submit_stores(2, [key(3)], [2], lambda ks, rs: [True]) is StoresQueued.DROPPED
     release.set()
     table.drain()
     outcomes = {d.job.job_id: d.outcomes for d in table.finished()}
     assert outcomes == {1: [True, True], 2: [False]}
-    freed = table.submit_stores(3, [key(4), key(5)], [0, 1], lambda k, r: True)
+    freed = table.submit_stores(3, [key(4), key(5)], [0, 1], lambda ks, rs: [True] * len(ks))
     assert freed is StoresQueued.WHOLE, "bound freed"
 
 
 def test_stores_beyond_the_bound_run_their_over_bound_task_outside_the_bound(table):
     release, ran = threading.Event(), []
 
-    def over_bound(k, r):
-        ran.append((k, r))
-        return True
+    def over_bound(ks, rs):
+        ran.extend(zip(ks, rs, strict=True))
+        return [True] * len(ks)
 
     # Both write threads held by stores within the bound (2 blocks): the over-bound ones must
     # not wait behind them.
-    held = table.submit_stores(1, [key(1), key(2)], [0, 1], lambda k, r: release.wait(30))
+    held = table.submit_stores(
+        1, [key(1), key(2)], [0, 1], lambda ks, rs: [release.wait(30)] * len(ks)
+    )
     assert held is StoresQueued.WHOLE
-    queued = table.submit_stores(2, [key(3)], [2], lambda k, r: False, over_bound)
+    queued = table.submit_stores(2, [key(3)], [2], lambda ks, rs: [False], over_bound)
     assert queued is StoresQueued.OVER_BOUND
     assert wait_until(lambda: ran == [(key(3), 2)], 5, 0.01), "waited behind the bound"
     release.set()
     table.drain()
     outcomes = {d.job.job_id: d.outcomes for d in table.finished()}
     assert outcomes == {1: [True, True], 2: [True]}
-    freed = table.submit_stores(3, [key(4), key(5)], [0, 1], lambda k, r: True, over_bound)
+    freed = table.submit_stores(
+        3, [key(4), key(5)], [0, 1], lambda ks, rs: [True] * len(ks), over_bound
+    )
     assert freed is StoresQueued.WHOLE, "an over-bound task never holds the bound"
 
 
@@ -274,8 +283,10 @@ def test_the_table_is_writing_while_any_store_waits_or_runs_over_the_bound_too(t
     (``RestorePolicy.add_tier(writing=...)``); loads are not writes."""
     assert not table.writing()
     release, over_release = threading.Event(), threading.Event()
-    table.submit_stores(1, [key(1), key(2)], [0, 1], lambda k, r: release.wait(30))
-    table.submit_stores(2, [key(3)], [2], lambda k, r: False, lambda k, r: over_release.wait(30))
+    table.submit_stores(1, [key(1), key(2)], [0, 1], lambda ks, rs: [release.wait(30)] * len(ks))
+    table.submit_stores(
+        2, [key(3)], [2], lambda ks, rs: [False], lambda ks, rs: [over_release.wait(30)]
+    )
     assert table.writing()
     release.set()
     assert wait_until(lambda: len(table.finished()) == 1, 5, 0.01)
@@ -327,6 +338,100 @@ def test_a_load_is_one_task_per_read_thread_each_taking_every_nth_block(table):
     (done,) = table.finished()
     assert sorted(shares) == [[key(0), key(2), key(4)], [key(1), key(3)]]
     assert done.outcomes == [True, True, True, False, True]
+
+
+def test_a_store_is_one_task_per_write_thread_each_taking_every_nth_block():
+    table = JobTable(thread_prefix="kvtier-test", io_threads=2, clock=FakeClock(), label="t")
+    shares: list[list[bytes]] = []
+    lock = threading.Lock()
+
+    def store(ks: list[bytes], rows: list[int]) -> list[bool]:
+        with lock:
+            shares.append(ks)
+        return [row != 3 for row in rows]  # the block in row 3 fails
+
+    try:
+        queued = table.submit_stores(1, [key(i) for i in range(5)], [0, 1, 2, 3, 4], store)
+        assert queued is StoresQueued.WHOLE
+        table.drain()
+        (done,) = table.finished()
+    finally:
+        table.shutdown()
+    assert sorted(shares) == [[key(0), key(2), key(4)], [key(1), key(3)]]
+    assert done.outcomes == [True, True, True, False, True]
+
+
+def test_a_long_store_job_is_cut_into_bounded_batches_per_thread():
+    table = JobTable(thread_prefix="kvtier-test", io_threads=2, clock=FakeClock(), label="t")
+    batches: list[list[int]] = []
+    lock = threading.Lock()
+
+    def store(ks: list[bytes], rows: list[int]) -> list[bool]:
+        with lock:
+            batches.append(rows)
+        return [True] * len(ks)
+
+    blocks = 2 * STORE_BATCH_BLOCKS + 8
+    try:
+        table.submit_stores(1, [key(i) for i in range(blocks)], list(range(blocks)), store)
+        table.drain()
+        (done,) = table.finished()
+    finally:
+        table.shutdown()
+    assert done.outcomes == [True] * blocks
+    assert sorted(len(b) for b in batches) == [4, 4, STORE_BATCH_BLOCKS, STORE_BATCH_BLOCKS]
+    assert all(b == list(range(b[0], b[-1] + 1, 2)) for b in batches), "every other block"
+    assert sorted(r for b in batches for r in b) == list(range(blocks))
+
+
+def test_the_bound_counts_a_shares_blocks_until_the_share_ends():
+    table = JobTable(
+        thread_prefix="kvtier-test", io_threads=2, clock=FakeClock(), label="t", max_queued_blocks=4
+    )
+    release = threading.Event()
+    try:
+        held = table.submit_stores(
+            1, [key(i) for i in range(3)], [0, 1, 2], lambda ks, rs: [release.wait(30)] * len(ks)
+        )
+        assert held is StoresQueued.WHOLE
+        assert table.submit_stores(2, [key(3), key(4)], [3, 4], lambda ks, rs: [True] * 2) is (
+            StoresQueued.DROPPED
+        ), "3 blocks wait, 2 more would pass the bound of 4"
+        assert table.submit_stores(3, [key(5)], [5], lambda ks, rs: [True]) is StoresQueued.WHOLE
+        release.set()
+        table.drain()
+        assert wait_until(lambda: not table.writing(), 5, 0.01)
+        outcomes = {d.job.job_id: d.outcomes for d in table.finished()}
+        assert outcomes == {1: [True] * 3, 2: [False, False], 3: [True]}
+        freed = table.submit_stores(
+            4, [key(i) for i in range(4)], [0, 1, 2, 3], lambda ks, rs: [True] * len(ks)
+        )
+        assert freed is StoresQueued.WHOLE, "every share ended: the bound is free again"
+    finally:
+        release.set()
+        table.shutdown()
+
+
+def test_store_shares_that_never_started_end_their_blocks_at_shutdown():
+    table = JobTable(thread_prefix="kvtier-test", io_threads=1, clock=FakeClock(), label="t")
+    release, started = threading.Event(), threading.Event()
+
+    def stalled(ks: list[bytes], rows: list[int]) -> list[bool]:
+        started.set()
+        release.wait(10)
+        return [True] * len(ks)
+
+    table.submit_stores(1, [key(1)], [0], stalled)
+    table.submit_stores(2, [key(2), key(3)], [1, 2], stalled)
+    assert started.wait(10)
+    try:
+        table.shutdown(drain_deadline_s=0.1)
+        assert all(f.cancelled() for f in table._jobs[2].futures)
+    finally:
+        release.set()
+    assert table._jobs[1].futures[0].result(10) is True
+    (first, second) = sorted(table.finished(), key=lambda d: d.job.job_id)
+    assert first.outcomes == [True] and second.outcomes == [False, False]
 
 
 def test_a_thread_held_by_a_late_share_is_counted_once_as_stuck():
@@ -417,13 +522,68 @@ def test_shares_that_never_started_end_their_blocks_at_shutdown():
 
 
 def test_a_task_that_raises_is_a_failed_block(table):
-    def broken(k: bytes, row: int) -> bool:
+    def broken(ks: list[bytes], rows: list[int]) -> list[bool]:
         raise OSError("bug")
 
     table.submit_stores(1, [key(1)], [0], broken)
     table.drain()
     (done,) = table.finished()
     assert done.outcomes == [False] and not table.has_pending_work()
+
+
+class BatchRecordingStore(MemoryStore):
+    """A memory store that records what each ``put_many`` was given (copies)."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity_bytes=1 << 20)
+        self.batches: list[dict[bytes, bytes]] = []
+
+    def put_many(self, keys, payloads):
+        self.batches.append({k: bytes(p) for k, p in zip(keys, payloads, strict=True)})
+        return super().put_many(keys, payloads)
+
+
+def row_io_over(pool: bytearray, row_bytes: int, layout: RowLayout) -> tuple[RowIO, TierStats]:
+    stats = TierStats()
+    io = RowIO(
+        memoryview(pool),
+        row_bytes,
+        layout,
+        wait_store=lambda: None,
+        stats=stats,
+        health=TierHealth(FakeClock()),
+        label="t",
+    )
+    return io, stats
+
+
+def test_a_store_share_is_written_in_bounded_batches_of_gathered_records():
+    """Each record of a batch is gathered into a buffer of its own: one buffer for the batch
+    would hand ``put_many`` the last row's slices for every block."""
+    layout = RowLayout(4, (0, 0, 1, 1), ("a", "b"))  # record: part 0 and part 2 of the row
+    rows = STORE_BATCH_BLOCKS + 4
+    pool = bytearray(b"".join(bytes([r]) * 8 + bytes([r + 100]) * 8 for r in range(rows)))
+    io, stats = row_io_over(pool, 16, layout)
+    store = BatchRecordingStore()
+    keys = [key(r) for r in range(rows)]
+    assert io.store_many(store, keys, list(range(rows))) == [True] * rows
+    assert [len(b) for b in store.batches] == [STORE_BATCH_BLOCKS, 4]
+    for r in range(rows):
+        assert store.get(key(r)) == bytes([r]) * 4 + bytes([r + 100]) * 4
+    assert stats.snapshot().stores == rows
+
+
+def test_a_store_share_skips_records_already_stored_and_replaces_other_lengths():
+    layout = RowLayout(8, (0,), ("all",))
+    pool = bytearray(b"".join(bytes([r + 1]) * 8 for r in range(3)))
+    io, stats = row_io_over(pool, 8, layout)
+    store = BatchRecordingStore()
+    store.put(key(0), bytes(8))  # this length: kept as it is
+    store.put(key(1), bytes(4))  # another length: can never load, replaced
+    assert io.store_many(store, [key(0), key(1), key(2)], [0, 1, 2]) == [True] * 3
+    assert [sorted(b) for b in store.batches] == [[key(1), key(2)]]
+    assert store.get(key(0)) == bytes(8) and store.get(key(1)) == bytes([2]) * 8
+    assert stats.snapshot().stores == 3
 
 
 def test_the_collaborators_import_neither_vllm_nor_torch():

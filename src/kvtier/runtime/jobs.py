@@ -1,21 +1,24 @@
 """A tier's transfer jobs and the I/O threads that run them.
 
-One job is one vLLM transfer (a list of blocks). Each block of a store is one task on the
-tier's write pool; a load is split into one task per read thread, each loading its share of
-the blocks (every n-th) in one go (a disk store reads them in one native call: one GIL
-hand-over per share instead of one per block, each of which can wait out the interpreter's
-switch interval while the engine's loop runs Python). The pools' threads run at background
-I/O priority. The table keeps the jobs until they are reported: ``finished`` returns the jobs
-whose tasks all ended and the load jobs past their deadline whose unfinished blocks could all
-be abandoned (``kvtier.dataplane.abandonable``: an abandoned block never writes its row, which
-vLLM reuses at once). A block being copied into its row cannot be abandoned; its job is asked
-again at the next step (a copy ends within milliseconds).
+One job is one vLLM transfer (a list of blocks), split between the I/O threads, each taking its
+share of the blocks (every n-th). A load's share is one task, read in one native call by a disk
+store: one GIL hand-over per share instead of one per block, each of which can wait out the
+interpreter's switch interval while the engine's loop runs Python. A store's share is one task
+per batch of at most STORE_BATCH_BLOCKS blocks, each written with one ``put_many``: a disk
+store reserves and commits the batch in one index transaction each instead of two per block,
+the index being most of a put's CPU time (docs/bench/2026-12-07-cpu-write-cost.md). The pools'
+threads run at background I/O priority. The table keeps the jobs until they are reported:
+``finished`` returns the jobs whose tasks all ended and the load jobs past their deadline whose
+unfinished blocks could all be abandoned (``kvtier.dataplane.abandonable``: an abandoned block
+never writes its row, which vLLM reuses at once). A block being copied into its row cannot be
+abandoned; its job is asked again at the next step (a copy ends within milliseconds).
 
-Stores beyond ``max_queued_blocks`` waiting blocks are dropped (a slow tier never holds the
-host pool), and reported as failed, unless the job brings a task for that case
-(``over_bound``: a disk tier with a shared tier behind it still writes its disk, as a disk
-tier alone would, and drops only the server's part). Draining waits for every task; it never
-cancels a copy under way. Shutdown waits at most its drain deadline (``shutdown``).
+Stores beyond ``max_queued_blocks`` waiting blocks (a task's blocks count until the task ends)
+are dropped (a slow tier never holds the host pool), and reported as failed, unless the job
+brings a task for that case (``over_bound``: a disk tier with a shared tier behind it still
+writes its disk, as a disk tier alone would, and drops only the server's part). Draining waits
+for every task; it never cancels a copy under way. Shutdown waits at most its drain deadline
+(``shutdown``).
 
 An abandoned load whose read is still running holds its I/O thread until the read returns;
 such reads are counted, one per thread held (``TierStats.stuck``), so the tier can stop
@@ -48,6 +51,12 @@ logger = logging.getLogger(__name__)
 #: grace period orchestrators give); what has not started by then is dropped and counted.
 DRAIN_DEADLINE_S = 10.0
 
+#: Most blocks one store task takes (one ``put_many``: a disk store's index transaction pair
+#: covers them, ``kvtier.store.disk.schema.PUT_BATCH_MAX``): a long job is several tasks per
+#: write thread, so the index is never held long for one job, and shutdown can still drop
+#: what has not started.
+STORE_BATCH_BLOCKS = 16
+
 #: Share of the host pool's rows that stores waiting on a bounded tier may hold, when its
 #: bound is not set (``default_queue_bound``).
 QUEUED_POOL_SHARE = 0.5
@@ -64,8 +73,9 @@ def default_queue_bound(pool_rows: int) -> int:
     return max(1, int(pool_rows * QUEUED_POOL_SHARE))
 
 
-#: One block's store: (key, host-pool row) -> True when the block was transferred.
-StoreTask = Callable[[bytes, int], bool]
+#: A batch of a thread's share of a store: (keys, host-pool rows) -> per block, True when it
+#: was stored.
+StoreTask = Callable[[list[bytes], list[int]], list[bool]]
 #: A thread's share of a load: (keys, host-pool rows, their abandonable loads) -> per block,
 #: True when it was loaded.
 LoadTask = Callable[[list[bytes], list[int], list[AbandonableLoad]], list[bool]]
@@ -74,9 +84,9 @@ LoadTask = Callable[[list[bytes], list[int], list[AbandonableLoad]], list[bool]]
 class StoresQueued(enum.Enum):
     """What ``submit_stores`` did with a store job."""
 
-    #: Every block's store task queued.
+    #: The job's store tasks queued.
     WHOLE = "whole"
-    #: Over the bound: every block's ``over_bound`` task queued instead, unbounded.
+    #: Over the bound: the job's ``over_bound`` tasks queued instead, unbounded.
     OVER_BOUND = "over_bound"
     #: Over the bound with no ``over_bound`` task: nothing queued, the job reported failed.
     DROPPED = "dropped"
@@ -97,7 +107,8 @@ class Job:
     ticket: Any = None
     #: Loads only: seconds the job was allowed when it was queued (its deadline, in words).
     allowed_s: float = float("inf")
-    #: Loads only: the tasks on the read pool, one per thread's share of the blocks.
+    #: The tasks on the I/O pool: one per thread's share of the blocks (a load), one per
+    #: batch of a thread's share (a store).
     shares: list[Future[Any]] = field(default_factory=list)
 
 
@@ -144,13 +155,15 @@ class JobTable:
             io_threads, f"{thread_prefix}-write-over", initializer=_start_io_thread
         )
         self._jobs: dict[int, Job] = {}
-        #: Store tasks waiting or running on the bounded write pool (``max_queued_blocks``).
+        #: Blocks of store tasks waiting or running on the bounded write pool
+        #: (``max_queued_blocks``).
         self._queued_stores = 0
-        #: Store tasks waiting or running on either write pool (``writing``).
+        #: Blocks of store tasks waiting or running on either write pool (``writing``).
         self._writes = 0
         self._queued_lock = threading.Lock()
-        # Every task on the I/O threads not finished yet: what shutdown waits for.
-        self._inflight: set[Future[Any]] = set()
+        # Every task on the I/O threads not finished yet, with the blocks it transfers: what
+        # shutdown waits for, and what it counts as dropped when it cancels the task.
+        self._inflight: dict[Future[Any], int] = {}
         self._inflight_lock = threading.Lock()
 
     @property
@@ -158,17 +171,20 @@ class JobTable:
         """Most store blocks that may wait on the bounded write pool; None: no bound."""
         return self._max_queued
 
-    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Submit a task to an I/O pool, tracked until done (for ``shutdown``)."""
+    def _submit(
+        self, pool: ThreadPoolExecutor, blocks: int, fn: Callable[..., Any], *args: Any
+    ) -> Future[Any]:
+        """Submit a task transferring ``blocks`` blocks to an I/O pool, tracked until done
+        (for ``shutdown``)."""
         future = pool.submit(fn, *args)
         with self._inflight_lock:
-            self._inflight.add(future)
+            self._inflight[future] = blocks
         future.add_done_callback(self._task_done)
         return future
 
     def _task_done(self, future: Future[Any]) -> None:
         with self._inflight_lock:
-            self._inflight.discard(future)
+            self._inflight.pop(future, None)
 
     def submit_stores(
         self,
@@ -178,11 +194,13 @@ class JobTable:
         task: StoreTask,
         over_bound: StoreTask | None = None,
     ) -> StoresQueued:
-        """Queue one store task per block. When more than ``max_queued_blocks`` would wait,
-        queue one ``over_bound`` task per block instead, on threads of its own and not counted
-        against the bound (it is for work that does not wait on what the bound holds back),
-        or, without one, drop the job: it is then reported failed, nothing is written."""
-        keys = list(keys)
+        """Queue the job's stores: write thread ``t`` of ``n`` takes blocks ``t, t + n, ...``,
+        one task (one call of ``task``) per batch of at most STORE_BATCH_BLOCKS. When more
+        than ``max_queued_blocks`` blocks would wait, queue ``over_bound`` tasks instead, on
+        threads of their own and not counted against the bound (it is for work that does not
+        wait on what the bound holds back), or, without one, drop the job: it is then
+        reported failed, nothing is written."""
+        keys, rows = list(keys), list(rows)
         with self._queued_lock:
             full = self._max_queued is not None and (
                 self._queued_stores + len(keys) > self._max_queued
@@ -198,10 +216,14 @@ class JobTable:
             return StoresQueued.DROPPED
         with self._queued_lock:
             self._writes += len(keys)
-        run = functools.partial(self._counted_store, store, not full)
-        pairs = zip(keys, rows, strict=True)
-        futures = [self._submit(pool, run, k, r) for k, r in pairs]
-        self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter())
+        futures: list[Future[bool]] = [Future() for _ in keys]
+        run = functools.partial(self._counted_stores, store, not full)
+        shares = []
+        for picked in _store_batches(len(keys), self.io_threads):
+            share = self._submit(pool, len(picked), _share, run, (keys, rows), futures, picked)
+            share.add_done_callback(_cancel_blocks_if_cancelled(futures, picked))
+            shares.append(share)
+        self._jobs[job_id] = Job(job_id, False, keys, futures, time.perf_counter(), shares=shares)
         return queued
 
     def refuse_stores(self, job_id: int, keys: Sequence[bytes]) -> None:
@@ -211,14 +233,16 @@ class JobTable:
         keys = list(keys)
         self._jobs[job_id] = Job(job_id, False, keys, [done] * len(keys), time.perf_counter())
 
-    def _counted_store(self, task: StoreTask, bounded: bool, key: bytes, row: int) -> bool:
+    def _counted_stores(
+        self, task: StoreTask, bounded: bool, keys: list[bytes], rows: list[int]
+    ) -> list[bool]:
         try:
-            return task(key, row)
+            return task(keys, rows)
         finally:
             with self._queued_lock:
-                self._writes -= 1
+                self._writes -= len(keys)
                 if bounded:
-                    self._queued_stores -= 1
+                    self._queued_stores -= len(keys)
 
     def submit_loads(
         self,
@@ -242,12 +266,13 @@ class JobTable:
         loads = [AbandonableLoad() for _ in keys]
         futures: list[Future[bool]] = [Future() for _ in keys]
         threads = min(self.io_threads, len(keys))
-        shares = [
-            self._submit(self._read_pool, _load_share, task, keys, rows, loads, futures, t, threads)
-            for t in range(threads)
-        ]
-        for share in shares:
-            share.add_done_callback(_cancel_blocks_if_cancelled(futures))
+        shares = []
+        for picked in (range(t, len(keys), threads) for t in range(threads)):
+            share = self._submit(
+                self._read_pool, len(picked), _share, task, (keys, rows, loads), futures, picked
+            )
+            share.add_done_callback(_cancel_blocks_if_cancelled(futures, picked))
+            shares.append(share)
         deadline_at = deadline()
         self._jobs[job_id] = Job(
             job_id,
@@ -265,7 +290,7 @@ class JobTable:
     def submit_read(self, task: Callable[[], object]) -> bool:
         """Run ``task`` on a read thread (off any request's path); False once shut down."""
         try:
-            self._submit(self._read_pool, task)
+            self._submit(self._read_pool, 1, task)
         except RuntimeError:  # shut down between the caller's check and the submit
             return False
         return True
@@ -325,9 +350,10 @@ class JobTable:
         the queue and the disk's speed, past any orchestrator's grace period.
         """
         with self._inflight_lock:
-            futures = list(self._inflight)  # jobs', abandoned loads' and timed reads' tasks
+            tasks = dict(self._inflight)  # jobs', abandoned loads' and timed reads' tasks
+        futures = list(tasks)
         wait(futures, timeout=drain_deadline_s)
-        dropped = sum(f.cancel() for f in futures)
+        dropped = sum(blocks for f, blocks in tasks.items() if f.cancel())
         for job in self._jobs.values():
             for load in job.loads or ():
                 load.abandon()  # a late read must not write a row vLLM is freeing
@@ -348,24 +374,33 @@ class JobTable:
         return stuck
 
 
-def _load_share(
-    task: LoadTask,
-    keys: list[bytes],
-    rows: list[int],
-    loads: list[AbandonableLoad],
+def _store_batches(blocks: int, threads: int) -> list[range]:
+    """A store job's tasks: thread ``t`` of ``n`` takes blocks ``t, t + n, ...``, cut into
+    batches of at most STORE_BATCH_BLOCKS, queued batch by batch across the threads (the
+    threads go through the job side by side, as one task per block did)."""
+    threads = min(threads, blocks)
+    step = threads * STORE_BATCH_BLOCKS
+    return [
+        range(start + t, min(start + step, blocks), threads)
+        for start in range(0, blocks, step)
+        for t in range(threads)
+        if start + t < blocks
+    ]
+
+
+def _share(
+    task: Callable[..., list[bool]],
+    columns: tuple[list[Any], ...],
     futures: list[Future[bool]],
-    first: int,
-    stride: int,
+    picked: range,
 ) -> None:
-    """Run ``task`` on blocks ``first``, ``first + stride``, ... and settle their futures (a
-    raising task fails them all: ``_succeeded`` logs it)."""
-    picked = range(first, len(keys), stride)
+    """Run ``task`` on the blocks at positions ``picked`` (each of ``columns`` picked there:
+    keys, rows, loads) and settle their futures (a raising task fails them all:
+    ``_succeeded`` logs it)."""
     for i in picked:
         futures[i].set_running_or_notify_cancel()
     try:
-        outcomes = task(
-            [keys[i] for i in picked], [rows[i] for i in picked], [loads[i] for i in picked]
-        )
+        outcomes = task(*([column[i] for i in picked] for column in columns))
     except BaseException as exc:
         for i in picked:
             futures[i].set_exception(exc)
@@ -374,14 +409,16 @@ def _load_share(
         futures[i].set_result(outcome)
 
 
-def _cancel_blocks_if_cancelled(futures: list[Future[bool]]) -> Callable[[Future[Any]], None]:
+def _cancel_blocks_if_cancelled(
+    futures: list[Future[bool]], picked: range
+) -> Callable[[Future[Any]], None]:
     """A share's task cancelled before it ran (shutdown): its blocks' futures must end too,
-    or waiting for them would never return."""
+    or waiting for them would never return. Only its own: another share may be starting."""
 
     def settle(share: Future[Any]) -> None:
         if share.cancelled():
-            for future in futures:
-                future.cancel()  # a no-op for a block already running or done
+            for i in picked:
+                futures[i].cancel()
 
     return settle
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from kvtier.dataplane.abandonable import AbandonableLoad, BounceBuffers, LoadState
 from kvtier.runtime.health import TierHealth
+from kvtier.runtime.jobs import STORE_BATCH_BLOCKS
 from kvtier.runtime.row_layout import RowLayout
 from kvtier.runtime.stats import TierStats
 from kvtier.runtime.tenants import DEFAULT_TENANT, TenantViews
@@ -58,8 +59,10 @@ class RowIO:
         self._health = health
         self.label = label
         self._bounce = BounceBuffers(self.record_bytes)
-        # A record that is not a row prefix is gathered here (store) or read here (load).
-        self._gathered = BounceBuffers(self.record_bytes)
+        # A record that is not a row prefix is gathered here (store) or read here (load); a
+        # batch of stores (a job table's store task, STORE_BATCH_BLOCKS at most) gathers its
+        # n-th record into the n-th buffer (allocated on first use).
+        self._gathered = [BounceBuffers(self.record_bytes) for _ in range(STORE_BATCH_BLOCKS)]
 
     def timed_read(self, store: BlockStore, key: bytes) -> float | None:
         """Seconds one read of ``key`` took (into a bounce buffer), None if it missed."""
@@ -82,12 +85,13 @@ class RowIO:
         start = row * self._pool_row_bytes
         return self._pool_bytes[start : start + self._pool_row_bytes]
 
-    def _record_of(self, row: int) -> memoryview:
-        """The record's bytes of ``row``: the row's prefix, or its slices gathered."""
+    def _record_of(self, row: int, slot: int = 0) -> memoryview:
+        """The record's bytes of ``row``: the row's prefix, or its slices gathered (into the
+        thread's ``slot``-th gather buffer)."""
         row_view = self._row(row)
         if self._layout.is_prefix:
             return row_view[: self.record_bytes]
-        record = self._gathered.get()
+        record = self._gathered[slot].get()
         self._layout.gather(row_view, record)
         return record
 
@@ -96,18 +100,35 @@ class RowIO:
         store = self._wait_store()
         return None if store is None else self._tenants.of(store, cache_salt)
 
-    def store_one(self, key: bytes, row: int, cache_salt: str | None = DEFAULT_TENANT) -> bool:
+    def store_share(
+        self, keys: list[bytes], rows: list[int], cache_salt: str | None = DEFAULT_TENANT
+    ) -> list[bool]:
+        """A thread's share of a store job (``store_many`` into the store as the tenant of
+        ``cache_salt`` sees it); all failed when the store never opens."""
         store = self._store_of(cache_salt)
-        return store is not None and self.store_into(store, key, row)
+        return [False] * len(keys) if store is None else self.store_many(store, keys, rows)
 
-    def store_into(self, store: BlockStore, key: bytes, row: int) -> bool:
-        started = time.perf_counter()
-        record = self._record_of(row)
-        # A record of another length can never load into a row: replace it.
-        stored = store.payload_len(key) == self.record_bytes or store.put(key, record)
-        self._stats.stored(time.perf_counter() - started, ok=stored)
-        if stored:
-            self._health.stored(key)  # a fresh good copy is authoritative
+    def store_many(self, store: BlockStore, keys: list[bytes], rows: list[int]) -> list[bool]:
+        """Store each block's record with ``put_many``, STORE_BATCH_BLOCKS at a time; per
+        block, whether the store holds it. A block whose key already holds a record of this
+        length is not written again; a record of another length can never load into a row,
+        so it is replaced."""
+        stored = [False] * len(keys)
+        for start in range(0, len(keys), STORE_BATCH_BLOCKS):
+            batch = range(start, min(start + STORE_BATCH_BLOCKS, len(keys)))
+            started = time.perf_counter()
+            writes = [i for i in batch if store.payload_len(keys[i]) != self.record_bytes]
+            for i in batch:
+                stored[i] = True  # until a write says otherwise
+            if writes:
+                records = [self._record_of(rows[i], n) for n, i in enumerate(writes)]
+                outcomes = store.put_many([keys[i] for i in writes], records)
+                for i, ok in zip(writes, outcomes, strict=True):
+                    stored[i] = ok
+            self._stats.stored_many(time.perf_counter() - started, sum(stored[i] for i in batch))
+        for key, ok in zip(keys, stored, strict=True):
+            if ok:
+                self._health.stored(key)  # a fresh good copy is authoritative
         return stored
 
     def load_share(
@@ -165,7 +186,7 @@ class RowIO:
     ) -> bool:
         """A block whose record is gathered from slices of its row: read into this thread's
         record buffer, then scattered into the row (claimed: the row is this load's)."""
-        record = self._gathered.get()
+        record = self._gathered[0].get()
         if not store.get_into_when(key, record, ClaimForBuffer(load), self._bounce.get()):
             return False
         self._layout.scatter(record, self._row(row))

@@ -68,6 +68,11 @@ class TierStats:
         else:
             self._add(write_seconds=seconds)
 
+    def stored_many(self, seconds: float, stored: int) -> None:
+        """Store tasks of several blocks ended after ``seconds`` of I/O in all; ``stored``
+        of the blocks are stored (one update for them all)."""
+        self._add(stores=stored, write_seconds=seconds)
+
     def loaded(self, seconds: float) -> None:
         """One block loaded after ``seconds`` of I/O."""
         self._add(loads=1, read_seconds=seconds)

@@ -184,6 +184,16 @@ class BlockStore(abc.ABC):
         after eviction, an I/O fault). May evict other records first.
         """
 
+    def put_many(self, keys: Sequence[bytes], payloads: Sequence[Buffer]) -> list[bool]:
+        """``put`` of each key with its payload, in order; per key, whether it was stored. A
+        record that fails is a failed put; the others are still stored. A store overrides it
+        only to store the list at less cost (a disk store: one index transaction pair per
+        batch instead of one per record).
+        """
+        if len(keys) != len(payloads):
+            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        return [self.put(key, payload) for key, payload in zip(keys, payloads, strict=True)]
+
     @abc.abstractmethod
     def get_into(self, key: bytes, out: memoryview) -> bool:
         """Fill ``out`` with the payload of ``key`` and verify it; True on a verified hit.

@@ -57,6 +57,9 @@ class SealedStore(BlockStore):
     def put(self, key: bytes, payload: Buffer) -> bool:
         return self._put(self._sealer, key, payload)
 
+    def put_many(self, keys: Sequence[bytes], payloads: Sequence[Buffer]) -> list[bool]:
+        return self._put_many(self._sealer, keys, payloads)
+
     def get_into(self, key: bytes, out: memoryview) -> bool:
         return self._get_into(self._sealer, key, out)
 
@@ -92,6 +95,16 @@ class SealedStore(BlockStore):
     # -- the same with a sealer ------------------------------------------------------------
     @abc.abstractmethod
     def _put(self, sealer: RecordSealer | None, key: bytes, payload: Buffer) -> bool: ...
+
+    def _put_many(
+        self, sealer: RecordSealer | None, keys: Sequence[bytes], payloads: Sequence[Buffer]
+    ) -> list[bool]:
+        """Each record in turn (``BlockStore.put_many``'s default); sealed one by one."""
+        if len(keys) != len(payloads):
+            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        return [
+            self._put(sealer, key, payload) for key, payload in zip(keys, payloads, strict=True)
+        ]
 
     @abc.abstractmethod
     def _get_into(self, sealer: RecordSealer | None, key: bytes, out: memoryview) -> bool: ...
@@ -159,6 +172,9 @@ class TenantView(BlockStore):
 
     def put(self, key: bytes, payload: Buffer) -> bool:
         return self.store._put(self.sealer, key, payload)
+
+    def put_many(self, keys: Sequence[bytes], payloads: Sequence[Buffer]) -> list[bool]:
+        return self.store._put_many(self.sealer, keys, payloads)
 
     def get_into(self, key: bytes, out: memoryview) -> bool:
         return self.store._get_into(self.sealer, key, out)

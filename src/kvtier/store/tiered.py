@@ -9,7 +9,8 @@ the local store first, falls back to the shared store, and writes what it fetche
 local store (off the restore path, on a bounded queue), so the next restore is local.
 
 * ``put``: both stores (the record is needed locally for speed and shared for other replicas);
-  True when either holds it.
+  True when either holds it. ``put_many``: the same per record, each store's own
+  ``put_many`` for the list (the shared store's for the keys it does not hold yet).
 * ``get_into``, ``get_into_when`` and ``get_many_into_when``: local, then shared; a shared hit
   is copied once and queued for the local store (dropped and counted when the write-back
   queue is full).
@@ -111,6 +112,17 @@ class LocalThenShared(BlockStore):
         local_ok = self.local.put(key, payload)
         shared_ok = self.shared.contains(key) or self.shared.put(key, payload)
         return local_ok or shared_ok
+
+    def put_many(self, keys: Sequence[bytes], payloads: Sequence[Buffer]) -> list[bool]:
+        if len(keys) != len(payloads):
+            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        stored = self.local.put_many(keys, payloads)
+        send = [i for i, key in enumerate(keys) if not self.shared.contains(key)]
+        sent = self.shared.put_many([keys[i] for i in send], [payloads[i] for i in send])
+        shared_ok = [True] * len(keys)
+        for i, ok in zip(send, sent, strict=True):
+            shared_ok[i] = ok
+        return [local_ok or ok for local_ok, ok in zip(stored, shared_ok, strict=True)]
 
     def get_into(self, key: bytes, out: memoryview) -> bool:
         if self.local.contains(key) and self.local.get_into(key, out):

@@ -6,10 +6,11 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
 * ``lookup`` answers from the store's in-memory view (``BlockStore.contains``: no syscall);
   while the store is still opening it answers RETRY, so a fresh engine's first request waits
   for the index instead of missing.
-* ``submit_store`` queues one task per block on the tier's own write threads; ``submit_load``
-  one task per read thread, each loading its share of the job's blocks with one
-  ``get_many_into_when`` (a disk store reads the share in one native call); the rows' reads
-  and writes are ``kvtier.runtime.row_io``'s. When more
+* ``submit_store`` queues one task per write thread, each storing its share of the job's
+  blocks with ``put_many`` (a disk store reserves and commits a batch in one index
+  transaction each); ``submit_load`` one task per read thread, each loading its share with
+  one ``get_many_into_when`` (a disk store reads the share in one native call); the rows'
+  reads and writes are ``kvtier.runtime.row_io``'s. When more
   than ``max_queued_blocks`` stores are waiting, new stores are dropped and counted (a slow
   tier never holds the host pool); a store with a part that needs no server
   (``BlockStore.without_server``: the disk of a disk tier with a shared tier behind it) still
@@ -391,12 +392,12 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         local = None if store is None else store.without_server()
         # Over the bound, a store with a part that needs no server still writes that part.
         keeps_part = local is not None and local is not store
-        over_bound = functools.partial(self._io.store_into, local) if keeps_part else None
+        over_bound = functools.partial(self._io.store_many, local) if keeps_part else None
         queued = self._jobs.submit_stores(
             job_metadata.job_id,
             keys,
             rows,
-            functools.partial(self._io.store_one, cache_salt=salt),
+            functools.partial(self._io.store_share, cache_salt=salt),
             over_bound,
         )
         if queued is StoresQueued.DROPPED:

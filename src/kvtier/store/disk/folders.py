@@ -12,7 +12,7 @@ megabyte from every small cap, and a bound on growth would have to assume the lo
 Measuring all of them costs about a millisecond (261 ``lstat``), so a store measures them all
 at most every ``MEASURE_INTERVAL_S``; in between it measures again the two folders each of
 its puts wrote into (the fan-out folder and ``tmp``), and a reservation adds
-``GROWTH_PER_PUT_BYTES`` for the put it is for (a put creates at most one fan-out folder and
+``GROWTH_PER_PUT_BYTES`` for each put it is for (a put creates at most one fan-out folder and
 grows at most one folder by a unit). Another process's puts within that second are covered by
 the index's growth margin (``kvtier.store.disk.root.INDEX_GROWTH_MARGIN_BYTES``).
 """
@@ -85,14 +85,14 @@ class FolderCharge:
         self._seen: dict[Path, int] = {}
         self._at = float("-inf")
 
-    def charge(self) -> int:
-        """Bytes the folders may take once the put being reserved is published."""
+    def charge(self, puts: int = 1) -> int:
+        """Bytes the folders may take once the ``puts`` being reserved are published."""
         with self._lock:
             if self._clock() - self._at >= MEASURE_INTERVAL_S:
                 self._seen = folder_charges(self._root)
                 self._total = sum(self._seen.values())
                 self._at = self._clock()
-            return self._total + GROWTH_PER_PUT_BYTES
+            return self._total + GROWTH_PER_PUT_BYTES * puts
 
     def note_put(self, *folders: Path) -> None:
         """A record was published into ``folders`` (created or grown): measure them again."""

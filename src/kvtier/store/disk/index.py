@@ -53,6 +53,7 @@ from kvtier.store.disk.schema import (
     CHANGES_KEPT,
     CHARGE_SQL,
     PENDING,
+    PUT_BATCH_MAX,
     READY,
     SCHEMA_SQL,
     SCHEMA_VERSION,
@@ -61,6 +62,7 @@ from kvtier.store.disk.schema import (
     WAL_SIZE_LIMIT_BYTES,
     WAL_TXN_BYTES,
     Change,
+    Commit,
     Reservation,
     Row,
     SchemaError,
@@ -73,12 +75,14 @@ __all__ = [
     "ALLOC_UNIT",
     "CHANGES_KEPT",
     "PENDING",
+    "PUT_BATCH_MAX",
     "READY",
     "SCHEMA_VERSION",
     "TXN_ROWS_MAX",
     "WAL_SIZE_LIMIT_BYTES",
     "WAL_TXN_BYTES",
     "Change",
+    "Commit",
     "Index",
     "Reservation",
     "Row",
@@ -96,10 +100,6 @@ _EVICT_SCAN_BATCH = 256
 #: the folder's record count instead of staying microseconds
 #: (``tests/store/test_store_index_plans.py`` reads every statement's plan).
 _READY = "+state = 1"
-
-
-class _NoRoom(Exception):
-    """Raised inside a reservation to roll it back: not enough can be evicted."""
 
 
 class Index:
@@ -357,88 +357,125 @@ class Index:
 
     def reserve(
         self,
-        key: bytes,
-        record_bytes: int,
+        records: Sequence[tuple[bytes, int]],
         overhead: Callable[[], int],
-        extra_free_bytes: int,
+        room_above_floor: int | None,
         pinned: Collection[bytes],
         touches: Mapping[bytes, int],
-    ) -> Reservation | None:
-        """Reserve ``record_bytes`` for a new pending record of ``key``, evicting if needed.
+    ) -> Reservation:
+        """Reserve room for new pending records, (key, record bytes) each, in one
+        transaction, evicting if needed; the keys must be distinct.
 
         The cap and low watermark are the root's stored settings, read in the transaction.
-        The record fits if usage (records, trash, quarantine) plus ``overhead()`` (what the
-        index files cost, measured holding the write lock) plus the record stays within the
-        cap. At most TXN_ROWS_MAX records are evicted and touches applied per call. If it
-        would not once the trash is emptied, ready records of any namespace are evicted in LRU order
-        (skipping ``pinned`` keys) until that usage is at most the low watermark (a share of
-        what the overhead leaves of the cap); ``extra_free_bytes`` more are evicted to
-        restore the free-space floor. Evicted records move to trash, still charged, so a
-        record that needed them is not reserved yet: ``record_id`` is None and the caller
-        empties the trash and asks again. Returns None, changing nothing, if not enough can
-        be evicted. ``touches`` (key -> access time of a record of ``ns``) are applied first
-        so the LRU order is current.
+        A record fits if usage (records, trash, quarantine) plus ``overhead()`` (what the
+        index files cost, measured holding the write lock) plus the records reserved before
+        it stays within the cap. If the batch would not fit once the trash is emptied, ready
+        records of any namespace are evicted in LRU order (skipping ``pinned`` keys) until
+        that usage is at most the low watermark (a share of what the overhead leaves of the
+        cap), and more to keep the free-space floor: ``room_above_floor`` is the free space
+        above it before the batch is written (None: no floor). At most TXN_ROWS_MAX records
+        are evicted and touches applied per call. Evicted records move to trash, still
+        charged, so a record that needed them is not reserved yet (its id is None, it is not
+        refused): the caller empties the trash and asks again for it.
+
+        A record is refused, changing nothing for it, when it is larger than the cap and
+        the index files together, or when it would not fit even after every eviction this
+        call could make, which found no more to evict; when every record is refused nothing
+        is evicted either. ``touches`` (key -> access time of a record of
+        ``ns``) are applied first so the LRU order is current.
         """
         now = time.time_ns()
-        cost = charge(record_bytes)
-        try:
-            with self._write() as conn:
-                self._apply_touches(conn, touches)
-                overhead_bytes = overhead()
-                meta = dict(conn.execute("SELECT name, value FROM meta"))
-                capacity = meta["capacity_bytes"]
-                # The watermark is a share of the room the index files leave for the rest.
-                ppm = meta.get("low_watermark_ppm", 900_000)
-                low = overhead_bytes + max(0, capacity - overhead_bytes) * ppm // 1_000_000
-                used = conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
-                trash = conn.execute("SELECT COALESCE(SUM(charge), 0) FROM trash").fetchone()[0]
-                fits = used + overhead_bytes + cost <= capacity
-                settled = used - trash + overhead_bytes + cost  # once the trash is emptied
-                must_free = max(settled - capacity, extra_free_bytes)
-                evicted: list[Row] = []
-                if must_free > 0:
-                    want = max(settled - low, extra_free_bytes)
-                    evicted = self._pick_lru(conn, want, pinned)
-                    freed = sum(charge(r.record_bytes) for r in evicted)
-                    if freed < must_free and len(evicted) < TXN_ROWS_MAX:
-                        raise _NoRoom
-                    self._remove(conn, evicted)
-                    fits = fits and freed >= must_free
-                if not fits:
-                    return Reservation(None, evicted)
+        costs = [charge(record_bytes) for _, record_bytes in records]
+        refused: dict[int, str] = {}
+        with self._write() as conn:
+            self._apply_touches(conn, touches)
+            overhead_bytes = overhead()
+            meta = dict(conn.execute("SELECT name, value FROM meta"))
+            capacity = meta["capacity_bytes"]
+            # The watermark is a share of the room the index files leave for the rest.
+            ppm = meta.get("low_watermark_ppm", 900_000)
+            low = overhead_bytes + max(0, capacity - overhead_bytes) * ppm // 1_000_000
+            used = conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
+            trash = conn.execute("SELECT COALESCE(SUM(charge), 0) FROM trash").fetchone()[0]
+            settled = used - trash + overhead_bytes  # once the trash is emptied
+
+            def floor_need(written_bytes: int) -> int:
+                if room_above_floor is None:
+                    return 0
+                return max(0, written_bytes - room_above_floor)
+
+            wanted = []
+            for i, cost in enumerate(costs):
+                if cost + overhead_bytes > capacity:
+                    refused[i] = "larger than the cap"
+                else:
+                    wanted.append(i)
+            total = sum(costs[i] for i in wanted)
+            extra = floor_need(sum(records[i][1] for i in wanted))
+            evicted: list[Row] = []
+            freed = 0
+            if wanted and max(settled + total - capacity, extra) > 0:
+                want = max(settled + total - low, extra)
+                evicted = self._pick_lru(conn, want, pinned)
+                freed = sum(charge(r.record_bytes) for r in evicted)
+            # Fewer than a call's most: the LRU scan freed what it wanted or found nothing
+            # more to evict (a record that still does not fit never will).
+            exhausted = len(evicted) < TXN_ROWS_MAX
+            record_ids: list[int | None] = [None] * len(records)
+            room = _Room(capacity, used + overhead_bytes, settled - freed, freed, exhausted)
+            inserts = room.admit(
+                [(i, costs[i], records[i][1]) for i in wanted], floor_need, refused
+            )
+            if len(refused) == len(records):
+                # Nothing to reserve: evict nothing either (the touches still count).
+                return Reservation([None] * len(records), refused, [])
+            self._remove(conn, evicted)
+            for i in inserts:
                 cursor = conn.execute(
                     "INSERT INTO records(ns, key, state, record_bytes, access_ns, session) "
                     "VALUES (?, ?, 0, ?, ?, ?)",
-                    (self.ns, key, record_bytes, now, self.session),
+                    (self.ns, records[i][0], records[i][1], now, self.session),
                 )
-                return Reservation(cursor.lastrowid, evicted)
-        except _NoRoom:
-            return None
+                record_ids[i] = cursor.lastrowid
+            return Reservation(record_ids, refused, evicted)
 
-    def commit(self, record_id: int, key: bytes) -> tuple[list[Row], int] | None:
-        """Make a pending record ready; older ready records of the key go to trash.
-
-        Returns (superseded rows, change-log seq of this record), or None if the pending row
-        is gone (reclaimed by another process that judged this session dead).
-        """
+    def commit(self, records: Sequence[tuple[int, bytes]]) -> Commit:
+        """Make pending records, (record id, key) each with distinct keys, ready in one
+        transaction; older ready records of their keys go to trash. A record whose pending
+        row is gone (reclaimed by another process that judged this session dead) stays out."""
         with self._write() as conn:
-            if (
-                conn.execute(
-                    "SELECT 1 FROM records WHERE id = ? AND state = 0", (record_id,)
-                ).fetchone()
-                is None
-            ):
-                return None
-            superseded = _rows(conn, f"ns = ? AND key = ? AND {_READY}", (self.ns, key))
-            self._remove(conn, superseded)
-            conn.execute(
+            ids = [record_id for record_id, _ in records]
+            marks = ",".join("?" * len(ids))
+            pending = {
+                record_id
+                for (record_id,) in conn.execute(
+                    f"SELECT id FROM records WHERE id IN ({marks}) AND state = 0", ids
+                )
+            }
+            keys = [key for record_id, key in records if record_id in pending]
+            superseded: list[Row] = []
+            if keys:
+                superseded = _rows(
+                    conn,
+                    f"ns = ? AND key IN ({','.join('?' * len(keys))}) AND {_READY}",
+                    (self.ns, *keys),
+                )
+                self._remove(conn, superseded)
+            before = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            conn.executemany(
                 "UPDATE records SET state = 1, access_ns = ? WHERE id = ?",
-                (time.time_ns(), record_id),
+                [(time.time_ns(), record_id) for record_id in ids if record_id in pending],
             )
-            seq = conn.execute("SELECT MAX(seq) FROM changes").fetchone()[0]
-            if seq % 64 == 0:
+            # The readiness trigger logged each record: its position is its change's.
+            seq_of = dict(
+                conn.execute(
+                    "SELECT record_id, seq FROM changes WHERE seq > ? AND op = 1", (before,)
+                )
+            )
+            top = max(seq_of.values(), default=before)
+            if top // 64 > before // 64:
                 self._trim_changes(conn)
-            return superseded, seq
+            return Commit([seq_of.get(record_id) for record_id in ids], superseded)
 
     def abort(self, record_id: int) -> list[Trashed]:
         """Drop a pending record whose write failed; its files go to trash.
@@ -691,6 +728,44 @@ class Index:
         if floor > 0 and top - CHANGES_KEPT > 0:
             conn.execute("DELETE FROM changes WHERE seq <= ?", (floor,))
             conn.execute("UPDATE meta SET value = ? WHERE name = 'changes_floor'", (floor,))
+
+
+class _Room:
+    """Which records of a batch a reservation takes now, defers or refuses (``reserve``)."""
+
+    def __init__(
+        self, capacity: int, charged: int, settled: int, freed: int, exhausted: bool
+    ) -> None:
+        #: The cap; what is charged now (trash and overhead included); what will be once the
+        #: trash, this call's evictions included, is emptied; what this call evicted; whether
+        #: the eviction scan found nothing more to evict.
+        self.capacity, self.charged, self.settled = capacity, charged, settled
+        self.freed, self.exhausted = freed, exhausted
+
+    def admit(
+        self,
+        records: list[tuple[int, int, int]],
+        floor_need: Callable[[int], int],
+        refused: dict[int, str],
+    ) -> list[int]:
+        """Positions of ``records`` (position, charge, bytes) that fit now, in order. One
+        that cannot fit even once the trash is emptied, with nothing more to evict, goes into
+        ``refused``; the others wait for the trash (counted for the records after them)."""
+        now_cost = later_cost = later_bytes = 0
+        taken = []
+        for i, cost, record_bytes in records:
+            need = floor_need(later_bytes + record_bytes)  # to evict for the floor
+            if self.exhausted and (
+                self.settled + later_cost + cost > self.capacity or self.freed < need
+            ):
+                refused[i] = "no room: nothing left to evict"
+                continue
+            later_cost += cost
+            later_bytes += record_bytes
+            if self.charged + now_cost + cost <= self.capacity and self.freed >= need:
+                now_cost += cost
+                taken.append(i)
+        return taken
 
 
 def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -> list[Row]:

@@ -22,6 +22,12 @@ WAL_SIZE_LIMIT_BYTES = WAL_AUTOCHECKPOINT_PAGES * 4096
 #: Most rows one write transaction evicts, touches, forgets or trims: a transaction adds at
 #: most about one WAL page per row it changes (random keys), so this bounds what one adds.
 TXN_ROWS_MAX = 24
+#: Most records one batched put reserves and commits in one transaction each (``DiskStore``
+#: splits a longer ``put_many``). A reservation takes access times for at most
+#: ``TXN_ROWS_MAX + 1`` less its records, so it changes no more rows than a single put's
+#: did (TXN_ROWS_MAX evictions, TXN_ROWS_MAX touches, one insert); a commit changes at most
+#: two rows per record (the record and a superseded one of its key).
+PUT_BATCH_MAX = 16
 #: What one transaction of at most TXN_ROWS_MAX rows adds to the WAL, at most (measured:
 #: 64 evictions of random keys added 63 pages to the WAL of a 3,000-record index).
 WAL_TXN_BYTES = 96 * 4096
@@ -158,13 +164,27 @@ class Trashed:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """The outcome of a successful ``Index.reserve``."""
+    """The outcome of ``Index.reserve`` for a batch of records, position by position."""
 
-    #: Id of the new pending record; None: not reserved yet, empty the trash and ask again.
-    record_id: int | None
+    #: Per record: the id of its new pending record; None where it is not reserved: refused
+    #: (``refused`` says why) or not yet (empty the trash and ask again).
+    record_ids: list[int | None]
+    #: Positions refused for good, and why ("larger than the cap", "no room: ...").
+    refused: dict[int, str]
     #: Records evicted to make room (any namespace): they left the index; their files are in
     #: ``trash``, still charged.
     evicted: list[Row]
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The outcome of ``Index.commit`` for a batch of pending records."""
+
+    #: Per record: the change-log position that made it ready; None where its pending row was
+    #: gone (reclaimed by another process that judged this session dead).
+    seqs: list[int | None]
+    #: Older ready records of the batch's keys, moved to trash (still charged).
+    superseded: list[Row]
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,12 @@ kvtier.store.disk.index. Root settings and preflight: kvtier.store.disk.root. Op
 kvtier.store.disk.recovery. Trash: kvtier.store.disk.trash. File I/O: kvtier.store.disk.writer
 and kvtier.store.disk.reader.
 
-Writing a record (``put``), and what a crash at each step leaves behind:
+Writing a record (``put``), and what a crash at each step leaves behind. ``put_many`` writes
+a batch of up to PUT_BATCH_MAX records of distinct keys (a longer list is several batches)
+through the same steps, each step for the whole batch: one reservation transaction, the
+files written and renamed one by one, one commit transaction; so what a crash leaves is what
+it leaves of a single put, for each record of the batch. A record whose write fails is
+dropped (its reservation and files go to trash) and fails alone; the others commit.
 
 1. Reserve: one index transaction checks the cap, evicts LRU records (of any namespace under
    the root) down to the low watermark if the new record would cross it (their rows leave
@@ -56,6 +61,7 @@ back into keys, which is the point. The store seals under the sealer it was open
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import sqlite3
@@ -63,6 +69,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -90,7 +97,7 @@ from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.access_times import AccessTimes
 from kvtier.store.disk.folders import FolderCharge
-from kvtier.store.disk.index import TXN_ROWS_MAX, Row, Trashed, charge
+from kvtier.store.disk.index import PUT_BATCH_MAX, TXN_ROWS_MAX, Row, Trashed
 from kvtier.store.disk.quarantine import Limits, quarantine
 from kvtier.store.disk.reader import ClaimedRead, NativeRecordReader, NowaitRefused
 from kvtier.store.disk.record_io import RecordIO
@@ -123,6 +130,31 @@ LOAD_INDEX_WAIT_S = 0.5
 KNOWN_KEYS_MAX = 1 << 16
 #: Errors that say nothing about the record itself: a miss, but no quarantine.
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN}
+
+
+@dataclass(slots=True)
+class _Put:
+    """One record of a batched put, as it goes through the batch."""
+
+    #: Its position in the caller's ``put_many`` (where its outcome goes).
+    position: int
+    #: The block key, and the name it is stored under (the key itself, or its sealed name).
+    key: bytes
+    name: bytes
+    view: memoryview
+    #: Set once reserved: the pending record's id, its temp file and its final file.
+    record_id: int = 0
+    temp: Path = Path()
+    final: Path = Path()
+
+    @property
+    def record_bytes(self) -> int:
+        return HEADER_BYTES + self.view.nbytes
+
+    def reserved(self, record_id: int, namespace_dir: Path, session_id: str) -> None:
+        self.record_id = record_id
+        self.final = namespace_dir / layout.record_name(self.name, record_id)
+        self.temp = namespace_dir / layout.temp_name(self.name, record_id, session_id)
 
 
 class _Entry(NamedTuple):
@@ -255,76 +287,160 @@ class DiskStore(SealedStore):
     # -- BlockStore --------------------------------------------------------------------------
 
     def _put(self, sealer: RecordSealer | None, key: bytes, payload: Buffer) -> bool:
-        check_key(key)
-        view = memoryview(payload)
-        if sealer is not None:
-            block_key, key = key, sealer.name(self._digest, key)
-        record_bytes = HEADER_BYTES + view.nbytes
+        return self._put_many(sealer, [key], [payload])[0]
+
+    def _put_many(
+        self, sealer: RecordSealer | None, keys: Sequence[bytes], payloads: Sequence[Buffer]
+    ) -> list[bool]:
+        """``put`` of each record, in batches of at most PUT_BATCH_MAX records of distinct
+        keys: one reservation and one commit per batch (module docstring)."""
+        if len(keys) != len(payloads):
+            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        for key in keys:
+            check_key(key)
+        outcomes = [False] * len(keys)
+        batch: list[_Put] = []
+        for i, (key, payload) in enumerate(zip(keys, payloads, strict=True)):
+            name = key if sealer is None else sealer.name(self._digest, key)
+            # A key twice in one batch would be committed twice at once: it starts the next.
+            if len(batch) == PUT_BATCH_MAX or any(p.name == name for p in batch):
+                self._put_batch(sealer, batch, outcomes)
+                batch = []
+            batch.append(_Put(i, key, name, memoryview(payload)))
+        if batch:
+            self._put_batch(sealer, batch, outcomes)
+        return outcomes
+
+    def _put_batch(
+        self, sealer: RecordSealer | None, batch: list[_Put], outcomes: list[bool]
+    ) -> None:
+        """Reserve, write, publish and commit ``batch`` (distinct names); each record's
+        outcome goes to ``outcomes`` at its position. A record that fails is a failed put;
+        the others still land."""
         if self._closed:
-            return self._put_failed(key, "closed")
-        if not view.nbytes:
-            # No block is empty: an empty payload is a caller's slice gone wrong (a row past
-            # the end of its pool), and its record would shadow the key's good ones.
-            return self._put_failed(key, "empty payload")
-        if charge(record_bytes) + self._index_charge() > self.capacity_bytes:
-            return self._put_failed(key, "larger than the cap")
+            self._puts_failed(batch, "closed")
+            return
+        # No block is empty: an empty payload is a caller's slice gone wrong (a row past the
+        # end of its pool), and its record would shadow the key's good ones.
+        empty = [p for p in batch if not p.view.nbytes]
+        if empty:
+            self._puts_failed(empty, "empty payload")
+            batch = [p for p in batch if p.view.nbytes]
+        if not batch:
+            return
         if self._trash.has_retries():
             self._trash.retry()
-        if sealer is None:
-            header = encode_header(make_header(self._digest, key, view))
-        else:
-            sealed, view = sealer.seal(self._digest, key, view)
-            header = encode_header(sealed)
-            self._remember(key, block_key, sealer)
-        record_id = None
+        reserved = self._reserve(batch)
+        try:
+            written = self._write_records(sealer, reserved)
+            self._folders.note_put(*{path.parent for p in written for path in (p.final, p.temp)})
+            self._commit(written, outcomes)
+        except BaseException:
+            # A bug or an interrupt mid-batch: nothing reserved may stay pending in a live
+            # session (its bytes would stay charged until the process ends).
+            for p in reserved:
+                if not outcomes[p.position]:
+                    self._trash.discard_write(p.record_id, p.temp, p.final)
+            raise
+
+    def _reserve(self, batch: list[_Put]) -> list[_Put]:
+        """Reserve ``batch``'s records (their ``record_id`` set); returns those reserved, the
+        others counted as failed puts. Asked again while evicted files of this or other
+        writers are removed (RESERVE_ATTEMPTS)."""
+        waiting = batch
+        reserved: list[_Put] = []
         for attempt in range(RESERVE_ATTEMPTS):
             try:
                 reservation = self._index.reserve(
-                    key,
-                    record_bytes,
-                    self._index_charge,
-                    self._floor_deficit(record_bytes),
+                    [(p.name, p.record_bytes) for p in waiting],
+                    functools.partial(self._index_charge, len(waiting)),
+                    self._room_above_floor(),
                     self._pinned(),
-                    self._access.take(TXN_ROWS_MAX),
+                    self._access.take(TXN_ROWS_MAX + 1 - len(waiting)),
                 )
             except (sqlite3.Error, OSError) as exc:
-                return self._put_failed(key, f"index: {exc}")
-            if reservation is None:
-                return self._put_failed(key, "no room: nothing left to evict")
+                self._puts_failed(waiting, f"index: {exc}")
+                return reserved
+            for why in set(reservation.refused.values()):
+                self._puts_failed(
+                    [p for i, p in enumerate(waiting) if reservation.refused.get(i) == why], why
+                )
             self._forget_rows(reservation.evicted)
             self._bump(evictions=len(reservation.evicted))
             # Evicted bytes stay charged until their files are gone: unlink, then ask again.
             self._trash.empty(Trashed(r.path, "") for r in reservation.evicted)
-            record_id = reservation.record_id
-            if record_id is not None:
-                break
+            later = []
+            for i, (p, record_id) in enumerate(zip(waiting, reservation.record_ids, strict=True)):
+                if record_id is not None:
+                    p.reserved(record_id, self.namespace_dir, self._session.session_id)
+                    reserved.append(p)
+                elif i not in reservation.refused:
+                    later.append(p)
+            waiting = later
+            if not waiting:
+                return reserved
             if not reservation.evicted:  # other writers' evicted files are still going
                 time.sleep(min(RESERVE_BACKOFF_S * 2**attempt, RESERVE_BACKOFF_MAX_S))
-        if record_id is None:
-            return self._put_failed(key, "no room: evicted files are still being removed")
-        final = self.namespace_dir / layout.record_name(key, record_id)
-        temp = self.namespace_dir / layout.temp_name(key, record_id, self._session.session_id)
+        self._puts_failed(waiting, "no room: evicted files are still being removed")
+        return reserved
+
+    def _write_records(self, sealer: RecordSealer | None, batch: list[_Put]) -> list[_Put]:
+        """Checksum or seal each record's payload, write its temp file and publish it; returns
+        those written, the others' reservations dropped and their puts counted failed.
+
+        Unsealed, the batch's files go to the writer in one call (one GIL hand-over where the
+        native writer is built); sealed, one call per record, sealed just before its write:
+        the ciphertext lies in the thread's one buffer (kvtier.format.sealing)."""
+        if sealer is None:
+            headers = [encode_header(make_header(self._digest, p.name, p.view)) for p in batch]
+            records = [(p.temp, p.final, h, p.view) for p, h in zip(batch, headers, strict=True)]
+            errors = self._writer.write_records(records)
+        else:
+            errors = []
+            for p in batch:
+                sealed, view = sealer.seal(self._digest, p.name, p.view)
+                self._remember(p.name, p.key, sealer)
+                header = encode_header(sealed)
+                errors += self._writer.write_records([(p.temp, p.final, header, view)])
+        written = []
+        for p, error in zip(batch, errors, strict=True):
+            if error is None:
+                written.append(p)
+            else:
+                self._discard(p, str(error))
+        return written
+
+    def _commit(self, written: list[_Put], outcomes: list[bool]) -> None:
+        """Make ``written`` servable in one index transaction; each committed record's
+        outcome set True in ``outcomes``."""
+        if not written:
+            return
         try:
-            (failed,) = self._writer.write_records([(temp, final, header, view)])
-            if failed is not None:
-                raise failed
-            self._folders.note_put(final.parent, temp.parent)
-            committed = self._index.commit(record_id, key)
-        except (OSError, sqlite3.Error) as exc:
-            self._trash.discard_write(record_id, temp, final)
-            return self._put_failed(key, str(exc))
-        if committed is None:
-            self._trash.discard_write(record_id, temp, final)
-            return self._put_failed(key, "reservation was reclaimed")
-        superseded, seq = committed
+            committed = self._index.commit([(p.record_id, p.name) for p in written])
+        except sqlite3.Error as exc:
+            for p in written:
+                self._discard(p, str(exc))
+            return
+        landed = []
+        for p, seq in zip(written, committed.seqs, strict=True):
+            if seq is None:
+                self._discard(p, "reservation was reclaimed")
+                continue
+            landed.append((p, seq))
+            outcomes[p.position] = True
         with self._lock:
-            current = self._mem.get(key)
-            if current is None or current.seq < seq:
-                self._mem[key] = _Entry(record_id, view.nbytes, seq)
-            self._stats.puts += 1
-            self._stats.bytes_written += record_bytes
-        self._trash.empty(Trashed(r.path, "") for r in superseded)
-        return True
+            for p, seq in landed:
+                current = self._mem.get(p.name)
+                if current is None or current.seq < seq:
+                    self._mem[p.name] = _Entry(p.record_id, p.view.nbytes, seq)
+            self._stats.puts += len(landed)
+            self._stats.bytes_written += sum(p.record_bytes for p, _ in landed)
+        self._trash.empty(Trashed(r.path, "") for r in committed.superseded)
+
+    def _discard(self, p: _Put, why: str) -> None:
+        """A reserved record that will not land: its reservation and files go."""
+        self._trash.discard_write(p.record_id, p.temp, p.final)
+        self._puts_failed([p], why)
 
     def _get_into(self, sealer: RecordSealer | None, key: bytes, out: memoryview) -> bool:
         return self._load(sealer, key, memoryview(out), None, None)
@@ -808,15 +924,16 @@ class DiskStore(SealedStore):
         if ppm is not None:
             self.low_watermark = ppm / 1_000_000
 
-    def _index_charge(self) -> int:
-        # Two reservations per put: the decision files are measured once per TTL, not each time
-        # (a benign race between I/O threads measures twice).
+    def _index_charge(self, puts: int) -> int:
+        """``index_charge`` at a reservation of ``puts`` records (once per batch). The decision
+        files are measured once per TTL, not each time (a benign race between I/O threads
+        measures twice)."""
         now = time.monotonic()
         if now >= self._decision_bytes_until:
             self._decision_bytes = root_settings.decision_files_bytes(self.root)
             self._decision_bytes_until = now + root_settings.DECISION_FILES_TTL_S
         return root_settings.index_charge(
-            self.root, self._namespaces, self._folders.charge(), self._decision_bytes
+            self.root, self._namespaces, self._folders.charge(puts), self._decision_bytes
         )
 
     def _quarantine_limits(self) -> Limits:
@@ -861,11 +978,13 @@ class DiskStore(SealedStore):
             self._stats.corrupt[reason] = self._stats.corrupt.get(reason, 0) + 1
             self._stats.quarantined += moved is not None
 
-    def _floor_deficit(self, record_bytes: int) -> int:
+    def _room_above_floor(self) -> int | None:
+        """Free bytes on the file system above the free-space floor (negative: below it);
+        None without a floor. One ``statvfs`` per reservation, whatever its records."""
         if self.free_space_floor_bytes <= 0:
-            return 0
+            return None
         st = os.statvfs(self.namespace_dir)
-        return max(0, self.free_space_floor_bytes - (st.f_bavail * st.f_frsize - record_bytes))
+        return st.f_bavail * st.f_frsize - self.free_space_floor_bytes
 
     def _pinned(self) -> set[bytes]:
         with self._lock:
@@ -903,10 +1022,13 @@ class DiskStore(SealedStore):
         self._bump(misses=1)
         return False
 
-    def _put_failed(self, key: bytes, why: str) -> bool:
-        log.warning("disk tier: put of %s failed: %s", key.hex()[:16], why)
-        self._bump(put_failures=1)
-        return False
+    def _puts_failed(self, failed: list[_Put], why: str) -> None:
+        """Count ``failed`` as failed puts; one warning for them all."""
+        if not failed:
+            return
+        more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+        log.warning("disk tier: put of %s%s failed: %s", failed[0].name.hex()[:16], more, why)
+        self._bump(put_failures=len(failed))
 
     def _bump(self, **increments: int) -> None:
         with self._lock:
