@@ -9,6 +9,8 @@ Configurations (``KVTIER_SXS_CONFIGS``, space-separated, in this order by defaul
 * ``kvtier``: vLLM's host pool with kvtier's disk tier and decision (``kvtier.kv_transfer_config``);
 * ``kvtier-chunk256``: ``kvtier`` with vLLM's offloaded chunk set to 256 tokens (the
   ``block_size`` option; vLLM's default is one GPU block, 16 tokens): a record per 256 tokens;
+* ``kvtier-shm``: ``kvtier`` with its disk folder on tmpfs (``/dev/shm``): the device out of the
+  write path, for telling the device's cost from the rest;
 * ``kvtier-shared``: the same with kvtier's shared tier on a loopback Redis
   (``KVTIER_SXS_REDIS_SERVER``: the carried ``redis-server``);
 * ``lmcache``: vLLM's ``LMCacheConnectorV1`` with LMCache's CPU and local-disk backends, set by
@@ -33,6 +35,10 @@ driver's table, plot and JSON, and each server's log. A run stops starting serve
 than ``KVTIER_SXS_MIN_LEFT_S`` seconds remain of ``KVTIER_SXS_BUDGET_S``, so its results come
 back inside one call.
 
+After each run the results folder gets the bytes left in the configuration's disk folder
+(``disk-CONFIG.txt``) and the CPU seconds each engine-core thread used while the driver ran
+(``cpu-threads-CONFIG.txt``, by thread, with the process's total and the wall time).
+
 Profiles (``KVTIER_SXS_PROFILE``: the configurations to profile, space-separated;
 ``KVTIER_SXS_PYSPY``: a ``py-spy`` binary): ``KVTIER_SXS_PROFILE_AT`` seconds into each of their
 workloads, the engine-core process is sampled by ``py-spy`` twice, as collapsed stacks per
@@ -47,6 +53,7 @@ folder used as it is, ``KVTIER_SXS_ENGINE_ARGS`` replaces the GPU engine options
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -95,6 +102,7 @@ PLATFORM = os.environ.get("KVTIER_SXS_PLATFORM", "cuda")
 BUDGET_S = float(os.environ.get("KVTIER_SXS_BUDGET_S", "540"))
 MIN_LEFT_S = float(os.environ.get("KVTIER_SXS_MIN_LEFT_S", "100"))
 PORT = int(os.environ.get("KVTIER_SXS_PORT", "8100"))
+SHM_DISK = Path(os.environ.get("KVTIER_SXS_SHM_DISK", "/dev/shm/kvtier-sxs-disk"))
 PROFILED = os.environ.get("KVTIER_SXS_PROFILE", "").split()
 PYSPY = os.environ.get("KVTIER_SXS_PYSPY", "py-spy")
 PROFILE_AT_S = float(os.environ.get("KVTIER_SXS_PROFILE_AT", "10"))
@@ -119,13 +127,13 @@ def model_dir() -> Path:
 
 def transfer_config(config: str) -> dict | None:
     """The ``--kv-transfer-config`` of a configuration (None: none)."""
-    if config in ("kvtier", "kvtier-shared", "kvtier-chunk256"):
+    if config in ("kvtier", "kvtier-shared", "kvtier-chunk256", "kvtier-shm"):
         import kvtier
 
         return kvtier.kv_transfer_config(
             extra={"block_size": 256} if config == "kvtier-chunk256" else None,
             host_pool=f"{CPU_GB}GiB",
-            disk_dir=WORK / "disk-kvtier",
+            disk_dir=disk_folder(config),
             disk_capacity=f"{DISK_GB}GiB",
             platform=PLATFORM,
             shared=os.environ["KVTIER_SXS_SHARED_URL"] if config == "kvtier-shared" else None,
@@ -137,12 +145,60 @@ def transfer_config(config: str) -> dict | None:
             "kv_connector_extra_config": {
                 "spec_name": "TieringOffloadingSpec",
                 "cpu_bytes_to_use": CPU_GB << 30,
-                "secondary_tiers": [{"type": "fs", "root_dir": str(WORK / "disk-fs")}],
+                "secondary_tiers": [{"type": "fs", "root_dir": str(disk_folder("vllm-fs"))}],
             },
         }
     if config == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     return None
+
+
+def disk_folder(config: str) -> Path:
+    """Where a configuration keeps its disk tier's files."""
+    if config == "kvtier-shm":
+        return SHM_DISK
+    if config.startswith("kvtier"):
+        return WORK / "disk-kvtier"
+    return WORK / ("disk-lmcache" if config == "lmcache" else "disk-fs")
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (0 when it does not exist)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+    return total
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) each thread of ``pid`` has used, by ``name (tid)``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used[f"{name} ({task.name})"] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
+def write_thread_cpu(
+    out: Path, config: str, before: dict[str, float], pid: int, wall_s: float
+) -> None:
+    """The CPU seconds of each engine-core thread since ``before`` (nothing when the engine
+    is gone: the restart workload replaced it)."""
+    after = thread_cpu_s(pid)
+    if not after:
+        return
+    spent = {t: after[t] - before.get(t, 0.0) for t in after}
+    lines = [f"{config}: engine core {pid}, {wall_s:.1f} s of driver, CPU s by thread"]
+    lines += [f"{s:8.2f}  {t}" for t, s in sorted(spent.items(), key=lambda ts: -ts[1]) if s > 0]
+    lines.append(f"{sum(spent.values()):8.2f}  total")
+    (out / f"cpu-threads-{config}.txt").write_text("\n".join(lines) + "\n")
 
 
 def lmcache_env() -> dict[str, str]:
@@ -152,7 +208,7 @@ def lmcache_env() -> dict[str, str]:
         **os.environ,
         "KVTIER_SXS_CPU_GB": str(CPU_GB),
         "KVTIER_SXS_DISK_GB": str(DISK_GB),
-        "KVTIER_SXS_LMCACHE_DISK_DIR": str(WORK / "disk-lmcache"),
+        "KVTIER_SXS_LMCACHE_DISK_DIR": str(disk_folder("lmcache")),
     }
     dump = subprocess.run(
         ["bash", "-c", f"set -a; source {shlex.quote(str(script))}; env -0"],
@@ -310,6 +366,7 @@ def profile(config: str, out: Path, driver: subprocess.Popen) -> None:
 def clean_folders() -> None:
     for name in ("disk-kvtier", "disk-fs", "disk-lmcache"):
         shutil.rmtree(WORK / name, ignore_errors=True)
+    shutil.rmtree(SHM_DISK, ignore_errors=True)
 
 
 def flush_shared() -> None:
@@ -333,10 +390,17 @@ def run_one(workload: str, config: str) -> str:
         if not wait_ready(config):
             return f"{workload} {config}: server did not become ready (see {log.name})"
         ready_s = time.monotonic() - started
+        engine = engine_core_pid(int(pid_file(config).read_text()))
+        cpu_before = thread_cpu_s(engine) if engine is not None else {}
+        driven = time.monotonic()
         drive = subprocess.Popen(workload_argv(workload, config, out), env={**os.environ, **ENV})
         if config in PROFILED:
             profile(config, out, drive)
         drive.wait()
+        if engine is not None:
+            write_thread_cpu(out, config, cpu_before, engine, time.monotonic() - driven)
+        written = folder_bytes(disk_folder(config))
+        (out / f"disk-{config}.txt").write_text(f"{written} bytes in {disk_folder(config)}\n")
         return (
             f"{workload} {config}: driver rc {drive.returncode}, server ready in {ready_s:.0f} s, "
             f"run {time.monotonic() - started - ready_s:.0f} s"
