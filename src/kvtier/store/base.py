@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     from kvtier.format.sealing import RecordSealer
 
 
+def check_put_many(keys: Sequence[bytes], payloads: Sequence[Buffer]) -> None:
+    """``put_many``'s arguments: one payload per key, else ``ValueError`` (a caller's bug)."""
+    if len(keys) != len(payloads):
+        raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One finding of ``BlockStore.verify``."""
@@ -190,8 +196,7 @@ class BlockStore(abc.ABC):
         only to store the list at less cost (a disk store: one index transaction pair per
         batch instead of one per record).
         """
-        if len(keys) != len(payloads):
-            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        check_put_many(keys, payloads)
         return [self.put(key, payload) for key, payload in zip(keys, payloads, strict=True)]
 
     @abc.abstractmethod

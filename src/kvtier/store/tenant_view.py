@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from kvtier.format.checksum import Buffer
 from kvtier.format.sealing import RecordSealer
-from kvtier.store.base import BlockStore, LoadClaim, Problem, StoreStats
+from kvtier.store.base import BlockStore, LoadClaim, Problem, StoreStats, check_put_many
 
 
 class SealedStore(BlockStore):
@@ -100,8 +100,7 @@ class SealedStore(BlockStore):
         self, sealer: RecordSealer | None, keys: Sequence[bytes], payloads: Sequence[Buffer]
     ) -> list[bool]:
         """Each record in turn (``BlockStore.put_many``'s default); sealed one by one."""
-        if len(keys) != len(payloads):
-            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        check_put_many(keys, payloads)
         return [
             self._put(sealer, key, payload) for key, payload in zip(keys, payloads, strict=True)
         ]

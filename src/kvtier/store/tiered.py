@@ -39,6 +39,7 @@ from kvtier.store.base import (
     Problem,
     StoreAbilities,
     StoreStats,
+    check_put_many,
 )
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,7 @@ class LocalThenShared(BlockStore):
         return local_ok or shared_ok
 
     def put_many(self, keys: Sequence[bytes], payloads: Sequence[Buffer]) -> list[bool]:
-        if len(keys) != len(payloads):
-            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        check_put_many(keys, payloads)
         stored = self.local.put_many(keys, payloads)
         send = [i for i, key in enumerate(keys) if not self.shared.contains(key)]
         sent = self.shared.put_many([keys[i] for i in send], [payloads[i] for i in send])

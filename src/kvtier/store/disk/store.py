@@ -92,6 +92,7 @@ from kvtier.store.base import (
     Problem,
     StoreAbilities,
     StoreStats,
+    check_put_many,
 )
 from kvtier.store.disk import check, layout, recovery
 from kvtier.store.disk import root as root_settings
@@ -294,8 +295,7 @@ class DiskStore(SealedStore):
     ) -> list[bool]:
         """``put`` of each record, in batches of at most PUT_BATCH_MAX records of distinct
         keys: one reservation and one commit per batch (module docstring)."""
-        if len(keys) != len(payloads):
-            raise ValueError(f"put_many: {len(keys)} keys for {len(payloads)} payloads")
+        check_put_many(keys, payloads)
         for key in keys:
             check_key(key)
         outcomes = [False] * len(keys)
