@@ -112,3 +112,27 @@ def test_the_native_writer_and_the_python_steps_write_the_same_bytes(tmp_path: P
         folder = tmp_path / name
         assert writer.write_records([(folder / "t", folder / "r", header, payload)]) == [None]
     assert (tmp_path / "native" / "r").read_bytes() == (tmp_path / "python" / "r").read_bytes()
+
+
+def test_o_direct_refused_mid_batch_falls_back_to_buffered_writes_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Payloads taken for page-aligned that are not: the kernel refuses each O_DIRECT write
+    (EINVAL), and every record of the batch is written buffered instead, the refusal warned
+    about once."""
+    if records_writer() is None:
+        pytest.skip("native writer not built")
+    monkeypatch.setattr("kvtier.store.disk.writer.aligned", lambda view: True)
+    header = b"h" * HEADER_BYTES
+    payloads = [memoryview(bytearray([i]) * (PAGE + 1))[1:] for i in range(3)]
+    records = [(tmp_path / f"t{i}", tmp_path / f"r{i}", header, p) for i, p in enumerate(payloads)]
+    writer = RecordWriter()
+    with caplog.at_level("WARNING", logger="kvtier.store.disk.writer"):
+        errors = writer.write_records(records)
+    if writer._direct_writes_ok:
+        pytest.skip(f"{tmp_path} takes unaligned O_DIRECT writes: nothing refused")
+    refusals = [r for r in caplog.records if "O_DIRECT writes refused" in r.getMessage()]
+    assert len(refusals) == 1
+    assert errors == [None, None, None]
+    for temp, final, _, payload in records:
+        assert final.read_bytes() == header + bytes(payload) and not temp.exists()

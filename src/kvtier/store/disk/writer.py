@@ -31,6 +31,7 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from kvtier.errors import ConfigError
@@ -92,11 +93,12 @@ class RecordWriter:
         for (temp, final, header, payload), (code, error) in zip(records, outcomes, strict=True):
             if code == status.ok:
                 errors.append(None)
-            elif code == status.no_folder:
-                errors.append(self._publish_into_new_folder(temp, final))
+            elif code == status.no_folder:  # written: publish makes the folder
+                errors.append(_error_of(self.publish, temp, final))
             elif code == status.direct_refused:
-                log.warning("disk tier: O_DIRECT writes refused; using buffered writes")
-                self._direct_writes_ok = False
+                if self._direct_writes_ok:  # once, as write_temp says it
+                    log.warning("disk tier: O_DIRECT writes refused; using buffered writes")
+                    self._direct_writes_ok = False
                 errors.append(self._write_one(temp, final, header, payload))
             else:
                 errors.append(OSError(error, os.strerror(error), str(temp)))
@@ -106,14 +108,6 @@ class RecordWriter:
         try:
             self.write_temp(temp, header, payload)
             self.publish(temp, final)
-        except OSError as exc:
-            return exc
-        return None
-
-    def _publish_into_new_folder(self, temp: Path, final: Path) -> OSError | None:
-        try:
-            final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
-            os.rename(temp, final)
         except OSError as exc:
             return exc
         return None
@@ -197,3 +191,12 @@ class RecordWriter:
             buf = memoryview(mmap.mmap(-1, HEADER_BYTES))
             self._local.header = buf
         return buf
+
+
+def _error_of(step: Callable[..., None], *args: object) -> OSError | None:
+    """Run one of the writer's steps; the ``OSError`` that stopped it, or None."""
+    try:
+        step(*args)
+    except OSError as exc:
+        return exc
+    return None
