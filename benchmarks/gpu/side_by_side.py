@@ -344,12 +344,12 @@ def engine_core_pid(server_pid: int) -> int | None:
     return max(members)[1] if members else None
 
 
-def profile(config: str, out: Path, driver: subprocess.Popen) -> None:
-    """Sample the engine core with py-spy while the driver runs (see the module docstring)."""
+def profile(config: str, out: Path, driver: subprocess.Popen, pid: int | None) -> None:
+    """Sample the engine core ``pid`` with py-spy while the driver runs (see the module
+    docstring)."""
     deadline = time.monotonic() + PROFILE_AT_S
     while time.monotonic() < deadline and driver.poll() is None:
         time.sleep(0.2)
-    pid = engine_core_pid(int(pid_file(config).read_text()))
     if pid is None or driver.poll() is not None:
         print(f"{config}: not profiled (engine core {pid}, driver ended)", flush=True)
         return
@@ -364,9 +364,8 @@ def profile(config: str, out: Path, driver: subprocess.Popen) -> None:
 
 
 def clean_folders() -> None:
-    for name in ("disk-kvtier", "disk-fs", "disk-lmcache"):
-        shutil.rmtree(WORK / name, ignore_errors=True)
-    shutil.rmtree(SHM_DISK, ignore_errors=True)
+    for config in ("kvtier", "kvtier-shm", "vllm-fs", "lmcache"):  # every folder there is
+        shutil.rmtree(disk_folder(config), ignore_errors=True)
 
 
 def flush_shared() -> None:
@@ -395,7 +394,7 @@ def run_one(workload: str, config: str) -> str:
         driven = time.monotonic()
         drive = subprocess.Popen(workload_argv(workload, config, out), env={**os.environ, **ENV})
         if config in PROFILED:
-            profile(config, out, drive)
+            profile(config, out, drive, engine)
         drive.wait()
         if engine is not None:
             write_thread_cpu(out, config, cpu_before, engine, time.monotonic() - driven)
