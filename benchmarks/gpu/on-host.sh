@@ -11,7 +11,8 @@
 #   on-host.sh disk-read NAME ARGS..  python -m benchmarks disk-read ARGS (no engine)
 #   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
 #   on-host.sh write-cost NAME ARGS.. python -m benchmarks write-cost ARGS (no engine; records
-#                                     in the host's scratch)
+#                                     in the host's scratch, or KVTIER_WC_DIR: /dev/shm takes
+#                                     the device out)
 #   on-host.sh e2e NAME               the end-to-end runner of this checkout (kvtier: the
 #                                     bundle's), configured by KVTIER_E2E_* variables
 #   on-host.sh stage-extras DIR       copy DIR's *.tar.xz to the host's scratch (a call of its own
@@ -78,10 +79,11 @@ disk-read|shared-busy)
         python3 -m benchmarks "$command" --out "$dir" "$@" 2>&1 | grep -v '^\s*$' | tee "$dir/log" | tail -40 ;;
 write-cost)
     need_site; results "${1:?name}"; shift; describe > "$dir/machine.txt"
-    rm -rf "$root/write-cost" && mkdir -p "$root/write-cost"
-    PYTHONPATH=$site:$PWD timeout "$limit" python3 -m benchmarks write-cost --dir "$root/write-cost" "$@" \
+    records=${KVTIER_WC_DIR:-$root/write-cost}/kvtier-write-cost
+    rm -rf "$records" && mkdir -p "$records"
+    PYTHONPATH=$site:$PWD timeout "$limit" python3 -m benchmarks write-cost --dir "$records" "$@" \
         2>&1 | tee "$dir/log" | tail -40
-    rm -rf "$root/write-cost" ;;
+    rm -rf "$records" ;;
 e2e)
     need_site; results "${1:?name}"; describe > "$dir/machine.txt"
     KVTIER_E2E_WORK=${KVTIER_E2E_WORK:-$root/work} PYTHONPATH=$site timeout "$limit" \

@@ -11,6 +11,10 @@ Configurations (``KVTIER_SXS_CONFIGS``, space-separated, in this order by defaul
   ``block_size`` option; vLLM's default is one GPU block, 16 tokens): a record per 256 tokens;
 * ``kvtier-shm``: ``kvtier`` with its disk folder on tmpfs (``/dev/shm``): the device out of the
   write path, for telling the device's cost from the rest;
+* ``kvtier-wal4m``, ``kvtier-nosync``: trials of ``kvtier`` with one change to its disk index
+  (a checkpoint every 1,024 WAL pages instead of 24; ``synchronous=OFF``), applied in every
+  process of the server by a ``sitecustomize`` module (``INDEX_TRIALS``), so that a change is
+  measured beside the code it would replace on one host before it lands;
 * ``kvtier-shared``: the same with kvtier's shared tier on a loopback Redis
   (``KVTIER_SXS_REDIS_SERVER``: the carried ``redis-server``);
 * ``lmcache``: vLLM's ``LMCacheConnectorV1`` with LMCache's CPU and local-disk backends, set by
@@ -37,7 +41,9 @@ back inside one call.
 
 After each run the results folder gets the bytes left in the configuration's disk folder
 (``disk-CONFIG.txt``) and the CPU seconds each engine-core thread used while the driver ran
-(``cpu-threads-CONFIG.txt``, by thread, with the process's total and the wall time).
+(``cpu-threads-CONFIG.txt``, by thread, with the process's total and the wall time), and the
+whole machine's CPU time by kind (steal and iowait included) and each disk's requests, flushes
+included, over the same span (``system-CONFIG.txt``, from ``/proc/stat`` and ``/proc/diskstats``).
 
 Profiles (``KVTIER_SXS_PROFILE``: the configurations to profile, space-separated;
 ``KVTIER_SXS_PYSPY``: a ``py-spy`` binary): ``KVTIER_SXS_PROFILE_AT`` seconds into each of their
@@ -127,7 +133,7 @@ def model_dir() -> Path:
 
 def transfer_config(config: str) -> dict | None:
     """The ``--kv-transfer-config`` of a configuration (None: none)."""
-    if config in ("kvtier", "kvtier-shared", "kvtier-chunk256", "kvtier-shm"):
+    if config in KVTIER_CONFIGS:
         import kvtier
 
         return kvtier.kv_transfer_config(
@@ -151,6 +157,79 @@ def transfer_config(config: str) -> dict | None:
     if config == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     return None
+
+
+#: Trial configurations: the Python run at every interpreter's start of their servers (their
+#: ``sitecustomize``), each one change to kvtier's disk index; otherwise they are ``kvtier``.
+INDEX_TRIALS = {
+    "kvtier-wal4m": (
+        "import kvtier.store.disk.index as index, kvtier.store.disk.root as root, "
+        "kvtier.store.disk.schema as schema\n"
+        "for module in (schema, index, root):\n"
+        "    if hasattr(module, 'WAL_AUTOCHECKPOINT_PAGES'):\n"
+        "        module.WAL_AUTOCHECKPOINT_PAGES = 1024\n"
+        "    if hasattr(module, 'WAL_SIZE_LIMIT_BYTES'):\n"
+        "        module.WAL_SIZE_LIMIT_BYTES = 1024 * 4096\n"
+    ),
+    "kvtier-nosync": (
+        "from kvtier.store.disk import index\n"
+        "_init = index.Index.__init__\n"
+        "def _init_unsynced(self, *args, **kwargs):\n"
+        "    _init(self, *args, **kwargs)\n"
+        "    self._conn.execute('PRAGMA synchronous=OFF')\n"
+        "index.Index.__init__ = _init_unsynced\n"
+    ),
+}
+KVTIER_CONFIGS = ("kvtier", "kvtier-shared", "kvtier-chunk256", "kvtier-shm", *INDEX_TRIALS)
+
+
+def trial_path(config: str) -> str | None:
+    """A folder holding the ``sitecustomize`` of a trial configuration (None: not a trial)."""
+    if config not in INDEX_TRIALS:
+        return None
+    folder = WORK / f"trial-{config}"
+    folder.mkdir(parents=True, exist_ok=True)
+    code = INDEX_TRIALS[config]
+    (folder / "sitecustomize.py").write_text(
+        f"try:\n{''.join('    ' + line + chr(10) for line in code.splitlines())}"
+        f"except Exception as exc:  # a trial that cannot apply must not pass for one\n"
+        f"    raise SystemExit(f'trial {config} not applied: {{exc}}')\n"
+        f"import os, sys\n"
+        f"print(f'trial {config} applied in pid {{os.getpid()}}', file=sys.stderr)\n"
+    )
+    return str(folder)
+
+
+def system_counters() -> dict[str, float]:
+    """The machine's CPU seconds by kind and each disk's request counters, cumulative."""
+    counters: dict[str, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    kinds = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    with contextlib.suppress(OSError):
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+        for kind, value in zip(kinds, first[1:], strict=False):
+            counters[f"cpu {kind} s"] = int(value) / ticks
+    fields = {3: "reads", 5: "read sectors", 7: "writes", 9: "written sectors", 10: "write ms",
+              18: "flushes", 19: "flush ms"}  # fmt: skip
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            parts = line.split()
+            if len(parts) < 20 or parts[2].startswith(("loop", "ram")):
+                continue
+            for index, name in fields.items():
+                counters[f"{parts[2]} {name}"] = int(parts[index])
+    return counters
+
+
+def write_system(out: Path, config: str, before: dict[str, float], wall_s: float) -> None:
+    """What the machine did while a configuration's workload ran (the changed counters)."""
+    after = system_counters()
+    lines = [f"{config}: {wall_s:.1f} s of driver, whole machine"]
+    for name, value in after.items():
+        change = value - before.get(name, 0.0)
+        if change:
+            lines.append(f"{change:14.1f}  {name}")
+    (out / f"system-{config}.txt").write_text("\n".join(lines) + "\n")
 
 
 def disk_folder(config: str) -> Path:
@@ -245,6 +324,9 @@ def start(config: str, log: Path) -> None:
     env = {**os.environ, **ENV}
     if config == "lmcache":
         env.update(lmcache_env())
+    trial = trial_path(config)
+    if trial is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (trial, env.get("PYTHONPATH")) if p)
     with log.open("a") as sink:
         command = shlex.join(server_argv(config))
         sink.write(f"\n== {time.strftime('%H:%M:%S')} start {config}: {command}\n")
@@ -391,11 +473,13 @@ def run_one(workload: str, config: str) -> str:
         ready_s = time.monotonic() - started
         engine = engine_core_pid(int(pid_file(config).read_text()))
         cpu_before = thread_cpu_s(engine) if engine is not None else {}
+        system_before = system_counters()
         driven = time.monotonic()
         drive = subprocess.Popen(workload_argv(workload, config, out), env={**os.environ, **ENV})
         if config in PROFILED:
             profile(config, out, drive, engine)
         drive.wait()
+        write_system(out, config, system_before, time.monotonic() - driven)
         if engine is not None:
             write_thread_cpu(out, config, cpu_before, engine, time.monotonic() - driven)
         written = folder_bytes(disk_folder(config))
