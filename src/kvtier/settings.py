@@ -64,7 +64,9 @@ FACTORY_KEYS = frozenset({"type", "module_path", "locality", "backpressure"})
 #: The least a disk folder's index files (database, WAL, shared memory, namespace.json files)
 #: are charged against its cap (kvtier.store.disk.root charges them at least this much). Defined
 #: here because the smallest cap a user may give is derived from it.
-DISK_INDEX_ALLOWANCE_BYTES = 832 << 10
+#: (The WAL's bound, 4 MiB + 384 KiB, the database and shared memory as created, 192 KiB of
+#: growth.)
+DISK_INDEX_ALLOWANCE_BYTES = 4832 << 10
 #: The smallest disk cap: the index allowance and one record header, plus a byte of payload.
 #: ``DiskTierSettings`` refuses less at start-up and ``DiskStore`` checks the same constant,
 #: so no cap passes start-up and fails later on the tier's opener thread.

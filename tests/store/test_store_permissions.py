@@ -39,7 +39,7 @@ def test_root_that_is_a_symlink_is_refused_with_the_fix(tmp_path: Path) -> None:
     link = tmp_path / "link"
     link.symlink_to(real)
     with pytest.raises(ConfigError, match=r"is a symlink .*give the real folder"):
-        DiskStore(link, make_namespace(), 1 << 20)
+        DiskStore(link, make_namespace(), 64 << 20)
 
 
 def test_world_writable_root_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_world_writable_root_is_refused_with_the_fix(tmp_path: Path) -> None:
     root.mkdir()
     root.chmod(0o777)
     with pytest.raises(ConfigError, match=r"writable by group or others .*chmod 700"):
-        DiskStore(root, make_namespace(), 1 << 20)
+        DiskStore(root, make_namespace(), 64 << 20)
 
 
 def test_group_writable_namespace_folder_is_refused(open_disk: Callable[..., DiskStore]) -> None:
@@ -73,7 +73,7 @@ def test_namespace_folder_that_is_a_symlink_is_refused(
 def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="not a folder"):
-        DiskStore(tmp_path / "file", make_namespace(), 1 << 20)
+        DiskStore(tmp_path / "file", make_namespace(), 64 << 20)
 
 
 @pytest.mark.parametrize("capacity", [0, 4096])
@@ -84,4 +84,4 @@ def test_capacity_too_small_is_refused_with_an_example(tmp_path: Path, capacity:
 
 def test_unknown_fsync_policy_is_refused_with_the_choices(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="fsync='sometimes'; choose one of"):
-        DiskStore(tmp_path / "r", make_namespace(), 1 << 20, fsync="sometimes")
+        DiskStore(tmp_path / "r", make_namespace(), 64 << 20, fsync="sometimes")

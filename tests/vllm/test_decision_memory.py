@@ -214,7 +214,7 @@ def open_disk_tier(spec, root: Path):  # type: ignore[no-untyped-def]
     init_none_hash(sha256)
     pool = np.zeros((8, 8192), dtype=np.int8)
     tier = KvtierDiskTier(
-        spec, memoryview(pool), "KvtierDiskTier", root_dir=str(root), capacity_bytes="1MiB"
+        spec, memoryview(pool), "KvtierDiskTier", root_dir=str(root), capacity_bytes="16MiB"
     )
     deadline = time.monotonic() + 30
     while tier.lookup(b"\x01" * 36, ReqContext(req_id="probe")) is LookupResult.RETRY:

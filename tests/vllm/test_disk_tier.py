@@ -43,7 +43,7 @@ def tier(tmp_path, pool):
         memoryview(pool),
         "KvtierDiskTier",
         root_dir=str(tmp_path / "disk"),
-        capacity_bytes="1MiB",
+        capacity_bytes="16MiB",
     )
     yield made
     made.shutdown()
@@ -79,7 +79,7 @@ def test_lookup_retries_until_the_store_is_open_then_misses(tmp_path, pool):
     init_none_hash(sha256)
     spec = stock_spec(offloading_config(tmp_path / "model"))
     tier = KvtierDiskTier(
-        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), capacity_bytes="1MiB"
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "d"), capacity_bytes="16MiB"
     )
     try:
         seen = set()
@@ -157,7 +157,7 @@ def test_an_unusable_root_refuses_start_up_naming_disk_dir(tmp_path, pool):
     root.write_text("not a folder")
     spec = stock_spec(offloading_config(tmp_path / "model"))
     with pytest.raises(ConfigError, match="disk_dir"):
-        KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(root), capacity_bytes="1MiB")
+        KvtierDiskTier(spec, memoryview(pool), "t", root_dir=str(root), capacity_bytes="16MiB")
     assert root.read_text() == "not a folder"
 
 
@@ -252,7 +252,7 @@ def test_a_tier_sees_blocks_another_tier_on_the_same_folder_stores(tier, tmp_pat
     other_pool = np.zeros_like(pool)
     spec = stock_spec(offloading_config(tmp_path / "model"))
     other = KvtierDiskTier(
-        spec, memoryview(other_pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
+        spec, memoryview(other_pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="16MiB"
     )
     try:
         wait_open(tier)

@@ -42,7 +42,7 @@ def make_tier(tmp_path: Path, pool: np.ndarray, *key_files: str) -> KvtierDiskTi
         memoryview(pool),
         "KvtierDiskTier",
         root_dir=str(tmp_path / "disk"),
-        capacity_bytes="1MiB",
+        capacity_bytes="16MiB",
         encryption={"key_files": list(key_files)},
     )
 
@@ -117,7 +117,7 @@ def test_require_cache_salt_keeps_unsalted_requests_off_the_tier(
         memoryview(pool),
         "KvtierDiskTier",
         root_dir=str(tmp_path / "disk"),
-        capacity_bytes="1MiB",
+        capacity_bytes="16MiB",
         encryption={
             "key_files": [key_file(tmp_path, bytes(range(32)))],
             "require_cache_salt": True,

@@ -196,7 +196,7 @@ def make_tier(config: OffloadingConfig, disk: Path, rows: int = 4):
     pool = np.zeros((rows, pool_row_bytes(config)), dtype=np.int8)
     spec = SimpleNamespace(config=config, replicated_layout=False)
     tier = KvtierDiskTier(
-        spec, memoryview(pool), "KvtierDiskTier", root_dir=str(disk), capacity_bytes="1MiB"
+        spec, memoryview(pool), "KvtierDiskTier", root_dir=str(disk), capacity_bytes="16MiB"
     )
     deadline = time.monotonic() + 30
     while tier.lookup(b"\x63" * 36, CTX) is LookupResult.RETRY:

@@ -181,7 +181,7 @@ def shared_or_disk_tier(tmp_path, kind: str, **options) -> KvtierSharedTier | Kv
             store_factory=lambda s, n: FakeRemoteStore(), check=lambda s, r: None,
         )  # fmt: skip
     return KvtierDiskTier(
-        spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB",
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="16MiB",
         shared=server, store_factory=lambda s, n: MemoryStore(1 << 20), check=lambda s, r: None,
     )  # fmt: skip
 
@@ -211,7 +211,7 @@ def test_a_disk_tier_alone_never_bounds_its_stores(tmp_path):
     pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
     spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
     made = KvtierDiskTier(
-        spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="1MiB"
+        spec, memoryview(pool), "t", root_dir=str(tmp_path / "disk"), capacity_bytes="16MiB"
     )
     try:
         assert made._jobs.max_queued_blocks is None

@@ -138,7 +138,7 @@ class Tiers:
         if self.kind == "disk":
             tier = KvtierDiskTier(
                 spec, memoryview(pool), "t", root_dir=str(self.root / "disk"),
-                capacity_bytes="4MiB",
+                capacity_bytes="16MiB",
             )  # fmt: skip
         elif self.redis is not None:
             tier = KvtierSharedTier(spec, memoryview(pool), "t", url=self.redis.url)
