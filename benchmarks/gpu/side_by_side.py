@@ -11,10 +11,12 @@ Configurations (``KVTIER_SXS_CONFIGS``, space-separated, in this order by defaul
   ``block_size`` option; vLLM's default is one GPU block, 16 tokens): a record per 256 tokens;
 * ``kvtier-shm``: ``kvtier`` with its disk folder on tmpfs (``/dev/shm``): the device out of the
   write path, for telling the device's cost from the rest;
-* ``kvtier-wal4m``, ``kvtier-nosync``: trials of ``kvtier`` with one change to its disk index
-  (a checkpoint every 1,024 WAL pages instead of 24; ``synchronous=OFF``), applied in every
-  process of the server by a ``sitecustomize`` module (``INDEX_TRIALS``), so that a change is
-  measured beside the code it would replace on one host before it lands;
+* ``kvtier-io1``: ``kvtier`` with one disk thread for reads and one for writes (four by default);
+* ``kvtier-nosync``, ``kvtier-nochecksum``: trials, ``kvtier`` with one change applied in every
+  process of its server by a ``sitecustomize`` module (``TRIALS``): its disk index with
+  ``synchronous=OFF`` (no device flush at all); records written with no payload checksum (a
+  diagnosis only: such records never load). A change is so measured beside the code it would
+  replace, on one host, before it lands;
 * ``kvtier-shared``: the same with kvtier's shared tier on a loopback Redis
   (``KVTIER_SXS_REDIS_SERVER``: the carried ``redis-server``);
 * ``lmcache``: vLLM's ``LMCacheConnectorV1`` with LMCache's CPU and local-disk backends, set by
@@ -26,7 +28,9 @@ The engine's own KV cache is cut to ``KVTIER_SXS_GPU_BLOCKS`` blocks so that the
 histories fall out of it between a user's rounds.
 
 Workloads (``KVTIER_SXS_WORKLOADS``: ``chat``, ``no-reuse``, ``restart``, ``documents``) take
-their sizes from ``KVTIER_SXS_CHAT`` and ``KVTIER_SXS_DOCUMENTS`` (the driver's options). The
+their sizes from ``KVTIER_SXS_CHAT`` and ``KVTIER_SXS_DOCUMENTS`` (the driver's options);
+``KVTIER_SXS_REPEATS`` passes of every configuration per workload (pass N > 1 in folder
+``WORKLOAD-N``). The
 ``restart`` workload restarts the configuration's server with ``side_by_side.py restart``
 between two rounds; kvtier's and vLLM's disk folders survive it, the host memory does not.
 
@@ -85,6 +89,9 @@ CONFIGS = os.environ.get(
     "KVTIER_SXS_CONFIGS", "prefix-only vllm-cpu vllm-fs kvtier kvtier-shared lmcache"
 ).split()
 WORKLOADS = os.environ.get("KVTIER_SXS_WORKLOADS", "chat").split()
+#: Times each workload runs every configuration, in turn (ABC ABC ...): a second pass shows
+#: the run-to-run spread, which on a shared host can exceed the differences measured.
+REPEATS = int(os.environ.get("KVTIER_SXS_REPEATS", "1"))
 CPU_GB = int(os.environ.get("KVTIER_SXS_CPU_GB", "8"))
 DISK_GB = int(os.environ.get("KVTIER_SXS_DISK_GB", "40"))
 GPU_BLOCKS = int(os.environ.get("KVTIER_SXS_GPU_BLOCKS", "3072"))
@@ -138,6 +145,7 @@ def transfer_config(config: str) -> dict | None:
 
         return kvtier.kv_transfer_config(
             extra={"block_size": 256} if config == "kvtier-chunk256" else None,
+            disk_threads=1 if config == "kvtier-io1" else 4,
             host_pool=f"{CPU_GB}GiB",
             disk_dir=disk_folder(config),
             disk_capacity=f"{DISK_GB}GiB",
@@ -160,17 +168,8 @@ def transfer_config(config: str) -> dict | None:
 
 
 #: Trial configurations: the Python run at every interpreter's start of their servers (their
-#: ``sitecustomize``), each one change to kvtier's disk index; otherwise they are ``kvtier``.
-INDEX_TRIALS = {
-    "kvtier-wal4m": (
-        "import kvtier.store.disk.index as index, kvtier.store.disk.root as root, "
-        "kvtier.store.disk.schema as schema\n"
-        "for module in (schema, index, root):\n"
-        "    if hasattr(module, 'WAL_AUTOCHECKPOINT_PAGES'):\n"
-        "        module.WAL_AUTOCHECKPOINT_PAGES = 1024\n"
-        "    if hasattr(module, 'WAL_SIZE_LIMIT_BYTES'):\n"
-        "        module.WAL_SIZE_LIMIT_BYTES = 1024 * 4096\n"
-    ),
+#: ``sitecustomize``), each one change to kvtier; otherwise they are ``kvtier``.
+TRIALS = {
     "kvtier-nosync": (
         "from kvtier.store.disk import index\n"
         "_init = index.Index.__init__\n"
@@ -179,17 +178,28 @@ INDEX_TRIALS = {
         "    self._conn.execute('PRAGMA synchronous=OFF')\n"
         "index.Index.__init__ = _init_unsynced\n"
     ),
+    "kvtier-nochecksum": (
+        "import kvtier.store.disk.store as store\n"
+        "from kvtier.format.record import RecordHeader\n"
+        "def _header(digest, key, payload):\n"
+        "    return RecordHeader(namespace_digest=digest, key=key,\n"
+        "                        payload_len=memoryview(payload).nbytes,\n"
+        "                        payload_checksum=0, checksum_alg=1)\n"
+        "store.make_header = _header\n"
+    ),
 }
-KVTIER_CONFIGS = ("kvtier", "kvtier-shared", "kvtier-chunk256", "kvtier-shm", *INDEX_TRIALS)
+KVTIER_CONFIGS = (
+    "kvtier", "kvtier-shared", "kvtier-chunk256", "kvtier-shm", "kvtier-io1", *TRIALS
+)  # fmt: skip
 
 
 def trial_path(config: str) -> str | None:
     """A folder holding the ``sitecustomize`` of a trial configuration (None: not a trial)."""
-    if config not in INDEX_TRIALS:
+    if config not in TRIALS:
         return None
     folder = WORK / f"trial-{config}"
     folder.mkdir(parents=True, exist_ok=True)
-    code = INDEX_TRIALS[config]
+    code = TRIALS[config]
     (folder / "sitecustomize.py").write_text(
         f"try:\n{''.join('    ' + line + chr(10) for line in code.splitlines())}"
         f"except Exception as exc:  # a trial that cannot apply must not pass for one\n"
@@ -459,8 +469,10 @@ def flush_shared() -> None:
             sock.recv(64)
 
 
-def run_one(workload: str, config: str) -> str:
-    out = OUT / workload
+def run_one(workload: str, config: str, repeat: int = 1) -> str:
+    """One fresh server of ``config`` driven through ``workload``; its results go to the
+    workload's folder (``WORKLOAD-N`` for pass N > 1)."""
+    out = OUT / (workload if repeat == 1 else f"{workload}-{repeat}")
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"server-{config}.log"
     clean_folders()
@@ -516,18 +528,19 @@ def main() -> int:
     )
     status = 0
     try:
-        for workload in WORKLOADS:
-            for config in CONFIGS:
-                left = BUDGET_S - (time.monotonic() - STARTED)
-                if left < MIN_LEFT_S:
-                    print(f"{workload} {config}: skipped, {left:.0f} s left", flush=True)
-                    continue
-                if config == "kvtier-shared" and "KVTIER_SXS_SHARED_URL" not in os.environ:
-                    print(f"{workload} {config}: skipped, no KVTIER_SXS_REDIS_SERVER", flush=True)
-                    continue
-                line = run_one(workload, config)
-                status |= "rc 0" not in line
-                print(line, flush=True)
+        for workload, repeat, config in (
+            (w, r, c) for w in WORKLOADS for r in range(1, REPEATS + 1) for c in CONFIGS
+        ):
+            left = BUDGET_S - (time.monotonic() - STARTED)
+            if left < MIN_LEFT_S:
+                print(f"{workload} {config}: skipped, {left:.0f} s left", flush=True)
+                continue
+            if config == "kvtier-shared" and "KVTIER_SXS_SHARED_URL" not in os.environ:
+                print(f"{workload} {config}: skipped, no KVTIER_SXS_REDIS_SERVER", flush=True)
+                continue
+            line = run_one(workload, config, repeat)
+            status |= "rc 0" not in line
+            print(f"{line} (pass {repeat})" if REPEATS > 1 else line, flush=True)
     finally:
         for config in CONFIGS:
             stop(config)

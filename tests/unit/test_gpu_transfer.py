@@ -59,12 +59,13 @@ def unpacked(tmp_path: Path) -> set[str]:
     return {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()}
 
 
-def test_a_dense_bundle_travels_in_two_folders_and_unpacks_whole(tmp_path):
+def test_a_dense_bundle_travels_in_three_folders_and_unpacks_whole(tmp_path):
     cut = script(tmp_path, "split-for-transfer.sh", bundle(tmp_path / "bundle", False), tmp_path)
     assert cut.returncode == 0, cut.stderr
     assert not (tmp_path / "moe").exists()
     assert script(tmp_path, "on-host.sh", "stage", tmp_path / "a").returncode == 0
-    done = script(tmp_path, "on-host.sh", "unpack", tmp_path / "b")
+    assert script(tmp_path, "on-host.sh", "stage", tmp_path / "b").returncode == 0
+    done = script(tmp_path, "on-host.sh", "unpack", tmp_path / "c")
     assert done.returncode == 0, done.stdout + done.stderr
     assert unpacked(tmp_path) == {"vllm/x.py", "dep/y.py", "kvtier/z.py"}
 
@@ -74,10 +75,11 @@ def test_a_moe_bundle_needs_its_kernels_staged_before_it_unpacks(tmp_path):
     assert cut.returncode == 0, cut.stderr
     assert [p.name for p in (tmp_path / "moe").iterdir()] == ["vllm-moe-kernels.tar.xz"]
     assert script(tmp_path, "on-host.sh", "stage", tmp_path / "a").returncode == 0
-    refused = script(tmp_path, "on-host.sh", "unpack", tmp_path / "b")
+    assert script(tmp_path, "on-host.sh", "stage", tmp_path / "b").returncode == 0
+    refused = script(tmp_path, "on-host.sh", "unpack", tmp_path / "c")
     assert refused.returncode == 2, "the kernels the bundle names were not staged"
     assert "vllm-moe-kernels.tar.xz" in refused.stdout + refused.stderr
     assert script(tmp_path, "on-host.sh", "stage", tmp_path / "moe").returncode == 0
-    done = script(tmp_path, "on-host.sh", "unpack", tmp_path / "b")
+    done = script(tmp_path, "on-host.sh", "unpack", tmp_path / "c")
     assert done.returncode == 0, done.stdout + done.stderr
     assert unpacked(tmp_path) == {"vllm/x.py", "vllm/_moe_C.so", "dep/y.py", "kvtier/z.py"}
