@@ -44,8 +44,9 @@ than ``KVTIER_SXS_MIN_LEFT_S`` seconds remain of ``KVTIER_SXS_BUDGET_S``, so its
 back inside one call.
 
 After each run the results folder gets the bytes left in the configuration's disk folder
-(``disk-CONFIG.txt``) and the CPU seconds each engine-core thread used while the driver ran
-(``cpu-threads-CONFIG.txt``, by thread, with the process's total and the wall time), and the
+(``disk-CONFIG.txt``); what each engine-core thread did while the driver ran: its CPU seconds,
+the times it waited (a lock, the GIL, I/O) and was preempted, its moves between CPUs
+(``cpu-threads-CONFIG.txt``, by thread, with the process's total and the wall time); and the
 whole machine's CPU time by kind (steal and iowait included) and each disk's requests, flushes
 included, over the same span (``system-CONFIG.txt``, from ``/proc/stat`` and ``/proc/diskstats``).
 
@@ -261,32 +262,56 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) each thread of ``pid`` has used, by ``name (tid)``."""
+#: Per-thread counters read from ``/proc``: CPU seconds, context switches the thread asked for
+#: (it waited: I/O, a lock, the GIL) and ones forced on it, and moves to another CPU.
+THREAD_COUNTERS = ("cpu s", "waits", "preempted", "migrations")
+
+
+def thread_counters(pid: int) -> dict[str, tuple[float, ...]]:
+    """``THREAD_COUNTERS`` of each thread of ``pid``, by ``name (tid)`` (migrations 0 where the
+    kernel does not report them)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    used: dict[str, float] = {}
+    counted: dict[str, tuple[float, ...]] = {}
     for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
         try:
             name = (task / "comm").read_text().strip()
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines())
+        except (OSError, ValueError):
             continue
-        used[f"{name} ({task.name})"] = (int(fields[11]) + int(fields[12])) / ticks
-    return used
+        migrations = 0
+        with contextlib.suppress(OSError):
+            for line in (task / "sched").read_text().splitlines():
+                if line.startswith("se.nr_migrations"):
+                    migrations = int(line.split(":")[1])
+        counted[f"{name} ({task.name})"] = (
+            (int(fields[11]) + int(fields[12])) / ticks,
+            int(status.get("voluntary_ctxt_switches", "0")),
+            int(status.get("nonvoluntary_ctxt_switches", "0")),
+            migrations,
+        )
+    return counted
 
 
 def write_thread_cpu(
-    out: Path, config: str, before: dict[str, float], pid: int, wall_s: float
+    out: Path, config: str, before: dict[str, tuple[float, ...]], pid: int, wall_s: float
 ) -> None:
-    """The CPU seconds of each engine-core thread since ``before`` (nothing when the engine
+    """Each engine-core thread's ``THREAD_COUNTERS`` since ``before`` (nothing when the engine
     is gone: the restart workload replaced it)."""
-    after = thread_cpu_s(pid)
+    after = thread_counters(pid)
     if not after:
         return
-    spent = {t: after[t] - before.get(t, 0.0) for t in after}
-    lines = [f"{config}: engine core {pid}, {wall_s:.1f} s of driver, CPU s by thread"]
-    lines += [f"{s:8.2f}  {t}" for t, s in sorted(spent.items(), key=lambda ts: -ts[1]) if s > 0]
-    lines.append(f"{sum(spent.values()):8.2f}  total")
+    zero = (0.0,) * len(THREAD_COUNTERS)
+    spent = {
+        t: tuple(a - b for a, b in zip(after[t], before.get(t, zero), strict=True)) for t in after
+    }
+    busy = sorted(((t, c) for t, c in spent.items() if c[0] > 0), key=lambda tc: -tc[1][0])
+    lines = [
+        f"{config}: engine core {pid}, {wall_s:.1f} s of driver, by thread",
+        "".join(f"{name:>12}" for name in THREAD_COUNTERS) + "  thread",
+    ]
+    lines += ["".join(f"{value:12.2f}" for value in c) + f"  {t}" for t, c in busy]
+    lines.append(f"{sum(c[0] for c in spent.values()):12.2f}  total CPU s")
     (out / f"cpu-threads-{config}.txt").write_text("\n".join(lines) + "\n")
 
 
@@ -484,7 +509,7 @@ def run_one(workload: str, config: str, repeat: int = 1) -> str:
             return f"{workload} {config}: server did not become ready (see {log.name})"
         ready_s = time.monotonic() - started
         engine = engine_core_pid(int(pid_file(config).read_text()))
-        cpu_before = thread_cpu_s(engine) if engine is not None else {}
+        cpu_before = thread_counters(engine) if engine is not None else {}
         system_before = system_counters()
         driven = time.monotonic()
         drive = subprocess.Popen(workload_argv(workload, config, out), env={**os.environ, **ENV})
