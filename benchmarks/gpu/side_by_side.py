@@ -12,11 +12,12 @@ Configurations (``KVTIER_SXS_CONFIGS``, space-separated, in this order by defaul
 * ``kvtier-shm``: ``kvtier`` with its disk folder on tmpfs (``/dev/shm``): the device out of the
   write path, for telling the device's cost from the rest;
 * ``kvtier-io1``: ``kvtier`` with one disk thread for reads and one for writes (four by default);
-* ``kvtier-nosync``, ``kvtier-nochecksum``: trials, ``kvtier`` with one change applied in every
-  process of its server by a ``sitecustomize`` module (``TRIALS``): its disk index with
-  ``synchronous=OFF`` (no device flush at all); records written with no payload checksum (a
-  diagnosis only: such records never load). A change is so measured beside the code it would
-  replace, on one host, before it lands;
+* ``kvtier-nosync``, ``kvtier-nochecksum``, ``kvtier-switch``: trials, ``kvtier`` with one change
+  applied in every process of its server by a ``sitecustomize`` module (``TRIALS``): its disk
+  index with ``synchronous=OFF`` (no device flush at all); records written with no payload
+  checksum (a diagnosis only: such records never load); the interpreter's switch interval at
+  0.5 ms instead of 5. A change is so measured beside the code it would replace, on one host,
+  before it lands;
 * ``kvtier-shared``: the same with kvtier's shared tier on a loopback Redis
   (``KVTIER_SXS_REDIS_SERVER``: the carried ``redis-server``);
 * ``lmcache``: vLLM's ``LMCacheConnectorV1`` with LMCache's CPU and local-disk backends, set by
@@ -188,6 +189,9 @@ TRIALS = {
         "                        payload_checksum=0, checksum_alg=1)\n"
         "store.make_header = _header\n"
     ),
+    # A thread waiting for the GIL takes it from one running Python after this long (5 ms by
+    # default): shorter, the engine's loop waits less behind a write thread's Python.
+    "kvtier-switch": "import sys\nsys.setswitchinterval(0.0005)\n",
 }
 KVTIER_CONFIGS = (
     "kvtier", "kvtier-shared", "kvtier-chunk256", "kvtier-shm", "kvtier-io1", *TRIALS

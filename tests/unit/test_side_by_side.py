@@ -55,6 +55,13 @@ def test_the_no_checksum_trial_writes_headers_without_one(runner):
     assert done.stdout.strip() == "0"
 
 
+def test_the_switch_interval_trial_shortens_it(runner):
+    trial = runner.trial_path("kvtier-switch")
+    done = in_trial(trial, "import sys; print(sys.getswitchinterval())")
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) == pytest.approx(0.0005)
+
+
 def test_a_trial_that_cannot_apply_stops_its_interpreter(runner, monkeypatch):
     monkeypatch.setitem(runner.TRIALS, "kvtier-broken", "import kvtier.no_such_module\n")
     done = in_trial(runner.trial_path("kvtier-broken"), "print('served')")
