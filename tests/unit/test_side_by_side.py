@@ -2,6 +2,7 @@
 change in a fresh interpreter (or refuse to start it), and what it counts per run."""
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -117,3 +118,19 @@ def test_the_machine_counters_name_cpu_time_by_kind(runner, tmp_path):
     lines = (tmp_path / "system-demo.txt").read_text().splitlines()
     assert lines[0] == "demo: 2.0 s of driver, whole machine"
     assert any(line.endswith("cpu user s") for line in lines[1:])
+
+
+def test_cuda_graphs_replace_eager_mode_when_asked(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVTIER_SXS_WORK", str(tmp_path))
+    monkeypatch.setenv("KVTIER_SXS_MODEL", str(tmp_path / "model"))  # no tokenizer to copy
+    monkeypatch.syspath_prepend(str(GPU))
+    for graphs, eager in (("1", False), ("", True)):
+        monkeypatch.setenv("KVTIER_SXS_GRAPHS", graphs)
+        sys.modules.pop("side_by_side", None)
+        argv = importlib.import_module("side_by_side").server_argv("prefix-only")
+        assert ("--enforce-eager" in argv) is eager
+        assert ("--compilation-config" in argv) is not eager
+        if not eager:
+            config = json.loads(argv[argv.index("--compilation-config") + 1])
+            assert config["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    sys.modules.pop("side_by_side", None)
