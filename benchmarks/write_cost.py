@@ -106,17 +106,22 @@ class RoundResult:
     puts: int
     #: CPU seconds the writer threads used per put (GIL held or not).
     writer_cpu_ms_per_put: float
+    #: CPU the loop's thread used per step: above ``none``'s, the same work ran slower on
+    #: the CPU (shared caches or cores), not only waited.
+    loop_cpu_ms_per_step: float = 0.0
 
 
-def _engine_loop(shape: LoopShape, seconds: float) -> list[float]:
-    """Run steps for ``seconds``; each step's duration in seconds."""
+def _engine_loop(shape: LoopShape, seconds: float) -> tuple[list[float], float]:
+    """Run steps for ``seconds``: each step's duration, and the CPU seconds the loop's thread
+    used (a step that only waits costs none; one slowed by caches or CPUs shared costs more)."""
     chunk = bytes(RELEASE_BYTES)
     steps: list[float] = []
+    cpu_started = time.thread_time()
     end = time.perf_counter() + seconds
     while True:
         started = time.perf_counter()
         if started >= end:
-            return steps
+            return steps, time.thread_time() - cpu_started
         for _ in range(shape.ops_per_step):
             total = 0
             for i in range(shape.section_iterations):
@@ -127,8 +132,8 @@ def _engine_loop(shape: LoopShape, seconds: float) -> list[float]:
 
 def _loop_in_child(send: Connection, shape: LoopShape, seconds: float) -> None:
     started = time.perf_counter()
-    steps = _engine_loop(shape, seconds)
-    send.send((steps, time.perf_counter() - started))
+    steps, cpu_s = _engine_loop(shape, seconds)
+    send.send((steps, time.perf_counter() - started, cpu_s))
 
 
 class Pacer:
@@ -350,10 +355,10 @@ def run_setting(
                 worker.start()
         if child is None:
             started = time.perf_counter()
-            steps = _engine_loop(shape, seconds)
+            steps, loop_cpu_s = _engine_loop(shape, seconds)
             elapsed = time.perf_counter() - started
         else:
-            steps, elapsed = receive.recv()
+            steps, elapsed, loop_cpu_s = receive.recv()
             child.join()
         pacer.stopped.set()
         writing_s = time.perf_counter() - writing_from
@@ -370,6 +375,7 @@ def run_setting(
         written_mb_per_s=puts * record_bytes / writing_s / 1e6,
         puts=puts,
         writer_cpu_ms_per_put=1e3 * writer_cpu_s / max(puts, 1),
+        loop_cpu_ms_per_step=1e3 * loop_cpu_s / max(len(steps), 1),
     )
 
 
@@ -438,8 +444,8 @@ def table(results: dict[str, list[RoundResult]], record_bytes: int, bytes_per_s:
         f"(medians over {max(len(v) for v in results.values())} rounds)",
         "",
         "| setting | loop steps/s | vs none | step p50 ms | step p99 ms | written MB/s "
-        "| writer CPU ms/put |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| writer CPU ms/put | loop CPU ms/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for setting, rounds in results.items():
         rate = statistics.median(r.steps_per_s for r in rounds)
@@ -449,6 +455,7 @@ def table(results: dict[str, list[RoundResult]], record_bytes: int, bytes_per_s:
             f"| {statistics.median(r.step_p50_ms for r in rounds):.2f} "
             f"| {statistics.median(r.step_p99_ms for r in rounds):.2f} "
             f"| {statistics.median(r.written_mb_per_s for r in rounds):.0f} "
-            f"| {statistics.median(r.writer_cpu_ms_per_put for r in rounds):.2f} |"
+            f"| {statistics.median(r.writer_cpu_ms_per_put for r in rounds):.2f} "
+            f"| {statistics.median(r.loop_cpu_ms_per_step for r in rounds):.3f} |"
         )
     return "\n".join(lines)

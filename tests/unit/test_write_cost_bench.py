@@ -49,6 +49,8 @@ def test_every_setting_writes_at_the_rate_beside_the_loop(tmp_path: Path) -> Non
         (result,) = rounds
         assert result.steps_per_s > 0
         assert result.step_p50_ms <= result.step_p99_ms
+        # the loop's thread spends CPU on every step, in this process or its own
+        assert 0 < result.loop_cpu_ms_per_step <= 10 * result.step_p99_ms, result
         if setting == "none":
             assert result.puts == 0
         else:  # 40 records a second: about 20 in the half second
