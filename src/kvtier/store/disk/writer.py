@@ -105,12 +105,9 @@ class RecordWriter:
         return errors
 
     def _write_one(self, temp: Path, final: Path, header: bytes, payload: Buffer) -> OSError | None:
-        try:
-            self.write_temp(temp, header, payload)
-            self.publish(temp, final)
-        except OSError as exc:
-            return exc
-        return None
+        return _error_of(self.write_temp, temp, header, payload) or _error_of(
+            self.publish, temp, final
+        )
 
     def write_temp(self, path: Path, header: bytes, payload: Buffer) -> None:
         """Create ``path`` (must not exist) holding header + payload, per the fsync policy.
