@@ -156,6 +156,18 @@ class Pacer:
         return not self.stopped.is_set()
 
 
+def header_without_checksum(digest: bytes, key: bytes, payload: Buffer) -> RecordHeader:
+    """The disk store's header builder less the payload checksum (a diagnosis: such a record
+    never loads); also the GPU runner's ``kvtier-nochecksum`` trial."""
+    return RecordHeader(
+        namespace_digest=digest,
+        key=key,
+        payload_len=memoryview(payload).nbytes,
+        payload_checksum=0,
+        checksum_alg=1,
+    )
+
+
 class _NoChecksum:
     """Swaps the store's header builder for one that skips the payload checksum (bisect)."""
 
@@ -163,16 +175,6 @@ class _NoChecksum:
     @contextlib.contextmanager
     def applied() -> Iterator[None]:
         original = disk_store_module.make_header
-
-        def header_without_checksum(digest: bytes, key: bytes, payload: Buffer) -> RecordHeader:
-            return RecordHeader(
-                namespace_digest=digest,
-                key=key,
-                payload_len=memoryview(payload).nbytes,
-                payload_checksum=0,
-                checksum_alg=1,
-            )
-
         disk_store_module.make_header = header_without_checksum
         try:
             yield

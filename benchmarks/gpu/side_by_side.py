@@ -194,13 +194,10 @@ TRIALS = {
         "index.Index.__init__ = _init_unsynced\n"
     ),
     "kvtier-nochecksum": (
+        f"import sys\nsys.path.append({str(HERE.parents[1])!r})  # the checkout's benchmarks\n"
         "import kvtier.store.disk.store as store\n"
-        "from kvtier.format.record import RecordHeader\n"
-        "def _header(digest, key, payload):\n"
-        "    return RecordHeader(namespace_digest=digest, key=key,\n"
-        "                        payload_len=memoryview(payload).nbytes,\n"
-        "                        payload_checksum=0, checksum_alg=1)\n"
-        "store.make_header = _header\n"
+        "from benchmarks.write_cost import header_without_checksum\n"
+        "store.make_header = header_without_checksum\n"
     ),
     # A thread waiting for the GIL takes it from one running Python after this long (5 ms by
     # default): shorter, the engine's loop waits less behind a write thread's Python.
