@@ -530,11 +530,12 @@ def run_one(workload: str, config: str, repeat: int = 1) -> str:
         if config in PROFILED:
             profile(config, out, drive, engine)
         drive.wait()
-        write_system(out, config, system_before, time.monotonic() - driven)
+        driven_s = time.monotonic() - driven
+        write_system(out, config, system_before, driven_s)
         if engine is not None:
-            write_thread_cpu(out, config, cpu_before, engine, time.monotonic() - driven)
-        written = folder_bytes(disk_folder(config))
-        (out / f"disk-{config}.txt").write_text(f"{written} bytes in {disk_folder(config)}\n")
+            write_thread_cpu(out, config, cpu_before, engine, driven_s)
+        folder = disk_folder(config)
+        (out / f"disk-{config}.txt").write_text(f"{folder_bytes(folder)} bytes in {folder}\n")
         return (
             f"{workload} {config}: driver rc {drive.returncode}, server ready in {ready_s:.0f} s, "
             f"run {time.monotonic() - started - ready_s:.0f} s"
