@@ -39,6 +39,7 @@ and the write that depends on it cannot interleave with another process's).
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -93,6 +94,8 @@ __all__ = [
 ]
 
 _EVICT_SCAN_BATCH = 256
+#: Most rows one statement deletes or trashes (its parameters stay far below SQLite's limit).
+_ROWS_PER_STATEMENT = 128
 #: A row's readiness in a query that finds rows by namespace and key. The unary plus keeps
 #: SQLite's planner off ``records_lru (state, access_ns)``: knowing nothing of the data, it
 #: walked that index for ``state = 1``, every ready record of every namespace, rather than
@@ -320,10 +323,15 @@ class Index:
 
     def all_rows(self) -> list[Row]:
         """Every row of ``ns`` (of every namespace if ``ns`` is None)."""
+        where, params = ("1", ()) if self.ns is None else ("ns = ?", (self.ns,))
         with self._locked():
-            if self.ns is None:
-                return _rows(self._conn, "1")
-            return _rows(self._conn, "ns = ?", (self.ns,))
+            return [
+                Row(*r)
+                for r in self._conn.execute(
+                    f"SELECT id, ns, key, state, record_bytes, session FROM records WHERE {where}",
+                    params,
+                )
+            ]
 
     def trash(self) -> list[tuple[Trashed, str]]:
         """(entry, session) of every trash entry of the root."""
@@ -390,13 +398,16 @@ class Index:
         with self._write() as conn:
             self._apply_touches(conn, touches)
             overhead_bytes = overhead()
-            meta = dict(conn.execute("SELECT name, value FROM meta"))
-            capacity = meta["capacity_bytes"]
+            capacity, ppm, used, trash = conn.execute(
+                "SELECT (SELECT value FROM meta WHERE name = 'capacity_bytes'), "
+                "(SELECT value FROM meta WHERE name = 'low_watermark_ppm'), "
+                "(SELECT used_bytes FROM totals), (SELECT COALESCE(SUM(charge), 0) FROM trash)"
+            ).fetchone()
+            if capacity is None:
+                raise KeyError("capacity_bytes")  # a root's settings are written at creation
             # The watermark is a share of the room the index files leave for the rest.
-            ppm = meta.get("low_watermark_ppm", 900_000)
+            ppm = 900_000 if ppm is None else ppm
             low = overhead_bytes + max(0, capacity - overhead_bytes) * ppm // 1_000_000
-            used = conn.execute("SELECT used_bytes FROM totals").fetchone()[0]
-            trash = conn.execute("SELECT COALESCE(SUM(charge), 0) FROM trash").fetchone()[0]
             settled = used - trash + overhead_bytes  # once the trash is emptied
 
             def floor_need(written_bytes: int) -> int:
@@ -430,13 +441,20 @@ class Index:
                 # Nothing to reserve: evict nothing either (the touches still count).
                 return Reservation([None] * len(records), refused, [])
             self._remove(conn, evicted)
-            for i in inserts:
+            if inserts:
+                # One statement: AUTOINCREMENT numbers its rows one after another, in order.
                 cursor = conn.execute(
                     "INSERT INTO records(ns, key, state, record_bytes, access_ns, session) "
-                    "VALUES (?, ?, 0, ?, ?, ?)",
-                    (self.ns, records[i][0], records[i][1], now, self.session),
+                    f"VALUES {','.join(['(?, ?, 0, ?, ?, ?)'] * len(inserts))}",
+                    [
+                        v
+                        for i in inserts
+                        for v in (self.ns, records[i][0], records[i][1], now, self.session)
+                    ],
                 )
-                record_ids[i] = cursor.lastrowid
+                first = cursor.lastrowid - len(inserts) + 1
+                for offset, i in enumerate(inserts):
+                    record_ids[i] = first + offset
             return Reservation(record_ids, refused, evicted)
 
     def commit(self, records: Sequence[tuple[int, bytes]]) -> Commit:
@@ -446,12 +464,12 @@ class Index:
         with self._write() as conn:
             ids = [record_id for record_id, _ in records]
             marks = ",".join("?" * len(ids))
-            pending = {
-                record_id
-                for (record_id,) in conn.execute(
-                    f"SELECT id FROM records WHERE id IN ({marks}) AND state = 0", ids
-                )
-            }
+            before, pending_ids = conn.execute(
+                "SELECT (SELECT COALESCE(MAX(seq), 0) FROM changes), "
+                f"(SELECT json_group_array(id) FROM records WHERE id IN ({marks}) AND state = 0)",
+                ids,
+            ).fetchone()
+            pending = set(json.loads(pending_ids))
             keys = [key for record_id, key in records if record_id in pending]
             superseded: list[Row] = []
             if keys:
@@ -461,17 +479,19 @@ class Index:
                     (self.ns, *keys),
                 )
                 self._remove(conn, superseded)
-            before = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-            conn.executemany(
-                "UPDATE records SET state = 1, access_ns = ? WHERE id = ?",
-                [(time.time_ns(), record_id) for record_id in ids if record_id in pending],
-            )
-            # The readiness trigger logged each record: its position is its change's.
-            seq_of = dict(
+                ready = [record_id for record_id in ids if record_id in pending]
                 conn.execute(
-                    "SELECT record_id, seq FROM changes WHERE seq > ? AND op = 1", (before,)
+                    "UPDATE records SET state = 1, access_ns = ? "
+                    f"WHERE id IN ({','.join('?' * len(ready))})",
+                    [time.time_ns(), *ready],
                 )
-            )
+            # The readiness trigger logged each record: its position is its change's.
+            (logged,) = conn.execute(
+                "SELECT json_group_array(json_array(record_id, seq)) FROM changes "
+                "WHERE seq > ? AND op = 1",
+                (before,),
+            ).fetchone()
+            seq_of = {record_id: seq for record_id, seq in json.loads(logged)}
             top = max(seq_of.values(), default=before)
             if top // 64 > before // 64:
                 self._trim_changes(conn)
@@ -524,21 +544,19 @@ class Index:
         """Forget quarantine entries whose files are removed."""
         paths = list(paths)
         for start in range(0, len(paths), TXN_ROWS_MAX):
+            part = paths[start : start + TXN_ROWS_MAX]
             with self._write() as conn:
-                conn.executemany(
-                    "DELETE FROM quarantine WHERE path = ?",
-                    [(p,) for p in paths[start : start + TXN_ROWS_MAX]],
+                conn.execute(
+                    f"DELETE FROM quarantine WHERE path IN ({','.join('?' * len(part))})", part
                 )
 
     def trash_done(self, paths: Collection[str]) -> None:
         """Forget trash entries whose files are unlinked, releasing their charge."""
         paths = list(paths)
         for start in range(0, len(paths), TXN_ROWS_MAX):
+            part = paths[start : start + TXN_ROWS_MAX]
             with self._write() as conn:
-                conn.executemany(
-                    "DELETE FROM trash WHERE path = ?",
-                    [(p,) for p in paths[start : start + TXN_ROWS_MAX]],
-                )
+                conn.execute(f"DELETE FROM trash WHERE path IN ({','.join('?' * len(part))})", part)
 
     def touch(self, touches: Mapping[bytes, int]) -> None:
         """Record access times (key of ``ns`` -> ns) for LRU."""
@@ -671,16 +689,20 @@ class Index:
         freed = 0
         last_access, last_id = -1, -1
         while freed < want and len(picked) < TXN_ROWS_MAX:
-            batch = conn.execute(
-                "SELECT id, ns, key, state, record_bytes, session, access_ns FROM records "
-                "WHERE state = 1 AND (access_ns, id) > (?, ?) ORDER BY access_ns, id LIMIT ?",
+            # One result row for the scan's batch (see _rows); sorted here, since an
+            # aggregate's order is not promised.
+            (found,) = conn.execute(
+                f"SELECT json_group_array(json_array({_ROW_COLUMNS}, access_ns)) FROM "
+                "(SELECT * FROM records WHERE state = 1 AND (access_ns, id) > (?, ?) "
+                "ORDER BY access_ns, id LIMIT ?)",
                 (last_access, last_id, _EVICT_SCAN_BATCH),
-            ).fetchall()
+            ).fetchone()
+            batch = sorted(json.loads(found), key=lambda fields: (fields[-1], fields[0]))
             if not batch:
                 break
             for *fields, access_ns in batch:
                 last_access, last_id = access_ns, fields[0]
-                row = Row(*fields)
+                row = _row(fields)
                 if row.ns == self.ns and row.key in pinned:
                     continue
                 picked.append(row)
@@ -692,15 +714,23 @@ class Index:
     def _remove(self, conn: sqlite3.Connection, rows: list[Row]) -> list[Trashed]:
         """Rows out of ``records``, their files into trash with their charge (so the charge
         never leaves the cap before the files leave the disk)."""
-        conn.executemany("DELETE FROM records WHERE id = ?", [(r.record_id,) for r in rows])
         entries = [Trashed(r.path, r.temp if r.state == PENDING else "") for r in rows]
-        conn.executemany(
-            "INSERT OR IGNORE INTO trash(path, session, charge, temp) VALUES (?, ?, ?, ?)",
-            [
-                (e.path, self.session, charge(r.record_bytes), e.temp)
-                for e, r in zip(entries, rows, strict=True)
-            ],
-        )
+        # Two statements a slice, not two a row (see _rows).
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            part = rows[start : start + _ROWS_PER_STATEMENT]
+            conn.execute(
+                f"DELETE FROM records WHERE id IN ({','.join('?' * len(part))})",
+                [r.record_id for r in part],
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO trash(path, session, charge, temp) "
+                f"VALUES {','.join(['(?, ?, ?, ?)'] * len(part))}",
+                [
+                    v
+                    for e, r in zip(entries[start : start + len(part)], part, strict=True)
+                    for v in (e.path, self.session, charge(r.record_bytes), e.temp)
+                ],
+            )
         return entries
 
     def _apply_touches(self, conn: sqlite3.Connection, touches: Mapping[bytes, int]) -> None:
@@ -769,10 +799,22 @@ class _Room:
 
 
 def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -> list[Row]:
-    """The ``records`` rows matching ``where`` (an SQL condition with ? placeholders)."""
-    return [
-        Row(*r)
-        for r in conn.execute(
-            f"SELECT id, ns, key, state, record_bytes, session FROM records WHERE {where}", params
-        )
-    ]
+    """The ``records`` rows matching ``where`` (an SQL condition with ? placeholders), in
+    one result row: SQLite gives the GIL up at every step, one a result row, and the thread
+    waits for it at each return while an engine thread runs Python (docs/store.md, "What a
+    put costs the engine"). For the few rows a serving path finds (a put's superseded
+    records, a dead writer's pending ones), never a whole index (``all_rows``)."""
+    (found,) = conn.execute(
+        f"SELECT json_group_array(json_array({_ROW_COLUMNS})) FROM records WHERE {where}",
+        params,
+    ).fetchone()
+    return [_row(fields) for fields in json.loads(found)]
+
+
+#: A row's columns as JSON (the key as hex: JSON has no bytes) and back (``_row``).
+_ROW_COLUMNS = "id, ns, hex(key), state, record_bytes, session"
+
+
+def _row(fields: list) -> Row:
+    record_id, ns, key_hex, state, record_bytes, session = fields
+    return Row(record_id, ns, bytes.fromhex(key_hex), state, record_bytes, session)
