@@ -142,14 +142,18 @@ def make_header(
     key: bytes,
     payload: _checksum.Buffer,
     checksum_alg: int = _checksum.DEFAULT_ALGORITHM.algorithm_id,
+    payload_checksum: int | None = None,
 ) -> RecordHeader:
-    """Build the header for ``payload`` (checksummed in place, not copied)."""
+    """Build the header for ``payload`` (checksummed in place, not copied; or
+    ``payload_checksum``, its checksum under ``checksum_alg`` computed already)."""
     payload_view = memoryview(payload)
+    if payload_checksum is None:
+        payload_checksum = _checksum.compute_checksum(payload_view, checksum_alg)
     return RecordHeader(
         namespace_digest=namespace_digest,
         key=key,
         payload_len=payload_view.nbytes,
-        payload_checksum=_checksum.compute_checksum(payload_view, checksum_alg),
+        payload_checksum=payload_checksum,
         checksum_alg=checksum_alg,
     )
 

@@ -15,7 +15,7 @@ import functools
 import importlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -165,6 +165,21 @@ def residency_probe() -> str | None:
     ``"cachestat"`` or ``"mincore"`` (kernels before 6.5); None where it is not built."""
     module = _reader_module()
     return None if module is None else str(module.residency_probe())
+
+
+#: Signature of ``xxh3_64_many(buffers) -> [XXH3-64 of each]``, every buffer of at least
+#: ``XXH3_MANY_MIN_BYTES``.
+ChecksumsMany = Callable[[Sequence[Any]], list[int]]
+#: The shortest buffer ``xxh3_64_many`` hashes (its long-input path's floor).
+XXH3_MANY_MIN_BYTES = 241
+
+
+@functools.cache
+def xxh3_many() -> ChecksumsMany | None:
+    """XXH3-64 of a batch of buffers with the GIL given up once for them all, or None where the
+    record reader is not built (or was built before it had this)."""
+    module = _reader_module()
+    return None if module is None else getattr(module, "xxh3_64_many", None)
 
 
 #: Signature of ``write_records(records, direct, datasync, drop_pages) -> [(status, errno)]``,

@@ -75,7 +75,7 @@ from typing import NamedTuple
 
 from kvtier.buffers import copy_into
 from kvtier.errors import ConfigError, CorruptRecordError
-from kvtier.format.checksum import Buffer
+from kvtier.format.checksum import Buffer, compute_checksums
 from kvtier.format.namespace import Namespace
 from kvtier.format.record import (
     HEADER_BYTES,
@@ -392,7 +392,11 @@ class DiskStore(SealedStore):
         native writer is built); sealed, one call per record, sealed just before its write:
         the ciphertext lies in the thread's one buffer (kvtier.format.sealing)."""
         if sealer is None:
-            headers = [encode_header(make_header(self._digest, p.name, p.view)) for p in batch]
+            checksums = compute_checksums([p.view for p in batch])
+            headers = [
+                encode_header(make_header(self._digest, p.name, p.view, payload_checksum=c))
+                for p, c in zip(batch, checksums, strict=True)
+            ]
             records = [(p.temp, p.final, h, p.view) for p, h in zip(batch, headers, strict=True)]
             errors = self._writer.write_records(records)
         else:
