@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from kvtier.format import Namespace
 from kvtier.format.checksum import Buffer
@@ -156,9 +157,11 @@ class Pacer:
         return not self.stopped.is_set()
 
 
-def header_without_checksum(digest: bytes, key: bytes, payload: Buffer) -> RecordHeader:
+def header_without_checksum(
+    digest: bytes, key: bytes, payload: Buffer, payload_checksum: int | None = None
+) -> RecordHeader:
     """The disk store's header builder less the payload checksum (a diagnosis: such a record
-    never loads); also the GPU runner's ``kvtier-nochecksum`` trial."""
+    never loads)."""
     return RecordHeader(
         namespace_digest=digest,
         key=key,
@@ -168,18 +171,31 @@ def header_without_checksum(digest: bytes, key: bytes, payload: Buffer) -> Recor
     )
 
 
+def skip_checksums(module: Any) -> Callable[[], None]:
+    """Make the disk store ``module`` write records without computing their payload
+    checksums (the ``kvtier-nohash`` setting, the GPU runner's ``kvtier-nochecksum`` trial);
+    returns what undoes it."""
+    originals = module.make_header, module.compute_checksums
+    module.make_header = header_without_checksum
+    module.compute_checksums = lambda data: [0] * len(data)
+
+    def undo() -> None:
+        module.make_header, module.compute_checksums = originals
+
+    return undo
+
+
 class _NoChecksum:
-    """Swaps the store's header builder for one that skips the payload checksum (bisect)."""
+    """Swaps the store's checksums for none (bisect)."""
 
     @staticmethod
     @contextlib.contextmanager
     def applied() -> Iterator[None]:
-        original = disk_store_module.make_header
-        disk_store_module.make_header = header_without_checksum
+        undo = skip_checksums(disk_store_module)
         try:
             yield
         finally:
-            disk_store_module.make_header = original
+            undo()
 
 
 class _HeaderOnlyWriter(RecordWriter):

@@ -196,8 +196,8 @@ TRIALS = {
     "kvtier-nochecksum": (
         f"import sys\nsys.path.append({str(HERE.parents[1])!r})  # the checkout's benchmarks\n"
         "import kvtier.store.disk.store as store\n"
-        "from benchmarks.write_cost import header_without_checksum\n"
-        "store.make_header = header_without_checksum\n"
+        "from benchmarks.write_cost import skip_checksums\n"
+        "skip_checksums(store)\n"
     ),
     # A thread waiting for the GIL takes it from one running Python after this long (5 ms by
     # default): shorter, the engine's loop waits less behind a write thread's Python.

@@ -20,7 +20,7 @@ from kvtier.store.disk import root as root_settings
 from kvtier.store.disk import store as disk_store
 from kvtier.store.disk.index import PUT_BATCH_MAX, Index
 from tests.support.crash import CRASH_EXIT_CODE, open_store, put_many_then_crash
-from tests.support.store import PAYLOAD_BYTES, files_under, key_of, payload_of
+from tests.support.store import PAYLOAD_BYTES, aligned_buffer, files_under, key_of, payload_of
 
 OpenDisk = Callable[..., DiskStore]
 RECORD = HEADER_BYTES + PAYLOAD_BYTES
@@ -216,3 +216,96 @@ def test_batches_of_two_stores_in_several_threads_hold_the_shared_cap(
     for store in stores:
         store.refresh()
         assert store.verify() == []
+
+
+class _CountingConnection:
+    """The index's connection, counting what costs the writing thread a GIL hand-over each:
+    statements run and result rows fetched (SQLite gives the GIL up at every step)."""
+
+    def __init__(self, conn: object) -> None:
+        self._conn = conn
+        self.statements = 0
+        self.rows = 0
+
+    def execute(self, sql: str, params: object = ()) -> object:
+        self.statements += 1
+        return _CountingCursor(self, self._conn.execute(sql, params))  # type: ignore[attr-defined]
+
+    def executemany(self, sql: str, rows: object) -> object:
+        rows = list(rows)  # type: ignore[call-overload]
+        self.statements += len(rows)
+        return self._conn.executemany(sql, rows)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+class _CountingCursor:
+    def __init__(self, owner: _CountingConnection, cursor: object) -> None:
+        self._owner, self._cursor = owner, cursor
+
+    def __iter__(self) -> object:
+        for row in self._cursor:  # type: ignore[attr-defined]
+            self._owner.rows += 1
+            yield row
+
+    def fetchone(self) -> object:
+        self._owner.rows += 1
+        return self._cursor.fetchone()  # type: ignore[attr-defined]
+
+    def fetchall(self) -> list[object]:
+        found = self._cursor.fetchall()  # type: ignore[attr-defined]
+        self._owner.rows += len(found)
+        return found
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._cursor, name)
+
+
+def index_steps_per_batch(store: DiskStore, batches: int, size: int, first: int) -> float:
+    """Statements plus result rows the index runs per batch of ``size`` puts."""
+    counting = _CountingConnection(store._index._conn)
+    store._index._conn = counting  # type: ignore[assignment]
+    try:
+        for b in range(batches):
+            keys, payloads = keys_and_payloads(first + b * size, size)
+            assert store.put_many(keys, payloads) == [True] * size
+    finally:
+        store._index._conn = counting._conn  # type: ignore[assignment]
+    return (counting.statements + counting.rows) / batches
+
+
+@pytest.mark.parametrize("evicting", [False, True], ids=["room", "evicting"])
+def test_a_batch_s_index_work_does_not_grow_with_its_records(
+    open_disk: OpenDisk, evicting: bool
+) -> None:
+    # Regression: a batch of 16 puts ran 82 SQLite statements and result rows with room and
+    # 191 while evicting (an insert, an update, a delete and a trash row per record, each
+    # fetched row one more step), each a GIL hand-over on a writing thread while the engine's
+    # thread runs Python (docs/store.md, "What a put costs the engine").
+    store = open_disk(records=2 * PUT_BATCH_MAX if evicting else 8 * PUT_BATCH_MAX)
+    if evicting:  # full: every later batch evicts as many records as it adds
+        keys, payloads = keys_and_payloads(10_000, 2 * PUT_BATCH_MAX)
+        assert all(store.put_many(keys, payloads))
+    # Evicting, a batch of 8 evicts every time as one of 16 does (smaller ones do not: the
+    # low watermark leaves room for the next few).
+    small = index_steps_per_batch(store, 4, PUT_BATCH_MAX // 2 if evicting else 2, 0)
+    large = index_steps_per_batch(store, 4, PUT_BATCH_MAX, 100)
+    assert large <= small + 2, (small, large)
+    assert large <= (32 if evicting else 16), large
+
+
+def test_one_reservation_numbers_its_records_as_the_index_does(open_disk: OpenDisk) -> None:
+    # One multi-row insert: the ids are read back as consecutive, not one lastrowid a row.
+    store = open_disk(records=64)
+    keys, payloads = keys_and_payloads(0, PUT_BATCH_MAX)
+    assert store.put_many(keys, payloads) == [True] * PUT_BATCH_MAX
+    ids = {row.key: row.record_id for row in store._index.all_rows()}
+    assert sorted(ids) == sorted(keys)
+    for key, record_id in ids.items():
+        assert (store.namespace_dir / layout.record_name(key, record_id)).is_file()
+    store.close()
+    reopened = open_disk(records=64)  # ids from the index alone
+    out = aligned_buffer(PAYLOAD_BYTES)
+    for key, payload in zip(keys, payloads, strict=True):
+        assert reopened.get_into(key, out) and bytes(out) == payload
