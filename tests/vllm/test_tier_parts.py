@@ -350,15 +350,41 @@ def test_a_store_is_one_task_per_write_thread_each_taking_every_nth_block():
             shares.append(ks)
         return [row != 3 for row in rows]  # the block in row 3 fails
 
+    blocks = STORE_BATCH_BLOCKS + 3  # more than one batch holds: both threads take a share
     try:
-        queued = table.submit_stores(1, [key(i) for i in range(5)], [0, 1, 2, 3, 4], store)
+        queued = table.submit_stores(1, [key(i) for i in range(blocks)], list(range(blocks)), store)
         assert queued is StoresQueued.WHOLE
         table.drain()
         (done,) = table.finished()
     finally:
         table.shutdown()
-    assert sorted(shares) == [[key(0), key(2), key(4)], [key(1), key(3)]]
-    assert done.outcomes == [True, True, True, False, True]
+    assert sorted(shares) == [
+        [key(i) for i in range(0, blocks, 2)],
+        [key(i) for i in range(1, blocks, 2)],
+    ]
+    assert done.outcomes == [i != 3 for i in range(blocks)]
+
+
+def test_a_store_one_batch_holds_is_one_task_whatever_the_threads():
+    # Regression: 4 threads wrote a 5-block job in 4 batches, each costing the engine's loop
+    # the same GIL hand-overs as a full one (docs/store.md, "What a put costs the engine").
+    table = JobTable(thread_prefix="kvtier-test", io_threads=4, clock=FakeClock(), label="t")
+    shares: list[list[int]] = []
+    lock = threading.Lock()
+
+    def store(ks: list[bytes], rows: list[int]) -> list[bool]:
+        with lock:
+            shares.append(rows)
+        return [True] * len(ks)
+
+    try:
+        table.submit_stores(1, [key(i) for i in range(5)], list(range(5)), store)
+        table.submit_stores(2, [key(i) for i in range(5, 25)], list(range(5, 25)), store)
+        table.drain()
+        assert [done.outcomes for done in table.finished()] == [[True] * 5, [True] * 20]
+    finally:
+        table.shutdown()
+    assert sorted(shares) == [list(range(5)), list(range(5, 25, 2)), list(range(6, 25, 2))]
 
 
 def test_a_long_store_job_is_cut_into_bounded_batches_per_thread():
@@ -379,8 +405,11 @@ def test_a_long_store_job_is_cut_into_bounded_batches_per_thread():
     finally:
         table.shutdown()
     assert done.outcomes == [True] * blocks
-    assert sorted(len(b) for b in batches) == [4, 4, STORE_BATCH_BLOCKS, STORE_BATCH_BLOCKS]
-    assert all(b == list(range(b[0], b[-1] + 1, 2)) for b in batches), "every other block"
+    # Two windows: the first in two batches of every other block, the last 8 in one batch.
+    assert sorted(len(b) for b in batches) == [8, STORE_BATCH_BLOCKS, STORE_BATCH_BLOCKS]
+    full = [b for b in batches if len(b) == STORE_BATCH_BLOCKS]
+    assert all(b == list(range(b[0], b[-1] + 1, 2)) for b in full), "every other block"
+    assert [b for b in batches if len(b) == 8] == [list(range(2 * STORE_BATCH_BLOCKS, blocks))]
     assert sorted(r for b in batches for r in b) == list(range(blocks))
 
 

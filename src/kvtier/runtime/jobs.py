@@ -375,17 +375,22 @@ class JobTable:
 
 
 def _store_batches(blocks: int, threads: int) -> list[range]:
-    """A store job's tasks: thread ``t`` of ``n`` takes blocks ``t, t + n, ...``, cut into
-    batches of at most STORE_BATCH_BLOCKS, queued batch by batch across the threads (the
-    threads go through the job side by side, as one task per block did)."""
-    threads = min(threads, blocks)
-    step = threads * STORE_BATCH_BLOCKS
-    return [
-        range(start + t, min(start + step, blocks), threads)
-        for start in range(0, blocks, step)
-        for t in range(threads)
-        if start + t < blocks
-    ]
+    """A store job's tasks: the job is cut into windows of ``threads`` x STORE_BATCH_BLOCKS
+    blocks, and a window into as few batches as hold it, at most one a thread: thread ``t`` of
+    ``n`` takes blocks ``t, t + n, ...`` of the window (the threads go through the job side by
+    side, as one task per block did, so what is written first is a prefix).
+
+    As few batches as hold it, not one a thread: a batch costs a fixed number of GIL hand-overs
+    (its index transactions and native calls, ``docs/store.md``, "What a put costs the
+    engine") whatever its size, and each takes the GIL from the engine's loop on return, so
+    20 blocks written by 4 threads in batches of 5 cost that loop twice the hand-overs of 2
+    batches of 10."""
+    windows = []
+    for start in range(0, blocks, threads * STORE_BATCH_BLOCKS):
+        size = min(threads * STORE_BATCH_BLOCKS, blocks - start)
+        used = -(-size // STORE_BATCH_BLOCKS)
+        windows += [range(start + t, start + size, used) for t in range(used)]
+    return windows
 
 
 def _share(
