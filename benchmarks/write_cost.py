@@ -110,19 +110,38 @@ class RoundResult:
     #: CPU the loop's thread used per step: above ``none``'s, the same work ran slower on
     #: the CPU (shared caches or cores), not only waited.
     loop_cpu_ms_per_step: float = 0.0
+    #: Times the loop's thread blocked per step (its voluntary context switches): above
+    #: ``none``'s, mostly waits for the GIL a writer holds, the hand-overs that cost a
+    #: serving engine's loop its steps (docs/store.md, "What a put costs the engine").
+    loop_waits_per_step: float = 0.0
 
 
-def _engine_loop(shape: LoopShape, seconds: float) -> tuple[list[float], float]:
-    """Run steps for ``seconds``: each step's duration, and the CPU seconds the loop's thread
-    used (a step that only waits costs none; one slowed by caches or CPUs shared costs more)."""
+def _voluntary_switches() -> int:
+    """Times this thread has blocked so far (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/status") as status:
+            for line in status:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _engine_loop(shape: LoopShape, seconds: float) -> tuple[list[float], float, int]:
+    """Run steps for ``seconds``: each step's duration, the CPU seconds the loop's thread
+    used (a step that only waits costs none; one slowed by caches or CPUs shared costs more)
+    and the times it blocked."""
     chunk = bytes(RELEASE_BYTES)
     steps: list[float] = []
     cpu_started = time.thread_time()
+    waits_before = _voluntary_switches()
     end = time.perf_counter() + seconds
     while True:
         started = time.perf_counter()
         if started >= end:
-            return steps, time.thread_time() - cpu_started
+            waits = _voluntary_switches() - waits_before
+            return steps, time.thread_time() - cpu_started, waits
         for _ in range(shape.ops_per_step):
             total = 0
             for i in range(shape.section_iterations):
@@ -133,8 +152,8 @@ def _engine_loop(shape: LoopShape, seconds: float) -> tuple[list[float], float]:
 
 def _loop_in_child(send: Connection, shape: LoopShape, seconds: float) -> None:
     started = time.perf_counter()
-    steps, cpu_s = _engine_loop(shape, seconds)
-    send.send((steps, time.perf_counter() - started, cpu_s))
+    steps, cpu_s, waits = _engine_loop(shape, seconds)
+    send.send((steps, time.perf_counter() - started, cpu_s, waits))
 
 
 class Pacer:
@@ -373,10 +392,10 @@ def run_setting(
                 worker.start()
         if child is None:
             started = time.perf_counter()
-            steps, loop_cpu_s = _engine_loop(shape, seconds)
+            steps, loop_cpu_s, loop_waits = _engine_loop(shape, seconds)
             elapsed = time.perf_counter() - started
         else:
-            steps, elapsed, loop_cpu_s = receive.recv()
+            steps, elapsed, loop_cpu_s, loop_waits = receive.recv()
             child.join()
         pacer.stopped.set()
         writing_s = time.perf_counter() - writing_from
@@ -394,6 +413,7 @@ def run_setting(
         puts=puts,
         writer_cpu_ms_per_put=1e3 * writer_cpu_s / max(puts, 1),
         loop_cpu_ms_per_step=1e3 * loop_cpu_s / max(len(steps), 1),
+        loop_waits_per_step=loop_waits / max(len(steps), 1),
     )
 
 
@@ -462,8 +482,8 @@ def table(results: dict[str, list[RoundResult]], record_bytes: int, bytes_per_s:
         f"(medians over {max(len(v) for v in results.values())} rounds)",
         "",
         "| setting | loop steps/s | vs none | step p50 ms | step p99 ms | written MB/s "
-        "| writer CPU ms/put | loop CPU ms/step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| writer CPU ms/put | loop CPU ms/step | loop waits/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for setting, rounds in results.items():
         rate = statistics.median(r.steps_per_s for r in rounds)
@@ -474,6 +494,7 @@ def table(results: dict[str, list[RoundResult]], record_bytes: int, bytes_per_s:
             f"| {statistics.median(r.step_p99_ms for r in rounds):.2f} "
             f"| {statistics.median(r.written_mb_per_s for r in rounds):.0f} "
             f"| {statistics.median(r.writer_cpu_ms_per_put for r in rounds):.2f} "
-            f"| {statistics.median(r.loop_cpu_ms_per_step for r in rounds):.3f} |"
+            f"| {statistics.median(r.loop_cpu_ms_per_step for r in rounds):.3f} "
+            f"| {statistics.median(r.loop_waits_per_step for r in rounds):.2f} |"
         )
     return "\n".join(lines)
