@@ -498,12 +498,12 @@ def test_shutdown_behind_a_stalled_disk_returns_within_its_drain_deadline(tmp_pa
     )
     try:
         wait_open(tier)
-        # The first job's two store tasks (one per write thread) stall both threads in a
-        # put; the second job's wait behind them.
-        half = ROWS // 2
-        for job, first in ((1, 0), (2, half)):
-            keys = [key(i) for i in range(first, first + half)]
-            rows = np.arange(first, first + half, dtype=np.int32)
+        # The first two jobs, one store task each (one batch holds them), stall both threads
+        # in a put; the third job's task waits behind them.
+        quarter, half = ROWS // 4, ROWS // 2
+        for job, first, count in ((1, 0, quarter), (2, quarter, quarter), (3, half, half)):
+            keys = [key(i) for i in range(first, first + count)]
+            rows = np.arange(first, first + count, dtype=np.int32)
             tier.submit_store(TransferJob(job, keys, rows, False, CTX))
         started = time.monotonic()
         tier.shutdown()
