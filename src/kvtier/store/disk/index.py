@@ -464,20 +464,19 @@ class Index:
         with self._write() as conn:
             ids = [record_id for record_id, _ in records]
             marks = ",".join("?" * len(ids))
-            before, pending_ids = conn.execute(
+            # One statement: the log's position, which records are still pending, and the
+            # ready records of their keys that they supersede (see _rows).
+            before, pending_ids, older = conn.execute(
                 "SELECT (SELECT COALESCE(MAX(seq), 0) FROM changes), "
-                f"(SELECT json_group_array(id) FROM records WHERE id IN ({marks}) AND state = 0)",
-                ids,
+                f"(SELECT json_group_array(id) FROM records WHERE id IN ({marks}) AND +state = 0), "
+                f"(SELECT json_group_array(json_array({_ROW_COLUMNS})) FROM records "
+                f"WHERE ns = ? AND {_READY} AND key IN "
+                f"(SELECT key FROM records WHERE id IN ({marks}) AND +state = 0))",
+                [*ids, self.ns, *ids],
             ).fetchone()
             pending = set(json.loads(pending_ids))
-            keys = [key for record_id, key in records if record_id in pending]
-            superseded: list[Row] = []
-            if keys:
-                superseded = _rows(
-                    conn,
-                    f"ns = ? AND key IN ({','.join('?' * len(keys))}) AND {_READY}",
-                    (self.ns, *keys),
-                )
+            superseded = [_row(fields) for fields in json.loads(older)]
+            if pending:
                 self._remove(conn, superseded)
                 ready = [record_id for record_id in ids if record_id in pending]
                 conn.execute(
