@@ -365,30 +365,12 @@ def test_a_store_is_one_task_per_write_thread_each_taking_every_nth_block():
     assert done.outcomes == [i != 3 for i in range(blocks)]
 
 
-def test_a_store_one_batch_holds_is_one_task_whatever_the_threads():
-    # Regression: 4 threads wrote a 5-block job in 4 batches, each costing the engine's loop
-    # the same GIL hand-overs as a full one (docs/store.md, "What a put costs the engine").
-    table = JobTable(thread_prefix="kvtier-test", io_threads=4, clock=FakeClock(), label="t")
-    shares: list[list[int]] = []
-    lock = threading.Lock()
-
-    def store(ks: list[bytes], rows: list[int]) -> list[bool]:
-        with lock:
-            shares.append(rows)
-        return [True] * len(ks)
-
-    try:
-        table.submit_stores(1, [key(i) for i in range(5)], list(range(5)), store)
-        table.submit_stores(2, [key(i) for i in range(5, 25)], list(range(5, 25)), store)
-        table.drain()
-        assert [done.outcomes for done in table.finished()] == [[True] * 5, [True] * 20]
-    finally:
-        table.shutdown()
-    assert sorted(shares) == [list(range(5)), list(range(5, 25, 2)), list(range(6, 25, 2))]
-
-
-def test_a_long_store_job_is_cut_into_bounded_batches_per_thread():
-    table = JobTable(thread_prefix="kvtier-test", io_threads=2, clock=FakeClock(), label="t")
+def store_batches(io_threads: int, jobs: list[range]) -> tuple[list[list[bool]], list[list[int]]]:
+    """Each job's outcomes and the rows of every batch its store tasks took, the jobs (their
+    rows) stored through a JobTable of ``io_threads`` write threads."""
+    table = JobTable(
+        thread_prefix="kvtier-test", io_threads=io_threads, clock=FakeClock(), label="t"
+    )
     batches: list[list[int]] = []
     lock = threading.Lock()
 
@@ -397,14 +379,28 @@ def test_a_long_store_job_is_cut_into_bounded_batches_per_thread():
             batches.append(rows)
         return [True] * len(ks)
 
-    blocks = 2 * STORE_BATCH_BLOCKS + 8
     try:
-        table.submit_stores(1, [key(i) for i in range(blocks)], list(range(blocks)), store)
+        for job_id, rows in enumerate(jobs):
+            table.submit_stores(job_id, [key(i) for i in rows], list(rows), store)
         table.drain()
-        (done,) = table.finished()
+        outcomes = [done.outcomes for done in table.finished()]
     finally:
         table.shutdown()
-    assert done.outcomes == [True] * blocks
+    return outcomes, batches
+
+
+def test_a_store_one_batch_holds_is_one_task_whatever_the_threads():
+    # Regression: 4 threads wrote a 5-block job in 4 batches, each costing the engine's loop
+    # the same GIL hand-overs as a full one (docs/store.md, "What a put costs the engine").
+    outcomes, batches = store_batches(4, [range(5), range(5, 25)])
+    assert outcomes == [[True] * 5, [True] * 20]
+    assert sorted(batches) == [list(range(5)), list(range(5, 25, 2)), list(range(6, 25, 2))]
+
+
+def test_a_long_store_job_is_cut_into_bounded_batches_per_thread():
+    blocks = 2 * STORE_BATCH_BLOCKS + 8
+    outcomes, batches = store_batches(2, [range(blocks)])
+    assert outcomes == [[True] * blocks]
     # Two windows: the first in two batches of every other block, the last 8 in one batch.
     assert sorted(len(b) for b in batches) == [8, STORE_BATCH_BLOCKS, STORE_BATCH_BLOCKS]
     full = [b for b in batches if len(b) == STORE_BATCH_BLOCKS]
