@@ -182,6 +182,24 @@ def xxh3_many() -> ChecksumsMany | None:
     return None if module is None else getattr(module, "xxh3_64_many", None)
 
 
+#: ``folder_sizes(paths) -> [(st_size, st_blocks) or None]`` and
+#: ``subfolder_sizes(path) -> [(name, st_size, st_blocks)] or None``, paths as bytes.
+FolderStats = tuple[
+    Callable[[Sequence[bytes]], list[tuple[int, int] | None]],
+    Callable[[bytes], list[tuple[bytes, int, int]] | None],
+]
+
+
+@functools.cache
+def folder_stats() -> FolderStats | None:
+    """Folders measured (``lstat``) and listed in one call each with the GIL given up once, or
+    None where the record writer is not built (or was built before it had these)."""
+    module = _load("kvtier.native._recordwrite", "record writes run their steps in Python")
+    if module is None or not hasattr(module, "subfolder_sizes"):
+        return None
+    return module.folder_sizes, module.subfolder_sizes
+
+
 #: Signature of ``write_records(records, direct, datasync, drop_pages) -> [(status, errno)]``,
 #: each record ``(temp, final, header, payload)``: see recordwrite.h; the statuses are
 #: ``WriteStatuses``' fields.

@@ -6,7 +6,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "recordwrite.h"
 
@@ -100,8 +104,138 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(folder_sizes_doc,
+             "folder_sizes(paths) -> [(st_size, st_blocks) or None, ...]\n\n"
+             "lstat each path (bytes) in one call without the GIL: a folder's size and\n"
+             "512-byte blocks, None for anything else or an error. The disk store measures\n"
+             "the folders a batch of puts wrote into this way (kvtier.store.disk.folders).");
+
+static PyObject *folder_sizes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arg;
+    if (!PyArg_ParseTuple(args, "O", &arg))
+        return NULL;
+    PyObject *paths = PySequence_Tuple(arg);
+    if (paths == NULL)
+        return NULL;
+    Py_ssize_t count = PyTuple_Size(paths);
+    struct stat *found = PyMem_Calloc(count ? (size_t)count : 1, sizeof *found);
+    int *is_dir = PyMem_Calloc(count ? (size_t)count : 1, sizeof *is_dir);
+    const char **names = PyMem_Calloc(count ? (size_t)count : 1, sizeof *names);
+    PyObject *out = NULL;
+    if (found == NULL || is_dir == NULL || names == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        names[i] = PyBytes_AsString(PyTuple_GetItem(paths, i));
+        if (names[i] == NULL)
+            goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        is_dir[i] = lstat(names[i], &found[i]) == 0 && S_ISDIR(found[i].st_mode);
+    Py_END_ALLOW_THREADS
+    out = PyList_New(count);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        PyObject *item = is_dir[i] ? Py_BuildValue("LL", (long long)found[i].st_size,
+                                                   (long long)found[i].st_blocks)
+                                   : (Py_INCREF(Py_None), Py_None);
+        if (item == NULL || PyList_SetItem(out, i, item) != 0) {
+            Py_CLEAR(out);
+            break;
+        }
+    }
+done:
+    PyMem_Free(found);
+    PyMem_Free(is_dir);
+    PyMem_Free(names);
+    Py_DECREF(paths);
+    return out;
+}
+
+struct subfolder {
+    char *name;
+    long long size;
+    long long blocks;
+};
+
+PyDoc_STRVAR(subfolder_sizes_doc,
+             "subfolder_sizes(path) -> [(name, st_size, st_blocks), ...] or None\n\n"
+             "Every folder directly in path (bytes; symbolic links not followed) with its size\n"
+             "and 512-byte blocks, listed and measured in one call without the GIL; None when\n"
+             "path cannot be listed.");
+
+static PyObject *subfolder_sizes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path))
+        return NULL;
+    const char *folder = PyBytes_AsString(path);
+    struct subfolder *found = NULL;
+    size_t count = 0, room = 0;
+    int listed = 0, no_memory = 0;
+    Py_BEGIN_ALLOW_THREADS
+    DIR *dir = opendir(folder);
+    if (dir != NULL) {
+        listed = 1;
+        int fd = dirfd(dir);
+        struct dirent *entry;
+        while ((entry = readdir(dir)) != NULL) {
+            if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
+                continue;
+            if (entry->d_type != DT_DIR && entry->d_type != DT_UNKNOWN)
+                continue;
+            struct stat st;
+            if (fstatat(fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode))
+                continue;
+            if (count == room) {
+                size_t grown = room ? 2 * room : 64;
+                struct subfolder *more = realloc(found, grown * sizeof *found);
+                if (more == NULL) {
+                    no_memory = 1;
+                    break;
+                }
+                found = more;
+                room = grown;
+            }
+            char *name = strdup(entry->d_name);
+            if (name == NULL) {
+                no_memory = 1;
+                break;
+            }
+            found[count].name = name;
+            found[count].size = (long long)st.st_size;
+            found[count].blocks = (long long)st.st_blocks;
+            count++;
+        }
+        closedir(dir);
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    PyObject *out = NULL;
+    if (no_memory) {
+        PyErr_NoMemory();
+    } else if (!listed) {
+        out = (Py_INCREF(Py_None), Py_None);
+    } else {
+        out = PyList_New((Py_ssize_t)count);
+        for (size_t i = 0; out != NULL && i < count; i++) {
+            PyObject *item = Py_BuildValue("yLL", found[i].name, found[i].size, found[i].blocks);
+            if (item == NULL || PyList_SetItem(out, (Py_ssize_t)i, item) != 0)
+                Py_CLEAR(out);
+        }
+    }
+    for (size_t i = 0; i < count; i++)
+        free(found[i].name);
+    free(found);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"write_records", write_records, METH_VARARGS, write_records_doc},
+    {"folder_sizes", folder_sizes, METH_VARARGS, folder_sizes_doc},
+    {"subfolder_sizes", subfolder_sizes, METH_VARARGS, subfolder_sizes_doc},
     {NULL, NULL, 0, NULL},
 };
 

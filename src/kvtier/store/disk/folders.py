@@ -10,7 +10,10 @@ The folders are measured (each one's allocated size, at least its length rounded
 unit) rather than bounded in advance: a fixed bound of 261 units per namespace would take a
 megabyte from every small cap, and a bound on growth would have to assume the longest names.
 Measuring all of them costs about a millisecond (261 ``lstat``), so a store measures them all
-at most every ``MEASURE_INTERVAL_S``; in between it measures again the two folders each of
+at most every ``MEASURE_INTERVAL_S``, a folder's sub-folders listed and measured in one native
+call where the record writer is built (``kvtier.native.folder_stats``: in Python every entry
+read and every ``lstat`` gives the GIL up once, over 500 hand-overs a measurement, each taking
+the GIL from the engine's loop on return); in between it measures again the two folders each of
 its puts wrote into (the fan-out folder and ``tmp``), and a reservation adds
 ``GROWTH_PER_PUT_BYTES`` for each put it is for (a put creates at most one fan-out folder and
 grows at most one folder by a unit). Another process's puts within that second are covered by
@@ -23,9 +26,10 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvtier import native
 from kvtier.store.disk import layout
 from kvtier.store.disk.schema import ALLOC_UNIT, charge
 
@@ -44,22 +48,37 @@ def folders_bytes(root: Path) -> int:
 
 def folder_charges(root: Path) -> dict[Path, int]:
     """``folders_bytes`` folder by folder."""
-    found = {root: _folder_charge(root)}
-    for ns in _subfolders(root):
-        found[ns] = _folder_charge(ns)
-        for sub in _subfolders(ns):
-            found[sub] = _folder_charge(sub)
+    found = {root: _folder_charges([root])[0]}
+    for ns, ns_charge in _subfolder_charges(root).items():
+        found[ns] = ns_charge
+        for sub, sub_charge in _subfolder_charges(ns).items():
+            found[sub] = sub_charge
             if sub.name == layout.BLOCKS:
-                found.update((fan, _folder_charge(fan)) for fan in _subfolders(sub))
+                found.update(_subfolder_charges(sub))
     return found
 
 
-def _subfolders(folder: Path) -> list[Path]:
+def _subfolder_charges(folder: Path) -> dict[Path, int]:
+    """The folders directly in ``folder`` (links not followed), each with its charge."""
+    native_stats = native.folder_stats()
+    if native_stats is not None:
+        listed = native_stats[1](os.fsencode(folder))
+        return {folder / os.fsdecode(n): _charge_of(s, b) for n, s, b in listed or ()}
     try:
-        with os.scandir(folder) as found:
-            return [Path(e.path) for e in found if e.is_dir(follow_symlinks=False)]
+        with os.scandir(folder) as entries:
+            subfolders = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
     except OSError:
-        return []
+        return {}
+    return dict(zip(subfolders, _folder_charges(subfolders), strict=True))
+
+
+def _folder_charges(folders: Sequence[Path]) -> list[int]:
+    """Each folder's charge (0 for what is not a folder, or is gone)."""
+    native_stats = native.folder_stats()
+    if native_stats is not None:
+        sizes = native_stats[0]([os.fsencode(f) for f in folders])
+        return [0 if found is None else _charge_of(*found) for found in sizes]
+    return [_folder_charge(folder) for folder in folders]
 
 
 def _folder_charge(folder: Path) -> int:
@@ -69,7 +88,12 @@ def _folder_charge(folder: Path) -> int:
         return 0
     if not stat.S_ISDIR(st.st_mode):
         return 0
-    return max(charge(st.st_size), charge(st.st_blocks * 512), ALLOC_UNIT)
+    return _charge_of(st.st_size, st.st_blocks)
+
+
+def _charge_of(size: int, blocks: int) -> int:
+    """A folder's charge from its ``st_size`` and ``st_blocks`` (512-byte units)."""
+    return max(charge(size), charge(blocks * 512), ALLOC_UNIT)
 
 
 class FolderCharge:
@@ -97,8 +121,7 @@ class FolderCharge:
     def note_put(self, *folders: Path) -> None:
         """A record was published into ``folders`` (created or grown): measure them again."""
         with self._lock:
-            for folder in folders:
-                now = _folder_charge(folder)
+            for folder, now in zip(folders, _folder_charges(folders), strict=True):
                 self._total += now - self._seen.get(folder, 0)  # absent: created since
                 self._seen[folder] = now
 
