@@ -247,6 +247,12 @@ def _namespace(record_bytes: int) -> Namespace:
     )
 
 
+def _block_key(n: int) -> bytes:
+    """Block ``n``'s key, hashed as vLLM's are: records spread over the store's 256 fan-out
+    folders, as in an engine, not all into one."""
+    return hashlib.sha256(n.to_bytes(8, "big")).digest()[:16]
+
+
 @contextlib.contextmanager
 def _writer(
     setting: str, folder: Path, pool: memoryview, record_bytes: int, batch_records: int
@@ -281,7 +287,7 @@ def _writer(
         def write_noindex(n: int, row: int) -> None:
             from kvtier.format.record import encode_header, make_header
 
-            key = n.to_bytes(16, "big")
+            key = _block_key(n)
             header = encode_header(make_header(digest, key, rows[row]))
             temp = folder / f"{n}.{threading.get_ident()}.tmp"
             final = folder / "blocks" / f"{n % 1024}.rec"
@@ -318,7 +324,7 @@ def _writer(
 
     def write_kvtier(n: int, row: int) -> None:
         numbers = range(n * per_call, (n + 1) * per_call)
-        keys = [i.to_bytes(16, "big") for i in numbers]
+        keys = [_block_key(i) for i in numbers]
         rows = [(row + i) % POOL_ROWS for i in range(per_call)]
         if not all(row_io.store_many(store, keys, rows)):
             raise RuntimeError("a put failed (see the log)")
