@@ -1,7 +1,8 @@
 """Small native helpers, compiled when kvtier is built (never at run time); Python fallbacks.
 
 ``_streamcopy`` (the host pool's page copier), ``_recordread`` (the disk tier's one-call
-record read), ``_recordwrite`` (its one-call record writes) and ``_sockread`` (the shared
+record read and a batch's checksums), ``_recordwrite`` (its one-call record writes and folder
+measurements) and ``_sockread`` (the shared
 tier's one-call receives) are C extensions built by setup.py: by ``pip install`` (wheel or
 sdist) or, for a clone, by scripts/setup.sh (``setup.py build_ext --inplace``, ignored by
 git). Nothing here runs a compiler. Each is optional: when one is missing (no C compiler when
@@ -76,6 +77,15 @@ def _reader_module() -> ModuleType | None:
         "native record reader unavailable; disk reads use Python's calls, which wait for the "
         "GIL several times per block, and read records the page cache holds from the device "
         "again. It is compiled when kvtier is installed with a C compiler on Linux.",
+    )
+
+
+@functools.cache
+def _writer_module() -> ModuleType | None:
+    return _load(
+        "kvtier.native._recordwrite",
+        "record writes run their steps in Python and the disk store measures its folders one "
+        "lstat at a time",
     )
 
 
@@ -194,7 +204,7 @@ FolderStats = tuple[
 def folder_stats() -> FolderStats | None:
     """Folders measured (``lstat``) and listed in one call each with the GIL given up once, or
     None where the record writer is not built (or was built before it had these)."""
-    module = _load("kvtier.native._recordwrite", "record writes run their steps in Python")
+    module = _writer_module()
     if module is None or not hasattr(module, "subfolder_sizes"):
         return None
     return module.folder_sizes, module.subfolder_sizes
@@ -219,7 +229,7 @@ class WriteStatuses(NamedTuple):
 def records_writer() -> tuple[RecordsWriter, WriteStatuses] | None:
     """The one-call record writer (releases the GIL once per batch) and its statuses, or None
     where it was not built. Cached per process."""
-    module = _load("kvtier.native._recordwrite", "record writes run their steps in Python")
+    module = _writer_module()
     if module is None:
         return None
     statuses = WriteStatuses(module.OK, module.ERRNO, module.DIRECT_REFUSED, module.NO_FOLDER)
