@@ -541,21 +541,22 @@ class Index:
 
     def quarantine_done(self, paths: Collection[str]) -> None:
         """Forget quarantine entries whose files are removed."""
+        self._forget_paths("quarantine", paths)
+
+    def trash_done(self, paths: Collection[str]) -> None:
+        """Forget trash entries whose files are unlinked, releasing their charge."""
+        self._forget_paths("trash", paths)
+
+    def _forget_paths(self, table: str, paths: Collection[str]) -> None:
+        """Delete ``table``'s entries for ``paths``: one statement for at most TXN_ROWS_MAX of
+        them per transaction."""
         paths = list(paths)
         for start in range(0, len(paths), TXN_ROWS_MAX):
             part = paths[start : start + TXN_ROWS_MAX]
             with self._write() as conn:
                 conn.execute(
-                    f"DELETE FROM quarantine WHERE path IN ({','.join('?' * len(part))})", part
+                    f"DELETE FROM {table} WHERE path IN ({','.join('?' * len(part))})", part
                 )
-
-    def trash_done(self, paths: Collection[str]) -> None:
-        """Forget trash entries whose files are unlinked, releasing their charge."""
-        paths = list(paths)
-        for start in range(0, len(paths), TXN_ROWS_MAX):
-            part = paths[start : start + TXN_ROWS_MAX]
-            with self._write() as conn:
-                conn.execute(f"DELETE FROM trash WHERE path IN ({','.join('?' * len(part))})", part)
 
     def touch(self, touches: Mapping[bytes, int]) -> None:
         """Record access times (key of ``ns`` -> ns) for LRU."""
