@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.format.keyfiles import load_keyring, read_key_file, tier_keyring
+from kvtier.format.keyfiles import TierKeyRings, load_keyring, read_key_file, tier_keyring
 from kvtier.format.sealing import MasterKey
 from kvtier.settings import DiskTierSettings, EncryptionSettings, SharedTierSettings
 from kvtier.store import DiskStore
+from tests.support.key_files import key_file_reads
 from tests.support.store import disk_capacity, key_of, make_namespace, payload_of
 
 SECRET = bytes(range(7, 39))
@@ -129,6 +130,21 @@ def test_encryption_settings_round_trip_through_the_tier_dict(tmp_path: Path) ->
     assert again == disk
     assert tier_keyring(again) is not None
     assert tier_keyring(DiskTierSettings(root_dir=tmp_path)) is None
+
+
+def test_tiers_with_the_same_encryption_share_one_ring_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = key_file(tmp_path)
+    encryption = EncryptionSettings(key_files=(path,))
+    disk = DiskTierSettings(root_dir=tmp_path, encryption=encryption)
+    shared = SharedTierSettings(url="redis://cache:6379", encryption=encryption)
+    reads = key_file_reads(monkeypatch)
+    rings = TierKeyRings()
+    ring = rings.for_tier(disk)
+    assert ring is not None and rings.for_tier(disk) is ring and rings.for_tier(shared) is ring
+    assert reads == [str(path)]
+    assert TierKeyRings().for_tier(disk) is not ring, "another engine reads its own"
 
 
 def test_no_key_appears_in_reprs_errors_or_logs(

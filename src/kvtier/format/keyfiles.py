@@ -1,7 +1,8 @@
 """Master keys of encryption at rest: read from private files or from ``KVTIER_MASTER_KEY``.
 
-Read in the engine's processes when a tier starts (and by the operator commands), never at
-import and never carried in vLLM's config: the settings name files (or the variable), not keys.
+Read in the engine's processes when kvtier's spec or a tier starts, once by each (a spec hands
+its tiers what it read: ``TierKeyRings``), and by the operator commands; never at import and
+never carried in vLLM's config: the settings name files (or the variable), not keys.
 
 A key file is refused unless it is a regular file (not a symlink), owned by the user running
 the engine and readable by nobody else (mode 0600 or 0400): a key others can read protects
@@ -53,6 +54,33 @@ def load_keyring(settings: EncryptionSettings, environ: Mapping[str, str] | None
     else:
         keys = [read_key_file(path) for path in settings.key_files]
     return KeyRing(keys)
+
+
+class TierKeyRings:
+    """The key rings of an engine's tiers, each read from its files once.
+
+    One per engine, passed down rather than kept in a global: kvtier's spec reads its tiers'
+    keys while it checks their options (``kvtier.vllm.engine_context.start_options``, so a
+    bad key file refuses the start before any pool exists) and hands them, through the
+    engine's context, to the tiers it builds; a tier under a stock spec has a context, and so
+    key rings, of its own. Tiers with the same encryption settings share one ring. Used on the
+    thread that builds the spec and its tiers; not thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._rings: dict[EncryptionSettings, KeyRing] = {}
+
+    def for_tier(self, settings: DiskTierSettings | SharedTierSettings | None) -> KeyRing | None:
+        """The key ring of a tier's encryption settings (None for a plain tier or one that is
+        not kvtier's), read on the first call; raises ``ConfigError`` naming the option and
+        the fix."""
+        if settings is None or settings.encryption is None:
+            return None
+        ring = self._rings.get(settings.encryption)
+        if ring is None:
+            ring = load_keyring(settings.encryption)
+            self._rings[settings.encryption] = ring
+        return ring
 
 
 def tier_keyring(settings: DiskTierSettings | SharedTierSettings | None) -> KeyRing | None:

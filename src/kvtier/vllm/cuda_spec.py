@@ -63,7 +63,8 @@ class KvtierCudaSpec(KvtierSpec):
         # 0.32: (config); 0.25.1: (vllm_config, kv_cache_config). Passed through unchanged.
         super().__init__(*args, **kwargs)
         release = current()
-        self.tier_settings = list(start_options(self.extra_config, "cuda").tiers)
+        options = start_options(self.extra_config, "cuda")
+        self.tier_settings = list(options.tiers)
         vllm_config = release.engine_vllm_config(self)
         #: When the engine computed a stored block (None where vLLM's config does not say how
         #: many steps it keeps in flight: the evidence is then timed to the store jobs).
@@ -90,6 +91,7 @@ class KvtierCudaSpec(KvtierSpec):
                 prefill_timed_to_steps=step_clock is not None,
             ),
             step_clock,
+            keyrings=options.keyrings,
         )
 
     def get_manager(self) -> OffloadingManager:

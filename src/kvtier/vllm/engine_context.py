@@ -2,10 +2,11 @@
 kvtier's specs take.
 
 An engine's kvtier tiers share one restore-or-recompute policy, one start-up line, the
-scheduler's step clock, and two roles that exactly one tier may hold: the tier that feeds the
-engine's prefill measurements to the policy, and the tier that keeps the policy's evidence in
-its folder. ``EngineContext`` holds them; a tier reaches it through ``engine_context(spec)``,
-one typed accessor, and claims a role by a method that says whether it got it.
+scheduler's step clock, the master keys the spec read (no tier reads its key files again),
+and two roles that exactly one tier may hold: the tier that feeds the engine's prefill
+measurements to the policy, and the tier that keeps the policy's evidence in its folder.
+``EngineContext`` holds them; a tier reaches it through ``engine_context(spec)``, one typed
+accessor, and claims a role by a method that says whether it got it.
 
 Two modes, chosen by the spec vLLM was given:
 
@@ -13,7 +14,8 @@ Two modes, chosen by the spec vLLM was given:
   the context once, and every tier of the engine receives it;
 * a stock spec (vLLM's own, with a kvtier tier named in ``secondary_tiers`` by hand): no spec
   shares anything, so each tier gets a context of its own (``EngineContext.stock``): its own
-  policy, no step clock, no start-up line (its part is logged alone), both roles its own.
+  policy, no step clock, no start-up line (its part is logged alone), both roles its own,
+  and its key files read by the tier itself, once.
 
 ``start_options`` is the start path of both specs: every kvtier option of the spec and of its
 tiers is parsed and checked here, on every platform, before any pool exists; an option that
@@ -30,7 +32,7 @@ from typing import Any, Literal
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.errors import ConfigError
-from kvtier.format.keyfiles import tier_keyring
+from kvtier.format.keyfiles import TierKeyRings
 from kvtier.policy import RestorePolicy
 from kvtier.runtime.engine_policy import make_policy
 from kvtier.runtime.guards import check_cpu_data_plane_options, check_tiering_options
@@ -60,11 +62,16 @@ class EngineContext:
         release: Release,
         policy: RestorePolicy,
         step_clock: StepClock | None = None,
+        keyrings: TierKeyRings | None = None,
     ) -> None:
         self.release = release
         self.policy = policy
         #: When the engine computed a stored block (None: evidence timed to the store jobs).
         self.step_clock = step_clock
+        #: The master keys of the engine's encrypted tiers: those the spec read while checking
+        #: its options (``start_options``), each tier taking its own from here instead of
+        #: reading the files again; empty for a stock context (its tier reads its own once).
+        self.keyrings = keyrings if keyrings is not None else TierKeyRings()
         #: The engine's one start-up line, begun by the spec once its host pool is known.
         self.startup_line: StartupLine | None = None
         self._prefill_observer: str | None = None
@@ -138,6 +145,9 @@ class StartOptions:
     host_pool: HostPoolSettings
     #: One entry per ``secondary_tiers`` entry: kvtier's settings, None for another tier.
     tiers: tuple[TierSettings, ...]
+    #: The encrypted tiers' master keys, read once here; the spec hands them to its tiers
+    #: through its ``EngineContext``.
+    keyrings: TierKeyRings
 
 
 #: Spec options that only kvtier's CPU spec honours, with the fix on ``platform='cuda'``
@@ -168,11 +178,12 @@ def start_options(extra: Mapping[str, Any], platform: Platform) -> StartOptions:
                     "kv_connector_extra_config['kvtier'] (or from kvtier.kv_transfer_config)"
                 )
     tiers = tuple(parse_tier(tier) for tier in tier_entries(extra))
+    keyrings = TierKeyRings()
     for tier in tiers:
         if isinstance(tier, DiskTierSettings):
             check_root(tier.root_dir)
-        tier_keyring(tier)  # a key file that cannot be used refuses the start here
-    return StartOptions(host_pool, tiers)
+        keyrings.for_tier(tier)  # a key file that cannot be used refuses the start here
+    return StartOptions(host_pool, tiers, keyrings)
 
 
 def tier_entries(extra: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:

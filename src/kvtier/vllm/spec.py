@@ -61,7 +61,9 @@ class KvtierCpuSpec(KvtierSpec):
         #: The engine's shared kvtier state: the restore-or-recompute policy its tiers
         #: register with and decide through, and its start-up line.
         self.kvtier = EngineContext(
-            release, make_policy(self.settings.restore_decision, time.monotonic)
+            release,
+            make_policy(self.settings.restore_decision, time.monotonic),
+            keyrings=options.keyrings,
         )
         # KV kinds of each offloaded group, known on the worker side (None: not known).
         self._group_kinds: dict[int, list[str]] | None = None
