@@ -19,17 +19,14 @@ from kvtier.vllm.disk_tier import KvtierDiskTier, open_disk_store
 from tests.support.throttled_tier import CONTROL_ENV, ThrottledReader
 
 
-def _throttled_store(settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
-    """The stock tier's store (shared tier behind it included), folder reads throttled."""
-    reader = ThrottledReader(Path(os.environ[CONTROL_ENV]))
-    return open_disk_store(settings, namespace, io=RecordIO(RecordWriter(settings.fsync), reader))
-
-
 class SoakThrottledDiskTier(KvtierDiskTier):
     """``KvtierDiskTier`` whose folder reads the soak can slow down or stall."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, store_factory=_throttled_store, **kwargs)
+    def open_store(self, settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
+        """The stock tier's store (shared tier behind it included), folder reads throttled."""
+        reader = ThrottledReader(Path(os.environ[CONTROL_ENV]))
+        io = RecordIO(RecordWriter(settings.fsync), reader)
+        return open_disk_store(settings, namespace, self.store_sealer, io=io)
 
 
 def transfer_config(**options: Any) -> dict[str, Any]:

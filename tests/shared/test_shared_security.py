@@ -167,11 +167,11 @@ def test_the_password_variable_opens_a_server_that_requires_one(
     settings = SharedTierSettings.parse({"url": server.url})
     monkeypatch.setenv("KVTIER_SHARED_PASSWORD", PASSWORD + "x")
     with pytest.raises(ConfigError, match="username/password") as wrong:
-        open_shared_store(settings, make_namespace())
+        open_shared_store(settings, make_namespace(), None)
     monkeypatch.setenv("KVTIER_SHARED_PASSWORD", PASSWORD)
     with (
         caplog.at_level(logging.DEBUG, logger="kvtier"),
-        open_shared_store(settings, make_namespace()) as store,
+        open_shared_store(settings, make_namespace(), None) as store,
     ):
         assert store.put(key_of(1), payload_of(1))
         assert store.get(key_of(1)) == payload_of(1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.format.keyfiles import TierKeyRings, load_keyring, read_key_file, tier_keyring
+from kvtier.format.keyfiles import TierKeyRings, load_keyring, read_key_file
 from kvtier.format.sealing import MasterKey
 from kvtier.settings import DiskTierSettings, EncryptionSettings, SharedTierSettings
 from kvtier.store import DiskStore
@@ -128,8 +128,8 @@ def test_encryption_settings_round_trip_through_the_tier_dict(tmp_path: Path) ->
     options = {k: v for k, v in disk.to_tier_config().items() if k not in ("type", "module_path")}
     again = DiskTierSettings.parse(options)
     assert again == disk
-    assert tier_keyring(again) is not None
-    assert tier_keyring(DiskTierSettings(root_dir=tmp_path)) is None
+    assert TierKeyRings().for_tier(again) is not None
+    assert TierKeyRings().for_tier(DiskTierSettings(root_dir=tmp_path)) is None
 
 
 def test_tiers_with_the_same_encryption_share_one_ring_read_once(

@@ -268,12 +268,12 @@ def test_the_password_variable_reaches_the_store_but_never_the_settings(monkeypa
         "kvtier.store.shared.SharedStore", lambda settings, ns, **_: opened.append(settings)
     )
     settings = SharedTierSettings.parse({"url": "redis://cache:6379"})
-    open_shared_store(settings, make_namespace())
+    open_shared_store(settings, make_namespace(), None)
     assert settings.password is None and "from-env" not in str(settings.to_dict())
     (given,) = opened
     assert given.password is not None and given.password.get_secret_value() == "from-env"
     explicit = SharedTierSettings.parse({"url": "redis://cache:6379", "password": "mine"})
-    open_shared_store(explicit, make_namespace())
+    open_shared_store(explicit, make_namespace(), None)
     assert opened[-1].password.get_secret_value() == "mine", "the settings' password wins"
 
 

@@ -83,15 +83,6 @@ class TierKeyRings:
         return ring
 
 
-def tier_keyring(settings: DiskTierSettings | SharedTierSettings | None) -> KeyRing | None:
-    """The key ring of a tier's encryption settings, or None for a plain tier; the engine
-    calls it at start-up (so a bad key file refuses the start) and again when the store opens.
-    """
-    if settings is None or settings.encryption is None:
-        return None
-    return load_keyring(settings.encryption)
-
-
 def read_key_file(path: Path) -> MasterKey:
     """One master key from a private file (see the module docstring)."""
     try:

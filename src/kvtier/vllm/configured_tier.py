@@ -8,10 +8,14 @@ keys as keyword options. A kvtier tier then, in this order:
    value refuses start-up naming the option, before anything is built;
 2. checks what it can without the engine (``check_settings``: the disk folder), so a refused
    start-up leaves nothing behind;
-3. builds the ``StoreTier`` (threads, decision) with the store factory bound to the settings;
-4. checks what needs the host pool's row size (``check``: the shared server, which must take
+3. takes its key ring (``keyring``) from its engine's context: read by kvtier's spec while it
+   checked the options, or, under a stock spec, read here (a bad key file refuses start-up).
+   Every later use (the tenants' sealers, the store, the server check, the start-up line) is
+   handed this ring: the key files are read once per spec, never again by the tier;
+4. builds the ``StoreTier`` (threads, decision) with the store factory bound to the settings;
+5. checks what needs the host pool's row size (``check``: the shared server, which must take
    one record of that size), still failing closed;
-5. starts the opener thread.
+6. starts the opener thread.
 
 Subclasses say which settings model, which store factory and which checks; tests replace the
 factory (``store_factory``), the server check (``check``), the clock and the deadlines.
@@ -24,15 +28,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from kvtier.format import Namespace
-from kvtier.format.keyfiles import tier_keyring
-from kvtier.format.sealing import RecordSealer
+from kvtier.format.sealing import KeyRing, RecordSealer
 from kvtier.log import setup_logging
+from kvtier.runtime.tenants import DEFAULT_TENANT
+from kvtier.settings import DiskTierSettings, SharedTierSettings
 from kvtier.store import BlockStore
 from kvtier.units import format_size
+from kvtier.vllm.engine_context import engine_context
 from kvtier.vllm.release import current
 from kvtier.vllm.store_tier import DRAIN_DEADLINE_S, NEGATIVE_TTL_S, StoreTier
 
-SettingsT = TypeVar("SettingsT")
+SettingsT = TypeVar("SettingsT", DiskTierSettings, SharedTierSettings)
 
 #: Opens the tier's store for an engine's namespace from the tier's settings.
 StoreFactory = Callable[[SettingsT, Namespace], BlockStore]
@@ -51,6 +57,8 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
     follow_other_processes: ClassVar[bool] = False
 
     settings: SettingsT
+    #: The tier's master keys (None: a plain tier), read once (see the module docstring).
+    keyring: KeyRing | None
 
     def __init__(
         self,
@@ -70,6 +78,8 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
         setup_logging()  # first: a bad KVTIER_* variable refuses start-up (kvtier.env)
         self.settings = self.parse_settings(options)
         self.check_settings(self.settings)
+        context = engine_context(offloading_spec, clock)
+        self.keyring = context.keyrings.for_tier(self.settings)
         factory = store_factory if store_factory is not None else self.open_store
         super().__init__(
             offloading_spec,
@@ -87,7 +97,8 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
             start=False,
             drain_deadline_s=self.drain_deadline_s(self.settings),
             require_cache_salt=self.requires_cache_salt(self.settings),
-            tenant_sealer=self.tenant_sealer(self.settings),
+            tenant_sealer=None if self.keyring is None else self.keyring.tenant,
+            context=context,
         )
         (check if check is not None else self.check_start_up)(self.settings, self.record_bytes)
         self.start()
@@ -108,16 +119,15 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
         """The tier's settings from vLLM's options (raises ``ConfigError``)."""
         raise NotImplementedError(f"{cls.__name__} must say how its options are parsed")
 
-    @staticmethod
-    def open_store(settings: Any, namespace: Namespace) -> BlockStore:
-        """The production store (the default ``store_factory``)."""
+    def open_store(self, settings: SettingsT, namespace: Namespace) -> BlockStore:
+        """The production store (the default ``store_factory``), sealed with
+        ``store_sealer``."""
         raise NotImplementedError("a ConfiguredTier must say how its store opens")
 
     def check_settings(self, settings: SettingsT) -> None:
         """Checks that need no engine resources (raise ``ConfigError``); none by default."""
 
-    @staticmethod
-    def check_start_up(settings: Any, row_bytes: int) -> None:
+    def check_start_up(self, settings: SettingsT, row_bytes: int) -> None:
         """The default ``check``: none."""
 
     @staticmethod
@@ -131,12 +141,12 @@ class ConfiguredTier(StoreTier, Generic[SettingsT]):
         encryption = getattr(settings, "encryption", None)
         return encryption is not None and bool(encryption.require_cache_salt)
 
-    @staticmethod
-    def tenant_sealer(settings: Any) -> Callable[[str | None], RecordSealer] | None:
-        """An encrypted tier's sealer per tenant (its key ring's ``tenant``: the store opens
-        with the default tenant's); None for a plain tier."""
-        ring = tier_keyring(settings)
-        return None if ring is None else ring.tenant
+    @property
+    def store_sealer(self) -> RecordSealer | None:
+        """The sealer the store opens with: the default tenant's of ``keyring`` (a salted
+        request's records are reached through its tenant's view: ``kvtier.runtime.tenants``);
+        None for a plain tier."""
+        return None if self.keyring is None else self.keyring.tenant(DEFAULT_TENANT)
 
     @staticmethod
     def io_threads(settings: Any) -> int:

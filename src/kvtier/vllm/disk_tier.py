@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.format import HEADER_BYTES, Namespace
-from kvtier.format.keyfiles import tier_keyring
-from kvtier.runtime.tenants import DEFAULT_TENANT
+from kvtier.format.sealing import RecordSealer
 from kvtier.settings import DiskTierSettings, tier_options
 from kvtier.store import BlockStore, DiskStore, RecordIO, check_root
 from kvtier.store.disk.layout import DECISION_FILE
@@ -39,15 +38,17 @@ from kvtier.vllm.shared_tier import (
 
 
 def open_disk_store(
-    settings: DiskTierSettings, namespace: Namespace, io: RecordIO | None = None
+    settings: DiskTierSettings,
+    namespace: Namespace,
+    sealer: RecordSealer | None,
+    io: RecordIO | None = None,
 ) -> BlockStore:
     """The production store: the folder's ``DiskStore`` for this engine's namespace, in front
-    of the shared store when one is configured (``LocalThenShared``); both sealed with the
-    disk tier's keys when it is encrypted, opened with the default tenant's (the tier reaches
-    a salted request's records through its tenant's view: ``kvtier.runtime.tenants``).
+    of the shared store when one is configured (``LocalThenShared``); both sealed with
+    ``sealer`` when the tier is encrypted: its key ring's default tenant's
+    (``ConfiguredTier.store_sealer``; the tier reaches a salted request's records through its
+    tenant's view: ``kvtier.runtime.tenants``), None for a plain tier.
     ``io``: the folder's file I/O (default: the real one; tests and the soak slow it down)."""
-    ring = tier_keyring(settings)
-    sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
     local = DiskStore(
         settings.root_dir,
         namespace,
@@ -68,9 +69,11 @@ def open_disk_store(
 
 
 def check_shared_server(settings: DiskTierSettings, row_bytes: int) -> None:
-    """With a shared tier behind the disk, fail closed on its server (``check_server``)."""
+    """With a shared tier behind the disk, fail closed on its server (``check_server``; the
+    probe is not sealed: the disk tier's encryption covers the shared tier's records, and the
+    shared settings carry none of their own)."""
     if settings.shared is not None:
-        check_server(settings.shared, row_bytes)
+        check_server(settings.shared, row_bytes, None)
 
 
 class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
@@ -85,12 +88,13 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
     def parse_settings(cls, options: Mapping[str, Any]) -> DiskTierSettings:
         return DiskTierSettings.parse(tier_options(options))
 
-    open_store = staticmethod(open_disk_store)
     check_start_up = staticmethod(check_shared_server)
+
+    def open_store(self, settings: DiskTierSettings, namespace: Namespace) -> BlockStore:
+        return open_disk_store(settings, namespace, self.store_sealer)
 
     def check_settings(self, settings: DiskTierSettings) -> None:
         check_root(settings.root_dir)
-        tier_keyring(settings)
 
     @staticmethod
     def max_queued_blocks(settings: DiskTierSettings, pool_rows: int) -> int | None:
@@ -117,7 +121,7 @@ class KvtierDiskTier(ConfiguredTier[DiskTierSettings]):
             f"{stored_namespace(self.settings, namespace).digest_hex()[:12]}, "
             f"fsync {self.settings.fsync}"
         )
-        line += describe_encryption(self.settings)
+        line += describe_encryption(self.keyring)
         if self.settings.shared is not None:
             line += (
                 f"; then shared {self.settings.shared.url} (capacity is the "

@@ -25,28 +25,24 @@ from typing import Any
 
 from kvtier.env import read_env
 from kvtier.format import Namespace
-from kvtier.format.keyfiles import tier_keyring
-from kvtier.format.sealing import RecordSealer, sealed_namespace
+from kvtier.format.sealing import KeyRing, RecordSealer, sealed_namespace
 from kvtier.runtime.jobs import default_queue_bound
-from kvtier.runtime.tenants import DEFAULT_TENANT
 from kvtier.settings import DiskTierSettings, SharedTierSettings, tier_options
 from kvtier.store import BlockStore
 from kvtier.vllm.configured_tier import ConfiguredTier
 
 
 def open_shared_store(
-    settings: SharedTierSettings, namespace: Namespace, sealer: RecordSealer | None = None
+    settings: SharedTierSettings, namespace: Namespace, sealer: RecordSealer | None
 ) -> BlockStore:
     """The shared store of this engine's namespace (raises ``ConfigError`` if unusable); the
     password comes from ``KVTIER_SHARED_PASSWORD`` when the settings give none. ``sealer``:
-    behind a disk tier, the disk tier's; else the shared tier's own encryption, if any, with
-    the default tenant's keys (a salted request's through its tenant's view:
-    ``kvtier.runtime.tenants``)."""
+    behind a disk tier, the disk tier's; else the shared tier's own when it is encrypted
+    (``ConfiguredTier.store_sealer``: the default tenant's; a salted request's records are
+    reached through its tenant's view, ``kvtier.runtime.tenants``); None: records in the
+    clear."""
     from kvtier.store.shared import SharedStore  # imports redis-py: only when configured
 
-    if sealer is None:
-        ring = tier_keyring(settings)
-        sealer = None if ring is None else ring.tenant(DEFAULT_TENANT)
     password = read_env().shared_password
     return SharedStore(settings.with_password(password), namespace, sealer=sealer)
 
@@ -60,9 +56,9 @@ def stored_namespace(
     return namespace if settings.encryption is None else sealed_namespace(namespace)
 
 
-def describe_encryption(settings: DiskTierSettings | SharedTierSettings) -> str:
-    """The start-up line's note on encryption: the current key's id (public), never a key."""
-    ring = tier_keyring(settings)
+def describe_encryption(ring: KeyRing | None) -> str:
+    """The start-up line's note on a tier's encryption (``ring``: its keys, None for a plain
+    tier): the current key's id (public), never a key."""
     if ring is None:
         return ""
     return (
@@ -77,8 +73,9 @@ def server_queue_bound(settings: SharedTierSettings, pool_rows: int) -> int:
     return settings.max_queued_blocks or default_queue_bound(pool_rows)
 
 
-def check_server(settings: SharedTierSettings, row_bytes: int) -> None:
-    """Fail closed: connect, authenticate and size-check once; raise ``ConfigError`` if not."""
+def check_server(settings: SharedTierSettings, row_bytes: int, sealer: RecordSealer | None) -> None:
+    """Fail closed: connect, authenticate and size-check once, through a store sealed as the
+    tier's (``sealer``, as ``open_shared_store``); raise ``ConfigError`` if not."""
     probe = Namespace(
         model="kvtier-start-up-probe",
         weights_fingerprint="",
@@ -91,7 +88,7 @@ def check_server(settings: SharedTierSettings, row_bytes: int) -> None:
         block_bytes=row_bytes,
         hash_algorithm="probe",
     )
-    open_shared_store(settings, probe).close()
+    open_shared_store(settings, probe, sealer).close()
 
 
 class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
@@ -105,19 +102,19 @@ class KvtierSharedTier(ConfiguredTier[SharedTierSettings]):
     def parse_settings(cls, options: Mapping[str, Any]) -> SharedTierSettings:
         return SharedTierSettings.parse(tier_options(options))
 
-    open_store = staticmethod(open_shared_store)
-    check_start_up = staticmethod(check_server)
+    def open_store(self, settings: SharedTierSettings, namespace: Namespace) -> BlockStore:
+        return open_shared_store(settings, namespace, self.store_sealer)
+
+    def check_start_up(self, settings: SharedTierSettings, row_bytes: int) -> None:
+        check_server(settings, row_bytes, self.store_sealer)
 
     @staticmethod
     def max_queued_blocks(settings: SharedTierSettings, pool_rows: int) -> int | None:
         return server_queue_bound(settings, pool_rows)
-
-    def check_settings(self, settings: SharedTierSettings) -> None:
-        tier_keyring(settings)
 
     def describe(self, store: BlockStore, namespace: Namespace) -> str:
         return (
             f"shared {self.settings.url}: capacity is the server's (maxmemory), "
             f"namespace {stored_namespace(self.settings, namespace).digest_hex()[:12]}, "
             f"{self.server_queue}"
-        ) + describe_encryption(self.settings)
+        ) + describe_encryption(self.keyring)

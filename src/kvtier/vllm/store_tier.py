@@ -142,13 +142,16 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         drain_deadline_s: float = DRAIN_DEADLINE_S,
         require_cache_salt: bool = False,
         tenant_sealer: Callable[[str | None], RecordSealer] | None = None,
+        context: EngineContext | None = None,
     ) -> None:
         """``start=False`` leaves the opener thread to ``start()`` (after more checks).
         ``load_deadline_s(nbytes)``, when given (tests), replaces the policy's deadlines.
         ``drain_deadline_s``: how long ``shutdown`` lets transfers go on.
         ``require_cache_salt``: a request without a salt is never looked up nor stored here.
         ``tenant_sealer``: an encrypted tier's key ring's ``tenant`` (a salt's sealer); the
-        store must then be opened with the default tenant's sealer."""
+        store must then be opened with the default tenant's sealer.
+        ``context``: the engine's context when the caller already has it (default:
+        ``engine_context(offloading_spec, clock)``, a new one under a stock spec)."""
         self._drain_deadline_s = drain_deadline_s
         self._require_cache_salt = require_cache_salt
         self._tenants = TenantViews(tenant_sealer)
@@ -158,7 +161,9 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         self.locality = RELEASE.locality(locality) if locality is not None else None
         self._clock = clock
         #: The engine's shared kvtier state (kvtier's spec's, or this tier's own).
-        self._context: EngineContext = engine_context(offloading_spec, clock)
+        self._context: EngineContext = (
+            context if context is not None else engine_context(offloading_spec, clock)
+        )
         config = RELEASE.offloading_view(offloading_spec)
         #: Stride of the host pool's rows (padding included).
         self._pool_row_bytes = self.block_size_bytes
