@@ -22,16 +22,10 @@ from kvtier.runtime.tenants import TENANT_KEY, tagged_params
 from kvtier.store import DiskStore
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.engine_context import EngineContext
+from tests.support.key_files import key_file, key_file_reads
 from tests.support.store import files_under
 from tests.support.tiers import finish_job, stock_spec
 from tests.vllm.test_disk_tier import CTX, ROW_BYTES, ROWS, key, offloading_config, run, wait_open
-
-
-def key_file(folder: Path, secret: bytes) -> str:
-    path = folder / f"key{secret[0]}"
-    path.write_text(secret.hex())
-    os.chmod(path, 0o600)
-    return str(path)
 
 
 def make_tier(tmp_path: Path, pool: np.ndarray, *key_files: str) -> KvtierDiskTier:
@@ -73,6 +67,24 @@ def test_rows_round_trip_sealed_and_survive_a_restart_with_a_rotated_key(
         assert np.array_equal(pool[4], pool[0])
     finally:
         rotated.shutdown()
+
+
+def test_the_tier_reads_each_key_file_once_from_start_up_to_its_first_store(
+    tmp_path: Path, pool: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The keys refuse a bad file at start-up, then serve the tenants' sealers, the store (on
+    # the opener thread) and the start-up line: one read, the ring handed to each.
+    new, old = key_file(tmp_path, bytes(range(9, 41))), key_file(tmp_path, bytes(range(32)))
+    reads = key_file_reads(monkeypatch)
+    tier = make_tier(tmp_path, pool, new, old)
+    try:
+        wait_open(tier)
+        pool[0] = np.arange(ROW_BYTES) % 113
+        assert run(tier, 1, [key(1)], [0], False).success
+        assert run(tier, 2, [key(1)], [4], True).success
+        assert reads == [new, old]
+    finally:
+        tier.shutdown()
 
 
 def test_a_key_file_others_can_read_refuses_start_up(tmp_path: Path, pool: np.ndarray) -> None:

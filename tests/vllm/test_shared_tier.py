@@ -19,6 +19,7 @@ from kvtier.store.tiered import LocalThenShared
 from kvtier.vllm.disk_tier import KvtierDiskTier
 from kvtier.vllm.shared_tier import KvtierSharedTier, open_shared_store
 from tests.support.fake_remote import FakeRemoteStore
+from tests.support.key_files import key_file, key_file_reads
 from tests.support.store import (
     PAYLOAD_BYTES,
     aligned_buffer,
@@ -275,6 +276,34 @@ def test_the_password_variable_reaches_the_store_but_never_the_settings(monkeypa
     explicit = SharedTierSettings.parse({"url": "redis://cache:6379", "password": "mine"})
     open_shared_store(explicit, make_namespace(), None)
     assert opened[-1].password.get_secret_value() == "mine", "the settings' password wins"
+
+
+def test_an_encrypted_shared_tier_reads_its_key_file_once_and_seals_probe_and_store_alike(
+    tmp_path, monkeypatch
+):
+    init_none_hash(sha256)
+    opened = []
+
+    def shared_store(settings, namespace, sealer):
+        opened.append(sealer)
+        return FakeRemoteStore()
+
+    monkeypatch.setattr("kvtier.store.shared.SharedStore", shared_store)
+    path = key_file(tmp_path, bytes(range(32)))
+    reads = key_file_reads(monkeypatch)
+    pool = np.zeros((ROWS, ROW_BYTES), dtype=np.int8)
+    spec = stock_spec(offloading_config(tmp_path / "model", ROW_BYTES))
+    made = KvtierSharedTier(
+        spec, memoryview(pool), "t", url="redis://h:1", encryption={"key_files": [path]}
+    )
+    try:
+        assert wait_until(lambda: made.store is not None, 30, 0.01), "never opened"
+        assert "encrypted (AES-256-GCM" in made.describe(made.store, make_namespace())
+        assert reads == [path]
+        probe, store = opened
+        assert probe is not None and probe is store, "the server check's probe is sealed too"
+    finally:
+        made.shutdown()
 
 
 def test_a_bad_kvtier_variable_refuses_the_tiers_start_up(tmp_path, monkeypatch):

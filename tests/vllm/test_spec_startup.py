@@ -26,6 +26,7 @@ from kvtier.errors import ConfigError
 from kvtier.hostpool.ram_guard import MemorySnapshot
 from kvtier.hostpool.regions import region_path
 from kvtier.vllm.spec import KvtierCpuSpec
+from tests.support.key_files import key_file, key_file_reads
 
 PAGE = 64 * 1024  # bytes of one engine block (one layer here)
 MiB = 2**20
@@ -274,6 +275,42 @@ def test_one_start_up_line_names_every_tier_once_they_are_open(engine_id, tmp_pa
         assert f"disk {tmp_path / 'disk'}: cap 64.00 MiB (67,108,864 B) = 963 records" in line
         assert "namespace " in line and "fsync never" in line
         assert line.endswith("; decision: unmeasured until the engine's first prefills")
+    finally:
+        manager.shutdown()
+        worker.shutdown()
+
+
+def test_the_scheduler_spec_and_its_encrypted_tier_read_the_key_file_once(
+    engine_id, tmp_path, kvtier_logs, monkeypatch
+):
+    # The spec reads the key while it checks the options (a bad file refuses the start before
+    # any pool exists) and hands it to the tier it builds, which reads no file again: not to
+    # refuse a bad one, nor for its sealers, its store or its part of the start-up line. (The
+    # worker's spec reads its own: another process, except under vLLM's uniprocess executor.)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    path = key_file(tmp_path, bytes(range(32)))
+    disk = {
+        "type": "KvtierDiskTier",
+        "module_path": "kvtier.vllm.disk_tier",
+        "root_dir": str(tmp_path / "disk"),
+        "capacity_bytes": "64MiB",
+        "encryption": {"key_files": [path]},
+    }
+    config = offloading_config(engine_id, 32 * MiB, secondary_tiers=[disk])
+    worker = KvtierCpuSpec(config).get_worker(engine_kv(256))
+    reads = key_file_reads(monkeypatch)
+    manager = KvtierCpuSpec(config).get_manager()
+    try:
+        deadline = time.monotonic() + 30
+        while not [r for r in kvtier_logs.records if r.message.startswith("kvtier: tiers:")]:
+            assert time.monotonic() < deadline, "no start-up line"
+            time.sleep(0.05)
+        (line,) = [r.message for r in kvtier_logs.records if r.message.startswith("kvtier: tiers")]
+        assert "encrypted (AES-256-GCM" in line
+        assert reads == [path]
     finally:
         manager.shutdown()
         worker.shutdown()
