@@ -35,9 +35,10 @@ their sizes from ``KVTIER_SXS_CHAT`` and ``KVTIER_SXS_DOCUMENTS`` (the driver's 
 ``restart`` workload restarts the configuration's server with ``side_by_side.py restart``
 between two rounds; kvtier's and vLLM's disk folders survive it, the host memory does not.
 
-The model is the Llama-3-8B shape with dummy weights and SmolLM2's tokenizer (its vocabulary,
+The model is the Llama-3-8B shape (``KVTIER_SXS_SHAPE``: another of the end-to-end runner's
+shapes, e.g. ``llama-3-70b-20l``) with dummy weights and SmolLM2's tokenizer (its vocabulary,
 49,152 tokens, replaces Llama 3's so that text prompts tokenize on a machine with no model
-hub; the KV shape, which is what offloading moves, is Llama-3-8B's).
+hub; the KV shape, which is what offloading moves, is the named model's).
 
 Run on the GPU host by ``on-host.sh sxs NAME``; the results folder gets, per workload, the
 driver's table, plot and JSON, and each server's log. A run stops starting servers when fewer
@@ -135,10 +136,13 @@ PROFILED = os.environ.get("KVTIER_SXS_PROFILE", "").split()
 PYSPY = os.environ.get("KVTIER_SXS_PYSPY", "py-spy")
 PROFILE_AT_S = float(os.environ.get("KVTIER_SXS_PROFILE_AT", "10"))
 PROFILE_S = float(os.environ.get("KVTIER_SXS_PROFILE_S", "12"))
-SERVED_NAME = "llama-3-8b-shape"
-#: Llama-3-8B's shape (32 layers, 8 KV heads of 128: 128 KiB of KV per token) with SmolLM2's
-#: vocabulary.
-SHAPE = {**SHAPES["llama-3-8b"], "vocab_size": 49152}
+#: The model shape (``KVTIER_SXS_SHAPE``, a name of ``kvtier_cuda_e2e.SHAPES``): by default
+#: Llama-3-8B's (32 layers, 8 KV heads of 128: 128 KiB of KV per token); ``llama-3-70b-20l``
+#: computes about 3x more per byte of KV, which moves the disk's break-even with prefill.
+#: Either with SmolLM2's vocabulary.
+SHAPE_NAME = os.environ.get("KVTIER_SXS_SHAPE", "llama-3-8b")
+SERVED_NAME = f"{SHAPE_NAME}-shape"
+SHAPE = {**SHAPES[SHAPE_NAME], "vocab_size": 49152}
 STARTED = time.monotonic()
 
 

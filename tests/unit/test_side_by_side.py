@@ -134,3 +134,23 @@ def test_cuda_graphs_replace_eager_mode_when_asked(monkeypatch, tmp_path):
             config = json.loads(argv[argv.index("--compilation-config") + 1])
             assert config["cudagraph_mode"] == "FULL_DECODE_ONLY"
     sys.modules.pop("side_by_side", None)
+
+
+def test_the_shape_option_names_the_served_model_and_writes_its_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVTIER_SXS_SHAPE", "llama-3-70b-20l")
+    monkeypatch.setenv("KVTIER_SXS_WORK", str(tmp_path / "work"))
+    monkeypatch.syspath_prepend(str(GPU))
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tokenizer / name).write_text("{}")
+    monkeypatch.setenv("KVTIER_SXS_TOKENIZER", str(tokenizer))
+    sys.modules.pop("side_by_side", None)
+    try:
+        module = importlib.import_module("side_by_side")
+        config = json.loads((module.model_dir() / "config.json").read_text())
+    finally:
+        sys.modules.pop("side_by_side", None)
+    assert module.SERVED_NAME == "llama-3-70b-20l-shape"
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (20, 8192)
+    assert config["vocab_size"] == 49152
