@@ -381,6 +381,29 @@ def bench_write_cost(
         typer.echo("")
 
 
+@app.command("handovers")
+def bench_handovers(
+    batches: Annotated[int, typer.Option(help="Batches counted.")] = 40,
+    batch: Annotated[int, typer.Option(help="Records per batch.")] = 16,
+    record_kib: Annotated[int, typer.Option(help="Record size in KiB.")] = 256,
+    evicting: Annotated[
+        bool, typer.Option(help="A full store: every batch evicts as many records as it adds.")
+    ] = False,
+    folder: Annotated[
+        Path | None, typer.Option("--dir", help="Folder for the store (default: temp).")
+    ] = None,
+) -> None:
+    """Every GIL re-acquisition of a write thread storing batches through the tier's path,
+    counted with a perf uprobe and charged to the call it returned from (needs perf with
+    uprobes: root).
+
+    Example: python -m benchmarks handovers --batches 40 --evicting
+    """
+    from benchmarks import handovers
+
+    typer.echo(handovers.table(handovers.run(batches, batch, record_kib, evicting, folder)))
+
+
 @app.command("pool-on-disk")
 def bench_pool_on_disk(
     folder: Annotated[Path, typer.Option("--dir", help="Folder for the pool file.")],
