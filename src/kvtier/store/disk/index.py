@@ -223,12 +223,12 @@ class Index:
             deadline = time.monotonic() + (wait_s or self._busy_timeout_s)
             pause = 0.001
             while True:
-                self._conn.execute("BEGIN IMMEDIATE")
+                self._begin("BEGIN IMMEDIATE")
                 if self._wal_bytes() <= WAL_SIZE_LIMIT_BYTES:
                     break
                 # Busy (another checkpoint, readers), or another writer appended between this
                 # checkpoint and the next BEGIN: try again until the busy timeout.
-                self._conn.execute("ROLLBACK")
+                self._conn.rollback()
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 if self._wal_bytes() <= WAL_SIZE_LIMIT_BYTES:
                     continue
@@ -238,20 +238,38 @@ class Index:
                 pause = min(pause * 2, 0.05)
             try:
                 yield self._conn
+                self._conn.commit()
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # a failed COMMIT may leave it open
+                    self._conn.rollback()
                 raise
-            self._conn.execute("COMMIT")
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         """A consistent read snapshot under the lock."""
         with self._locked():
-            self._conn.execute("BEGIN")
+            self._begin("BEGIN")
             try:
                 yield self._conn
             finally:
-                self._conn.execute("COMMIT")
+                self._conn.commit()
+
+    def _begin(self, statement: str) -> None:
+        """Start a transaction, giving the GIL up once.
+
+        Through ``executescript``, which runs a statement in one GIL-free call, and ended by
+        ``commit()`` or ``rollback()``, one each too: ``execute`` gives the GIL up five or six
+        times a statement (reset, parameter count, step, column count, reset, last row id, in
+        CPython 3.11-3.13's sqlite3), and the writing thread waits for it at each return while
+        an engine thread runs Python (docs/store.md, "What a put costs the engine"), so
+        ``execute("BEGIN IMMEDIATE")`` and ``execute("COMMIT")`` cost a transaction ten or
+        twelve hand-overs where these cost two. ``executescript`` commits a transaction left
+        open first; none may be here (``_write`` rolls back what it leaves open), and one that
+        is is rolled back, never committed: its caller was told it failed.
+        """
+        if self._conn.in_transaction:
+            self._conn.rollback()
+        self._conn.executescript(statement)
 
     # -- settings ----------------------------------------------------------------------------
 

@@ -1,0 +1,157 @@
+"""What a batch of puts costs its writing thread in GIL hand-overs, pinned so it cannot grow
+back (docs/store.md, "What a put costs the engine").
+
+A writing thread gives the GIL up in every call into SQLite, and on return waits for it while
+an engine thread runs Python. CPython's sqlite3 module gives it up more than once a call:
+``execute`` five or six times (reset, parameter count, step, column count, reset, last row
+id), each fetched row twice more and once a column (its column count, each column's type, the
+step to the next row), while ``executescript``, ``commit`` and ``rollback`` give it up once.
+The counting connection below charges those costs (CPython 3.12's, the GPU host's; 3.11's are
+one less an ``execute``); ``python -m benchmarks handovers`` measures the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from kvtier.store import DiskStore
+from kvtier.store.disk.index import PUT_BATCH_MAX
+from tests.support.store import key_of, payload_of
+
+OpenDisk = Callable[..., DiskStore]
+
+#: Hand-overs of one ``execute`` (CPython 3.12's sqlite3; one fewer in 3.11).
+EXECUTE = 6
+#: Hand-overs of fetching one row, besides one a column.
+ROW = 2
+
+
+class _CountingConnection:
+    """The index's connection, recording what costs the writing thread GIL hand-overs: the
+    statements run through ``execute``, the other calls into SQLite and the rows fetched."""
+
+    def __init__(self, conn: object) -> None:
+        self._conn = conn
+        #: SQL of each ``execute`` (and each row of an ``executemany``).
+        self.statements: list[str] = []
+        #: Calls of ``executescript``, ``commit`` and ``rollback``.
+        self.calls: list[str] = []
+        #: Columns of each row fetched.
+        self.rows: list[int] = []
+
+    @property
+    def handovers(self) -> int:
+        return EXECUTE * len(self.statements) + len(self.calls) + sum(ROW + c for c in self.rows)
+
+    def execute(self, sql: str, params: object = ()) -> object:
+        self.statements.append(sql)
+        return _CountingCursor(self, self._conn.execute(sql, params))  # type: ignore[attr-defined]
+
+    def executemany(self, sql: str, rows: object) -> object:
+        rows = list(rows)  # type: ignore[call-overload]
+        self.statements += [sql] * len(rows)
+        return self._conn.executemany(sql, rows)  # type: ignore[attr-defined]
+
+    def executescript(self, sql: str) -> object:
+        self.calls.append(sql)
+        return self._conn.executescript(sql)  # type: ignore[attr-defined]
+
+    def commit(self) -> None:
+        self.calls.append("commit()")
+        self._conn.commit()  # type: ignore[attr-defined]
+
+    def rollback(self) -> None:
+        self.calls.append("rollback()")
+        self._conn.rollback()  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+class _CountingCursor:
+    def __init__(self, owner: _CountingConnection, cursor: object) -> None:
+        self._owner, self._cursor = owner, cursor
+
+    def __iter__(self) -> object:
+        for row in self._cursor:  # type: ignore[attr-defined]
+            self._owner.rows.append(len(row))
+            yield row
+
+    def fetchone(self) -> object:
+        row = self._cursor.fetchone()  # type: ignore[attr-defined]
+        if row is not None:
+            self._owner.rows.append(len(row))
+        return row
+
+    def fetchall(self) -> list[object]:
+        found = self._cursor.fetchall()  # type: ignore[attr-defined]
+        self._owner.rows += [len(row) for row in found]
+        return found
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._cursor, name)
+
+
+def counted_batches(store: DiskStore, batches: int, size: int, first: int) -> _CountingConnection:
+    """What the index's connection did for ``batches`` batches of ``size`` puts."""
+    counting = _CountingConnection(store._index._conn)
+    store._index._conn = counting  # type: ignore[assignment]
+    try:
+        for b in range(batches):
+            numbers = range(first + b * size, first + (b + 1) * size)
+            keys, payloads = [key_of(i) for i in numbers], [payload_of(i) for i in numbers]
+            assert store.put_many(keys, payloads) == [True] * size
+    finally:
+        store._index._conn = counting._conn  # type: ignore[assignment]
+    return counting
+
+
+def full_store(open_disk: OpenDisk, evicting: bool) -> DiskStore:
+    """A store with room for 8 batches, or a full one: then every batch of 8 or 16 evicts as
+    many records as it adds (smaller ones do not: the low watermark leaves room for a few)."""
+    store = open_disk(records=2 * PUT_BATCH_MAX if evicting else 8 * PUT_BATCH_MAX)
+    if evicting:
+        keys = [key_of(10_000 + i) for i in range(2 * PUT_BATCH_MAX)]
+        assert all(store.put_many(keys, [payload_of(i) for i in range(len(keys))]))
+    return store
+
+
+@pytest.mark.parametrize("evicting", [False, True], ids=["room", "evicting"])
+def test_a_batch_s_index_work_does_not_grow_with_its_records(
+    open_disk: OpenDisk, evicting: bool
+) -> None:
+    # Regression: a batch of 16 puts ran 82 SQLite statements and result rows with room and
+    # 191 while evicting (an insert, an update, a delete and a trash row per record, each
+    # fetched row one more step).
+    store = full_store(open_disk, evicting)
+    small = counted_batches(store, 4, PUT_BATCH_MAX // 2 if evicting else 2, 0).handovers / 4
+    large = counted_batches(store, 4, PUT_BATCH_MAX, 100).handovers / 4
+    assert large <= small + 12, (small, large)
+    assert large <= (104 if evicting else 52), large
+
+
+@pytest.mark.parametrize("evicting", [False, True], ids=["room", "evicting"])
+def test_a_write_transaction_begins_and_ends_in_one_sqlite_call_each(
+    open_disk: OpenDisk, evicting: bool
+) -> None:
+    # Regression: execute("BEGIN IMMEDIATE") and execute("COMMIT") gave the GIL up five or six
+    # times each, ten or twelve hand-overs a transaction, 20 or 24 a batch with room.
+    store = full_store(open_disk, evicting)
+    counting = counted_batches(store, 2, PUT_BATCH_MAX, 100)
+    transactions = [sql for sql in counting.statements if sql.startswith(("BEGIN", "COMMIT"))]
+    assert transactions == []
+    assert counting.calls.count("BEGIN IMMEDIATE") == counting.calls.count("commit()") >= 4
+
+
+def test_a_transaction_left_open_is_rolled_back_never_committed(open_disk: OpenDisk) -> None:
+    # executescript commits a pending transaction before its statements: the index's own
+    # transactions never start that way on one a failure left open.
+    store = open_disk()
+    conn = store._index._conn
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE totals SET used_bytes = used_bytes + 1000000")
+    assert store.put(key_of(1), payload_of(1))
+    assert store.used_bytes() == store._index.counter_drift()[1]
+    assert store.verify() == []
