@@ -416,11 +416,13 @@ class Index:
         with self._write() as conn:
             self._apply_touches(conn, touches)
             overhead_bytes = overhead()
-            capacity, ppm, used, trash = conn.execute(
-                "SELECT (SELECT value FROM meta WHERE name = 'capacity_bytes'), "
+            # One column (see _rows): a row gives the GIL up once more a column it has.
+            (found,) = conn.execute(
+                "SELECT json_array((SELECT value FROM meta WHERE name = 'capacity_bytes'), "
                 "(SELECT value FROM meta WHERE name = 'low_watermark_ppm'), "
-                "(SELECT used_bytes FROM totals), (SELECT COALESCE(SUM(charge), 0) FROM trash)"
+                "(SELECT used_bytes FROM totals), (SELECT COALESCE(SUM(charge), 0) FROM trash))"
             ).fetchone()
+            capacity, ppm, used, trash = json.loads(found)
             if capacity is None:
                 raise KeyError("capacity_bytes")  # a root's settings are written at creation
             # The watermark is a share of the room the index files leave for the rest.
@@ -818,10 +820,11 @@ class _Room:
 
 def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -> list[Row]:
     """The ``records`` rows matching ``where`` (an SQL condition with ? placeholders), in
-    one result row: SQLite gives the GIL up at every step, one a result row, and the thread
-    waits for it at each return while an engine thread runs Python (docs/store.md, "What a
-    put costs the engine"). For the few rows a serving path finds (a put's superseded
-    records, a dead writer's pending ones), never a whole index (``all_rows``)."""
+    one result row of one column: CPython's sqlite3 gives the GIL up at every step (one a
+    result row) and once a column of each row fetched, and the thread waits for it at each
+    return while an engine thread runs Python (docs/store.md, "What a put costs the
+    engine"). For the few rows a serving path finds (a put's superseded records, a dead
+    writer's pending ones), never a whole index (``all_rows``)."""
     (found,) = conn.execute(
         f"SELECT json_group_array(json_array({_ROW_COLUMNS})) FROM records WHERE {where}",
         params,
