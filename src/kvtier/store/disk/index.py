@@ -484,36 +484,34 @@ class Index:
         with self._write() as conn:
             ids = [record_id for record_id, _ in records]
             marks = ",".join("?" * len(ids))
-            # One statement: the log's position, which records are still pending, and the
-            # ready records of their keys that they supersede (see _rows).
-            before, pending_ids, older = conn.execute(
-                "SELECT (SELECT COALESCE(MAX(seq), 0) FROM changes), "
-                f"(SELECT json_group_array(id) FROM records WHERE id IN ({marks}) AND +state = 0), "
+            # Ready first: the readiness trigger logs each record still pending, as the log's
+            # last rows (AUTOINCREMENT numbers after every row there is; this transaction holds
+            # the write lock). Then one statement finds, in one result row (see _rows): each
+            # readied record's log position, the other ready records of their keys (which
+            # they supersede: they leave after, logged after) and the log's first position.
+            conn.execute(
+                f"UPDATE records SET state = 1, access_ns = ? WHERE id IN ({marks}) AND +state = 0",
+                [time.time_ns(), *ids],
+            )
+            (found,) = conn.execute(
+                "SELECT json_array("
+                "(SELECT json_group_array(json_array(record_id, seq)) FROM changes "
+                "WHERE seq > (SELECT MAX(seq) FROM changes) - ? AND op = 1 "
+                f"AND record_id IN ({marks})), "
                 f"(SELECT json_group_array(json_array({_ROW_COLUMNS})) FROM records "
-                f"WHERE ns = ? AND {_READY} AND key IN "
-                f"(SELECT key FROM records WHERE id IN ({marks}) AND +state = 0))",
-                [*ids, self.ns, *ids],
+                f"WHERE ns = ? AND {_READY} AND id NOT IN ({marks}) AND key IN "
+                f"(SELECT key FROM records WHERE id IN ({marks}))), "
+                "(SELECT COALESCE(MIN(seq), 0) FROM changes))",
+                [len(ids), *ids, self.ns, *ids, *ids],
             ).fetchone()
-            pending = set(json.loads(pending_ids))
-            superseded = [_row(fields) for fields in json.loads(older)]
-            if pending:
-                self._remove(conn, superseded)
-                ready = [record_id for record_id in ids if record_id in pending]
-                conn.execute(
-                    "UPDATE records SET state = 1, access_ns = ? "
-                    f"WHERE id IN ({','.join('?' * len(ready))})",
-                    [time.time_ns(), *ready],
-                )
-            # The readiness trigger logged each record: its position is its change's.
-            (logged,) = conn.execute(
-                "SELECT json_group_array(json_array(record_id, seq)) FROM changes "
-                "WHERE seq > ? AND op = 1",
-                (before,),
-            ).fetchone()
-            seq_of = {record_id: seq for record_id, seq in json.loads(logged)}
-            top = max(seq_of.values(), default=before)
-            if top // 64 > before // 64:
-                self._trim_changes(conn)
+            logged, older, first = json.loads(found)
+            seq_of = {record_id: seq for record_id, seq in logged}
+            superseded = [_row(fields) for fields in older]
+            self._remove(conn, superseded)
+            if seq_of:
+                top = max(seq_of.values())
+                if top // 64 > (min(seq_of.values()) - 1) // 64:
+                    self._trim_changes(conn, top, first)
             return Commit([seq_of.get(record_id) for record_id in ids], superseded)
 
     def abort(self, record_id: int) -> list[Trashed]:
@@ -698,7 +696,10 @@ class Index:
 
     def trim_changes(self) -> None:
         with self._write() as conn:
-            self._trim_changes(conn)
+            top, bottom = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0), COALESCE(MIN(seq), 0) FROM changes"
+            ).fetchone()
+            self._trim_changes(conn, top, bottom)
 
     # -- helpers (inside a transaction) -----------------------------------------------------
 
@@ -769,10 +770,9 @@ class Index:
         )
 
     @staticmethod
-    def _trim_changes(conn: sqlite3.Connection) -> None:
-        top, bottom = conn.execute(
-            "SELECT COALESCE(MAX(seq), 0), COALESCE(MIN(seq), 0) FROM changes"
-        ).fetchone()
+    def _trim_changes(conn: sqlite3.Connection, top: int, bottom: int) -> None:
+        """Trim the log below ``top - CHANGES_KEPT`` (``top``, ``bottom``: its last and first
+        positions now)."""
         # A few hundred sequential rows at a time keep the transaction's WAL pages few.
         floor = min(top - CHANGES_KEPT, bottom + 256)
         if floor > 0 and top - CHANGES_KEPT > 0:
