@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import multiprocessing
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,6 @@ from kvtier.format.checksum import Buffer
 from kvtier.store import DiskStore, RecordIO, RecordWriter
 from kvtier.store.disk import layout
 from kvtier.store.disk import root as root_settings
-from kvtier.store.disk import store as disk_store
 from kvtier.store.disk.index import PUT_BATCH_MAX, Index
 from tests.support.crash import CRASH_EXIT_CODE, open_store, put_many_then_crash
 from tests.support.store import PAYLOAD_BYTES, aligned_buffer, files_under, key_of, payload_of
@@ -63,21 +61,22 @@ def test_the_index_charge_and_the_floor_are_measured_once_per_batch(
     open_disk: OpenDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = open_disk(records=64, free_space_floor_bytes=1 << 20)
-    measured = {"index": 0, "floor": 0}
-    index_charge, statvfs = root_settings.index_charge, os.statvfs
+    measured = {"index": 0, "files": 0}
+    index_charge = root_settings.index_charge
+    measure_index_files = root_settings.measure_index_files
 
     def counting_charge(*args: object, **kwargs: object) -> int:
         measured["index"] += 1
         return index_charge(*args, **kwargs)  # type: ignore[arg-type]
 
-    def counting_statvfs(path: object) -> os.statvfs_result:
-        measured["floor"] += 1
-        return statvfs(path)  # type: ignore[arg-type]
+    def counting_files(*args: object, **kwargs: object) -> tuple[dict[str, int], int | None]:
+        measured["files"] += 1
+        return measure_index_files(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(root_settings, "index_charge", counting_charge)
-    monkeypatch.setattr(disk_store.os, "statvfs", counting_statvfs)
+    monkeypatch.setattr(root_settings, "measure_index_files", counting_files)
     assert store.put_many(*keys_and_payloads(0, 8)) == [True] * 8
-    assert measured == {"index": 1, "floor": 1}
+    assert measured == {"index": 1, "files": 1}
 
 
 class FailsForKey(RecordWriter):

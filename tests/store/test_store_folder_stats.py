@@ -46,6 +46,25 @@ def test_native_listing_and_measuring_agree_with_lstat(tmp_path: Path) -> None:
     assert sizes([os.fsencode(p) for p in paths]) == [(st.st_size, st.st_blocks), None, None, None]
 
 
+@pytest.mark.skipif(native.file_sizes() is None, reason="the native record writer is not built")
+def test_native_file_sizes_agree_with_lstat_and_statvfs(tmp_path: Path) -> None:
+    measure = native.file_sizes()
+    assert measure is not None
+    (tmp_path / "file").write_bytes(b"x" * 5000)
+    paths = [tmp_path / "file", tmp_path / "missing", tmp_path]
+    found, free = measure([os.fsencode(p) for p in paths], os.fsencode(tmp_path))
+    st = os.lstat(tmp_path / "file")
+    assert found[:2] == [(5000, st.st_blocks), None]
+    assert found[2] == (os.lstat(tmp_path).st_size, os.lstat(tmp_path).st_blocks)
+    space = os.statvfs(tmp_path)
+    assert free is not None and abs(free - space.f_bavail * space.f_frsize) < 256 << 20
+    assert measure([os.fsencode(tmp_path / "file")], None) == ([(5000, st.st_blocks)], None)
+    with pytest.raises(NotADirectoryError):
+        measure([os.fsencode(tmp_path / "file" / "below")], None)
+    with pytest.raises(FileNotFoundError):
+        measure([], os.fsencode(tmp_path / "missing"))
+
+
 def test_the_root_s_charges_are_the_same_with_or_without_the_native_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

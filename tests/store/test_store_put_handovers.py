@@ -12,12 +12,16 @@ one less an ``execute``); ``python -m benchmarks handovers`` measures the real o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from kvtier import native
 from kvtier.store import DiskStore
 from kvtier.store.disk import index as disk_index
+from kvtier.store.disk import root as root_settings
 from kvtier.store.disk.index import PUT_BATCH_MAX
 from tests.support.store import HEADER_BYTES, PAYLOAD_BYTES, files_under, key_of, payload_of
 
@@ -214,3 +218,45 @@ def test_the_change_log_is_trimmed_as_commits_grow_it(
     assert kept < 64 + 64 + PUT_BATCH_MAX and floor > 0
     assert behind.refresh() == 16 * PUT_BATCH_MAX, "fell behind the trimmed log: reloads"
     assert behind.get(key_of(0)) == payload_of(0)
+
+
+@pytest.mark.skipif(native.file_sizes() is None, reason="the native record writer is not built")
+def test_a_reservation_measures_the_index_files_and_the_free_space_in_one_call(
+    open_disk: OpenDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression: three lstat (the database, its WAL, its shared memory) and a statvfs (the
+    # free-space floor), each a hand-over.
+    store = open_disk(records=64, free_space_floor_bytes=1 << 20)
+    calls: list[str] = []
+    measure = native.file_sizes()
+    assert measure is not None
+
+    def counting(paths: list[bytes], free_space_of: bytes | None) -> object:
+        calls.append("file_sizes")
+        return measure(paths, free_space_of)
+
+    for name in ("lstat", "stat", "statvfs"):
+        real = getattr(os, name)
+        monkeypatch.setattr(
+            os, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k)
+        )
+    monkeypatch.setattr(native, "file_sizes", lambda: counting)
+    store.put(key_of(100), payload_of(100))  # the decision files: measured once a second
+    calls.clear()
+    store.put_many([key_of(i) for i in range(4)], [payload_of(i) for i in range(4)])
+    # Each transaction's WAL check at its start, and the reservation's one measurement.
+    assert calls == ["stat", "file_sizes", "stat"]
+
+
+def test_the_index_files_and_the_free_space_measure_the_same_without_the_native_call(
+    open_disk: OpenDisk, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_disk()
+    store.put(key_of(1), payload_of(1))
+    sizes, free = root_settings.measure_index_files(root, store.namespace_dir)
+    monkeypatch.setattr(native, "file_sizes", lambda: None)
+    python_sizes, python_free = root_settings.measure_index_files(root, store.namespace_dir)
+    assert python_sizes == sizes and sizes[""] > 0 and set(sizes) == {"", "-wal", "-shm"}
+    assert free is not None and python_free is not None
+    assert abs(python_free - free) < 256 << 20, "the same file system, moments apart"
+    assert root_settings.measure_index_files(root / "missing")[0] == {"": 0, "-wal": 0, "-shm": 0}

@@ -1,8 +1,8 @@
 """Small native helpers, compiled when kvtier is built (never at run time); Python fallbacks.
 
 ``_streamcopy`` (the host pool's page copier), ``_recordread`` (the disk tier's one-call
-record read and a batch's checksums), ``_recordwrite`` (its one-call record writes and folder
-measurements) and ``_sockread`` (the shared
+record read and a batch's checksums), ``_recordwrite`` (its one-call record writes and file,
+folder and free-space measurements) and ``_sockread`` (the shared
 tier's one-call receives) are C extensions built by setup.py: by ``pip install`` (wheel or
 sdist) or, for a clone, by scripts/setup.sh (``setup.py build_ext --inplace``, ignored by
 git). Nothing here runs a compiler. Each is optional: when one is missing (no C compiler when
@@ -208,6 +208,23 @@ def folder_stats() -> FolderStats | None:
     if module is None or not hasattr(module, "subfolder_sizes"):
         return None
     return module.folder_sizes, module.subfolder_sizes
+
+
+#: ``file_sizes(paths, free_space_of) -> ([(st_size, st_blocks) or None], free bytes or None)``,
+#: paths as bytes: each file's size (None: it does not exist) and the bytes free to unprivileged
+#: users of ``free_space_of``'s file system (None when not given).
+FileSizes = Callable[
+    [Sequence[bytes], bytes | None], tuple[list[tuple[int, int] | None], int | None]
+]
+
+
+@functools.cache
+def file_sizes() -> FileSizes | None:
+    """Files measured (``lstat``) and a file system's free space (``statvfs``) in one call
+    with the GIL given up once, or None where the record writer is not built (or was built
+    before it had this)."""
+    module = _writer_module()
+    return None if module is None else getattr(module, "file_sizes", None)
 
 
 #: Signature of ``write_records(records, direct, datasync, drop_pages) -> [(status, errno)]``,

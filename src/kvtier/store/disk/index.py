@@ -384,22 +384,22 @@ class Index:
     def reserve(
         self,
         records: Sequence[tuple[bytes, int]],
-        overhead: Callable[[], int],
-        room_above_floor: int | None,
+        measure: Callable[[], tuple[int, int | None]],
         pinned: Collection[bytes],
         touches: Mapping[bytes, int],
     ) -> Reservation:
         """Reserve room for new pending records, (key, record bytes) each, in one
         transaction, evicting if needed; the keys must be distinct.
 
-        The cap and low watermark are the root's stored settings, read in the transaction.
-        A record fits if usage (records, trash, quarantine) plus ``overhead()`` (what the
-        index files cost, measured holding the write lock) plus the records reserved before
-        it stays within the cap. If the batch would not fit once the trash is emptied, ready
-        records of any namespace are evicted in LRU order (skipping ``pinned`` keys) until
-        that usage is at most the low watermark (a share of what the overhead leaves of the
-        cap), and more to keep the free-space floor: ``room_above_floor`` is the free space
-        above it before the batch is written (None: no floor). At most TXN_ROWS_MAX records
+        ``measure()``, called once holding the write lock, gives what the index files cost
+        (the overhead) and the free space above the free-space floor before the batch is
+        written (None: no floor). The cap and low watermark are the root's stored settings,
+        read in the transaction. A record fits if usage (records, trash, quarantine) plus
+        the overhead plus the records reserved before it stays within the cap. If the batch
+        would not fit once the trash is emptied, ready records of any namespace are evicted
+        in LRU order (skipping ``pinned`` keys) until that usage is at most the low
+        watermark (a share of what the overhead leaves of the cap), and more to keep the
+        free-space floor. At most TXN_ROWS_MAX records
         are evicted and touches applied per call. Evicted records move to trash, still
         charged, so a record that needed them is not reserved yet (its id is None, it is not
         refused): the caller empties the trash and asks again for it.
@@ -415,7 +415,7 @@ class Index:
         refused: dict[int, str] = {}
         with self._write() as conn:
             self._apply_touches(conn, touches)
-            overhead_bytes = overhead()
+            overhead_bytes, room_above_floor = measure()
             # One column (see _rows): a row gives the GIL up once more a column it has.
             (found,) = conn.execute(
                 "SELECT json_array((SELECT value FROM meta WHERE name = 'capacity_bytes'), "

@@ -26,6 +26,7 @@ import sqlite3
 import stat
 from pathlib import Path
 
+from kvtier import native
 from kvtier.errors import ConfigError
 from kvtier.settings import DISK_INDEX_ALLOWANCE_BYTES
 from kvtier.store.disk import layout
@@ -79,7 +80,8 @@ def effective_capacity(root: Path | str, requested: int | None) -> int:
 def index_files_bytes(root: Path, namespaces: int) -> int:
     """What the index files, the namespace.json files and the decision files take now (sizes
     rounded up to 4 KiB, one unit per namespace.json)."""
-    return sum(_index_sizes(root).values()) + namespaces * ALLOC_UNIT + decision_files_bytes(root)
+    index_files = sum(measure_index_files(root)[0].values())
+    return index_files + namespaces * ALLOC_UNIT + decision_files_bytes(root)
 
 
 #: How long a store's measurement of the decision files stands (``decision_files_bytes``).
@@ -102,26 +104,55 @@ def decision_files_bytes(root: Path) -> int:
     return total
 
 
-def _index_sizes(root: Path) -> dict[str, int]:
-    sizes = {}
-    for suffix in ("", "-wal", "-shm"):
+#: The index files' suffixes after ``layout.INDEX_FILE``: the database, its WAL, its shared memory.
+INDEX_SUFFIXES = ("", "-wal", "-shm")
+
+
+def measure_index_files(
+    root: Path, free_space_of: Path | None = None
+) -> tuple[dict[str, int], int | None]:
+    """The index files' charges by suffix (INDEX_SUFFIXES; 0 for one that does not exist)
+    and, with ``free_space_of``, the bytes free to unprivileged users of its file system.
+
+    One native call where the record writer is built (``kvtier.native.file_sizes``): a
+    reservation measures both, and the three ``lstat`` and the ``statvfs`` each gave the GIL
+    up, four hand-overs a batch of puts where the call gives one (docs/store.md, "What a put
+    costs the engine")."""
+    paths = [root / f"{layout.INDEX_FILE}{suffix}" for suffix in INDEX_SUFFIXES]
+    measure = native.file_sizes()
+    if measure is not None:
+        space_of = None if free_space_of is None else os.fsencode(free_space_of)
+        found, free = measure([os.fsencode(p) for p in paths], space_of)
+        sizes = [0 if f is None else charge(f[0]) for f in found]
+        return dict(zip(INDEX_SUFFIXES, sizes, strict=True)), free
+    charges = {}
+    for suffix, path in zip(INDEX_SUFFIXES, paths, strict=True):
         try:
-            sizes[suffix] = charge(os.lstat(root / f"{layout.INDEX_FILE}{suffix}").st_size)
+            charges[suffix] = charge(os.lstat(path).st_size)
         except FileNotFoundError:
-            sizes[suffix] = 0
-    return sizes
+            charges[suffix] = 0
+    if free_space_of is None:
+        return charges, None
+    st = os.statvfs(free_space_of)
+    return charges, st.f_bavail * st.f_frsize
 
 
 def index_charge(
-    root: Path, namespaces: int, folders_bytes: int = 0, decision_bytes: int | None = None
+    root: Path,
+    namespaces: int,
+    folders_bytes: int = 0,
+    decision_bytes: int | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> int:
     """What the index files cost against the cap at a reservation, with room for their
     growth until the next one: the database and shared memory as allocated, the WAL at its
     bound, one allocation unit per namespace.json, the decision files as they are
     (``decision_bytes``: a recent ``decision_files_bytes``, else measured now); plus
     ``folders_bytes`` (what the root's folders take, ``kvtier.store.disk.folders``); at least
-    INDEX_ALLOWANCE_BYTES."""
-    sizes = _index_sizes(root)
+    INDEX_ALLOWANCE_BYTES. ``sizes``: the index files' charges just measured
+    (``measure_index_files``), else measured now."""
+    if sizes is None:
+        sizes = measure_index_files(root)[0]
     # Every write transaction starts with the WAL within its limit (Index._write) and adds
     # at most WAL_TXN_BYTES; writers are serialized, so that is the WAL's bound.
     wal_bound = charge(WAL_SIZE_LIMIT_BYTES) + WAL_TXN_BYTES

@@ -353,8 +353,7 @@ class DiskStore(SealedStore):
             try:
                 reservation = self._index.reserve(
                     [(p.name, p.record_bytes) for p in waiting],
-                    functools.partial(self._index_charge, len(waiting)),
-                    self._room_above_floor(),
+                    functools.partial(self._measure, len(waiting)),
                     self._pinned(),
                     self._access.take(TXN_ROWS_MAX + 1 - len(waiting)),
                 )
@@ -928,17 +927,24 @@ class DiskStore(SealedStore):
         if ppm is not None:
             self.low_watermark = ppm / 1_000_000
 
-    def _index_charge(self, puts: int) -> int:
-        """``index_charge`` at a reservation of ``puts`` records (once per batch). The decision
-        files are measured once per TTL, not each time (a benign race between I/O threads
-        measures twice)."""
+    def _measure(self, puts: int) -> tuple[int, int | None]:
+        """What a reservation of ``puts`` records needs measured (once per batch, holding the
+        index's write lock): ``index_charge``, and the free bytes above the free-space floor
+        (negative: below it; None without a floor). The index files and the free space are
+        measured in one call (``measure_index_files``); the decision files once per TTL, not
+        each time (a benign race between I/O threads measures twice)."""
+        floor = self.free_space_floor_bytes
+        sizes, free = root_settings.measure_index_files(
+            self.root, self.namespace_dir if floor > 0 else None
+        )
         now = time.monotonic()
         if now >= self._decision_bytes_until:
             self._decision_bytes = root_settings.decision_files_bytes(self.root)
             self._decision_bytes_until = now + root_settings.DECISION_FILES_TTL_S
-        return root_settings.index_charge(
-            self.root, self._namespaces, self._folders.charge(puts), self._decision_bytes
+        overhead = root_settings.index_charge(
+            self.root, self._namespaces, self._folders.charge(puts), self._decision_bytes, sizes
         )
+        return overhead, None if free is None else free - floor
 
     def _quarantine_limits(self) -> Limits:
         max_bytes = self._quarantine_max_bytes
@@ -981,14 +987,6 @@ class DiskStore(SealedStore):
         with self._lock:
             self._stats.corrupt[reason] = self._stats.corrupt.get(reason, 0) + 1
             self._stats.quarantined += moved is not None
-
-    def _room_above_floor(self) -> int | None:
-        """Free bytes on the file system above the free-space floor (negative: below it);
-        None without a floor. One ``statvfs`` per reservation, whatever its records."""
-        if self.free_space_floor_bytes <= 0:
-            return None
-        st = os.statvfs(self.namespace_dir)
-        return st.f_bavail * st.f_frsize - self.free_space_floor_bytes
 
     def _pinned(self) -> set[bytes]:
         with self._lock:
