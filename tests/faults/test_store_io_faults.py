@@ -106,13 +106,17 @@ class FlakyWriter(RecordWriter):
         if self.faults.happens("rot", self.faults.rate / 2):
             flip_a_byte(final, self.faults.rng)
 
-    def remove(self, path: Path) -> bool:  # type: ignore[override]
-        if self.faults.happens("unlink:EIO", self.faults.rate):
-            logging.getLogger("kvtier.store.disk.writer").warning(
-                "injected: cannot remove %s", path
-            )
-            return False
-        return super().remove(path)
+    def remove_many(self, paths: list[Path]) -> list[bool]:
+        gone = []
+        for path in paths:
+            if self.faults.happens("unlink:EIO", self.faults.rate):
+                logging.getLogger("kvtier.store.disk.writer").warning(
+                    "injected: cannot remove %s", path
+                )
+                gone.append(False)
+            else:
+                gone += super().remove_many([path])
+        return gone
 
 
 #: The readers a store can be given: the native one-call reader (production's, where built)
@@ -496,10 +500,11 @@ class StuckUnlinkWriter(RecordWriter):
         self.stuck = False
         self.fail_publish = False
 
-    def remove(self, path: Path) -> bool:
-        if self.stuck and path.suffix == ".kvb":
-            return False
-        return super().remove(path)
+    def remove_many(self, paths: list[Path]) -> list[bool]:
+        stuck = [self.stuck and path.suffix == ".kvb" for path in paths]
+        free = [path for path, kept in zip(paths, stuck, strict=True) if not kept]
+        gone = iter(super().remove_many(free))
+        return [False if kept else next(gone) for kept in stuck]
 
     def publish(self, temp: Path, final: Path) -> None:
         super().publish(temp, final)

@@ -1,6 +1,6 @@
 """``RecordWriter.write_records``: a batch of record files written and published, by the native
 writer where it is built and by the Python steps otherwise, with the same files, modes and
-errors either way."""
+errors either way; ``remove_many`` likewise for the files it unlinks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.format.record import HEADER_BYTES
-from kvtier.native import records_writer
+from kvtier.native import files_unlinker, records_writer
+from kvtier.store.disk import writer as writer_module
 from kvtier.store.disk.writer import RecordWriter
 
 PAGE = mmap.PAGESIZE
@@ -136,3 +137,32 @@ def test_o_direct_refused_mid_batch_falls_back_to_buffered_writes_with_one_warni
     assert errors == [None, None, None]
     for temp, final, _, payload in records:
         assert final.read_bytes() == header + bytes(payload) and not temp.exists()
+
+
+@pytest.mark.parametrize(
+    "native_unlink",
+    [
+        pytest.param(
+            True,
+            id="native",
+            marks=pytest.mark.skipif(files_unlinker() is None, reason="native writer not built"),
+        ),
+        pytest.param(False, id="python"),
+    ],
+)
+def test_remove_many_unlinks_in_order_and_keeps_what_it_cannot_with_a_warning(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    native_unlink: bool,
+) -> None:
+    if not native_unlink:
+        monkeypatch.setattr(writer_module, "files_unlinker", lambda: None)
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "b").write_bytes(b"b")
+    (tmp_path / "folder").mkdir()
+    paths = [tmp_path / "a", tmp_path / "missing", tmp_path / "folder", tmp_path / "b"]
+    assert RecordWriter().remove_many(paths) == [True, True, False, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+    assert "could not remove" in caplog.text and "folder" in caplog.text
+    assert RecordWriter().remove(tmp_path / "a") and RecordWriter().remove_many([]) == []

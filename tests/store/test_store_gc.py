@@ -36,11 +36,12 @@ class BeforeUnlinkWriter(RecordWriter):
         self.hook = hook
         self.called = False
 
-    def remove(self, path: Path) -> bool:
-        if not self.called and path.suffix == ".kvb":
-            self.called = True
-            self.hook(path)
-        return super().remove(path)
+    def remove_many(self, paths: list[Path]) -> list[bool]:
+        for path in paths:
+            if not self.called and path.suffix == ".kvb":
+                self.called = True
+                self.hook(path)
+        return super().remove_many(paths)
 
 
 class GcKilled(BaseException):
@@ -48,7 +49,7 @@ class GcKilled(BaseException):
 
 
 class KilledBeforeUnlinkWriter(RecordWriter):
-    def remove(self, path: Path) -> bool:
+    def remove_many(self, paths: list[Path]) -> list[bool]:
         raise GcKilled
 
 

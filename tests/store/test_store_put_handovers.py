@@ -22,6 +22,7 @@ from kvtier import native
 from kvtier.store import DiskStore
 from kvtier.store.disk import index as disk_index
 from kvtier.store.disk import root as root_settings
+from kvtier.store.disk import writer as writer_module
 from kvtier.store.disk.index import PUT_BATCH_MAX
 from tests.support.store import HEADER_BYTES, PAYLOAD_BYTES, files_under, key_of, payload_of
 
@@ -260,3 +261,26 @@ def test_the_index_files_and_the_free_space_measure_the_same_without_the_native_
     assert free is not None and python_free is not None
     assert abs(python_free - free) < 256 << 20, "the same file system, moments apart"
     assert root_settings.measure_index_files(root / "missing")[0] == {"": 0, "-wal": 0, "-shm": 0}
+
+
+@pytest.mark.skipif(native.files_unlinker() is None, reason="the native record writer is not built")
+def test_a_full_store_s_batch_unlinks_what_it_evicts_in_one_call(
+    open_disk: OpenDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression: one unlink, one hand-over, a record evicted: a full store's batch evicts as
+    # many records as it writes.
+    store = full_store(open_disk, evicting=True)
+    unlink = native.files_unlinker()
+    assert unlink is not None
+    calls: list[int] = []
+
+    def counting(paths: list[bytes]) -> list[int]:
+        calls.append(len(paths))
+        return unlink(paths)
+
+    monkeypatch.setattr(writer_module, "files_unlinker", lambda: counting)
+    monkeypatch.setattr(os, "unlink", lambda *a, **k: pytest.fail("unlinked one by one"))
+    counted_batches(store, 4, PUT_BATCH_MAX, 100)
+    assert store.stats().evictions >= 4 * PUT_BATCH_MAX
+    assert sum(calls) >= 4 * PUT_BATCH_MAX and len(calls) <= 4 * 2, calls
+    assert store.verify() == []

@@ -41,10 +41,13 @@ class CrashingWriter(RecordWriter):
         super().publish(temp, final)
         self._maybe_crash("after_rename")
 
-    def remove(self, path: Path) -> bool:
-        if path.suffix == ".kvb":
-            self._maybe_crash("before_evict_unlink")
-        return super().remove(path)
+    def remove_many(self, paths: list[Path]) -> list[bool]:
+        gone = []
+        for path in paths:  # one at a time: the crash comes between two unlinks
+            if path.suffix == ".kvb":
+                self._maybe_crash("before_evict_unlink")
+            gone += super().remove_many([path])
+        return gone
 
 
 def open_store(root: str, writer: RecordWriter | None = None) -> DiskStore:

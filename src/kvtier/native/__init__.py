@@ -227,6 +227,19 @@ def file_sizes() -> FileSizes | None:
     return None if module is None else getattr(module, "file_sizes", None)
 
 
+#: ``unlink_files(paths) -> [errno]``, paths as bytes: per path 0 once it is gone (it may have
+#: been already), else the errno that kept it.
+FilesUnlinker = Callable[[Sequence[bytes]], list[int]]
+
+
+@functools.cache
+def files_unlinker() -> FilesUnlinker | None:
+    """Files unlinked in one call with the GIL given up once, or None where the record writer
+    is not built (or was built before it had this)."""
+    module = _writer_module()
+    return None if module is None else getattr(module, "unlink_files", None)
+
+
 #: Signature of ``write_records(records, direct, datasync, drop_pages) -> [(status, errno)]``,
 #: each record ``(temp, final, header, payload)``: see recordwrite.h; the statuses are
 #: ``WriteStatuses``' fields.

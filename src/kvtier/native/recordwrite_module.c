@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "recordwrite.h"
 
@@ -233,6 +234,51 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(unlink_files_doc,
+             "unlink_files(paths) -> [errno, ...]\n\n"
+             "unlink each path (bytes) in turn, in one call without the GIL: per path 0 once it\n"
+             "is gone (ENOENT: it was already), else the errno that kept it (a folder, a\n"
+             "read-only folder, EIO). The disk store's trash removes a batch's evicted files\n"
+             "this way.");
+
+static PyObject *unlink_files(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arg;
+    if (!PyArg_ParseTuple(args, "O", &arg))
+        return NULL;
+    PyObject *paths = PySequence_Tuple(arg);
+    if (paths == NULL)
+        return NULL;
+    Py_ssize_t count = PyTuple_Size(paths);
+    int *errors = PyMem_Calloc(count ? (size_t)count : 1, sizeof *errors);
+    const char **names = PyMem_Calloc(count ? (size_t)count : 1, sizeof *names);
+    PyObject *out = NULL;
+    if (errors == NULL || names == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        names[i] = PyBytes_AsString(PyTuple_GetItem(paths, i));
+        if (names[i] == NULL)
+            goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        errors[i] = unlink(names[i]) == 0 || errno == ENOENT ? 0 : errno;
+    Py_END_ALLOW_THREADS
+    out = PyList_New(count);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        PyObject *item = PyLong_FromLong(errors[i]);
+        if (item == NULL || PyList_SetItem(out, i, item) != 0)
+            Py_CLEAR(out);
+    }
+done:
+    PyMem_Free(errors);
+    PyMem_Free(names);
+    Py_DECREF(paths);
+    return out;
+}
+
 struct subfolder {
     char *name;
     long long size;
@@ -315,6 +361,7 @@ static PyMethodDef methods[] = {
     {"write_records", write_records, METH_VARARGS, write_records_doc},
     {"folder_sizes", folder_sizes, METH_VARARGS, folder_sizes_doc},
     {"file_sizes", file_sizes, METH_VARARGS, file_sizes_doc},
+    {"unlink_files", unlink_files, METH_VARARGS, unlink_files_doc},
     {"subfolder_sizes", subfolder_sizes, METH_VARARGS, subfolder_sizes_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -50,7 +50,7 @@ class Trash:
             self._retry_entries = {}
         if not batch:
             return
-        gone = [path for path, entry in batch.items() if self._unlink(entry)]
+        gone = self._unlink(list(batch.values()))
         if len(gone) < len(batch):
             with self._lock:
                 for path in set(batch).difference(gone):
@@ -103,6 +103,10 @@ class Trash:
                     self._retry_aborts.add(record_id)
         self.empty(trashed)
 
-    def _unlink(self, entry: Trashed) -> bool:
-        temp_gone = not entry.temp or self._writer.remove(self._root / entry.temp)
-        return self._writer.remove(self._root / entry.path) and temp_gone
+    def _unlink(self, entries: list[Trashed]) -> list[str]:
+        """Unlink the entries' files, each entry's temp file first, in one ``remove_many``;
+        the paths of the entries whose files are all gone."""
+        files = [(e.path, name) for e in entries for name in (e.temp, e.path) if name]
+        gone = self._writer.remove_many([self._root / name for _, name in files])
+        kept = {path for (path, _), ok in zip(files, gone, strict=True) if not ok}
+        return [e.path for e in entries if e.path not in kept]

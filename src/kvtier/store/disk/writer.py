@@ -37,7 +37,7 @@ from pathlib import Path
 from kvtier.errors import ConfigError
 from kvtier.format.checksum import Buffer
 from kvtier.format.record import HEADER_BYTES
-from kvtier.native import records_writer
+from kvtier.native import files_unlinker, records_writer
 from kvtier.store.disk.io import aligned, fsync_dir, full_io
 from kvtier.store.disk.layout import DIR_MODE, open_private_file
 
@@ -162,10 +162,31 @@ class RecordWriter:
             fsync_dir(final.parent)
 
     def remove(self, path: Path) -> bool:
-        """Unlink a record or temp file if present; True once it is gone.
+        """Unlink a record or temp file if present; True once it is gone (``remove_many``)."""
+        return self.remove_many([path])[0]
 
-        Folders and other errors are logged and give False (the file is still there).
+    def remove_many(self, paths: list[Path]) -> list[bool]:
+        """Unlink record or temp files if present, in order; per path, True once it is gone.
+
+        Folders and other errors are logged and give False (the file is still there). One
+        native call for the list where the writer is built: a full store's batch of puts
+        evicts as many records as it writes, and an unlink each gave the GIL up once a record.
+        Every removal comes here (``remove`` too): override it to inject a fault.
         """
+        unlink = files_unlinker()
+        if unlink is None:
+            return [self._remove_one(path) for path in paths]
+        gone = []
+        for path, error in zip(paths, unlink([os.fsencode(p) for p in paths]), strict=True):
+            if error:
+                log.warning(
+                    "disk tier: could not remove %s: %s", path, OSError(error, os.strerror(error))
+                )
+            gone.append(not error)
+        return gone
+
+    @staticmethod
+    def _remove_one(path: Path) -> bool:
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
