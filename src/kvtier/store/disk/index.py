@@ -489,7 +489,8 @@ class Index:
             # the write lock). Then one statement finds, in one result row (see _rows): each
             # readied record's log position, the other ready records of their keys (which
             # they supersede: they leave after, logged after) and the log's first position.
-            conn.execute(
+            _change(
+                conn,
                 f"UPDATE records SET state = 1, access_ns = ? WHERE id IN ({marks}) AND +state = 0",
                 [time.time_ns(), *ids],
             )
@@ -572,8 +573,8 @@ class Index:
         for start in range(0, len(paths), TXN_ROWS_MAX):
             part = paths[start : start + TXN_ROWS_MAX]
             with self._write() as conn:
-                conn.execute(
-                    f"DELETE FROM {table} WHERE path IN ({','.join('?' * len(part))})", part
+                _change(
+                    conn, f"DELETE FROM {table} WHERE path IN ({','.join('?' * len(part))})", part
                 )
 
     def touch(self, touches: Mapping[bytes, int]) -> None:
@@ -739,11 +740,13 @@ class Index:
         # Two statements a slice, not two a row (see _rows).
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             part = rows[start : start + _ROWS_PER_STATEMENT]
-            conn.execute(
+            _change(
+                conn,
                 f"DELETE FROM records WHERE id IN ({','.join('?' * len(part))})",
                 [r.record_id for r in part],
             )
-            conn.execute(
+            _change(
+                conn,
                 "INSERT OR IGNORE INTO trash(path, session, charge, temp) "
                 f"VALUES {','.join(['(?, ?, ?, ?)'] * len(part))}",
                 [
@@ -760,7 +763,8 @@ class Index:
         if not touches:
             return
         rows = ",".join(["(?, ?)"] * len(touches))
-        conn.execute(
+        _change(
+            conn,
             f"WITH touched(key, access_ns) AS (VALUES {rows}) "
             "UPDATE records SET access_ns = MAX(records.access_ns, "
             "(SELECT touched.access_ns FROM touched WHERE touched.key = records.key)) "
@@ -776,8 +780,8 @@ class Index:
         # A few hundred sequential rows at a time keep the transaction's WAL pages few.
         floor = min(top - CHANGES_KEPT, bottom + 256)
         if floor > 0 and top - CHANGES_KEPT > 0:
-            conn.execute("DELETE FROM changes WHERE seq <= ?", (floor,))
-            conn.execute("UPDATE meta SET value = ? WHERE name = 'changes_floor'", (floor,))
+            _change(conn, "DELETE FROM changes WHERE seq <= ?", (floor,))
+            _change(conn, "UPDATE meta SET value = ? WHERE name = 'changes_floor'", (floor,))
 
 
 class _Room:
@@ -816,6 +820,14 @@ class _Room:
                 now_cost += cost
                 taken.append(i)
         return taken
+
+
+def _change(conn: sqlite3.Connection, sql: str, params: Sequence[object]) -> None:
+    """Run ``sql``, a statement that changes rows and returns none, as ``executemany`` of one
+    parameter set: ``execute`` then reads the last inserted row id, in CPython's sqlite3 one
+    more GIL hand-over (docs/store.md, "What a put costs the engine"). Not for an insert
+    whose row ids are wanted."""
+    conn.executemany(sql, [params])
 
 
 def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -> list[Row]:
