@@ -94,6 +94,10 @@ __all__ = [
 ]
 
 _EVICT_SCAN_BATCH = 256
+#: Rows of the LRU order a reservation reads with its figures, in the same statement, for the
+#: eviction it may need (at most TXN_ROWS_MAX records, past the few pinned ones): a statement
+#: of its own is a dozen GIL hand-overs (see _rows), the text unparsed when nothing is evicted.
+_EVICT_FIRST_ROWS = TXN_ROWS_MAX + 8
 #: Most rows one statement deletes or trashes (its parameters stay far below SQLite's limit).
 _ROWS_PER_STATEMENT = 128
 #: A row's readiness in a query that finds rows by namespace and key. The unary plus keeps
@@ -416,13 +420,17 @@ class Index:
         with self._write() as conn:
             self._apply_touches(conn, touches)
             overhead_bytes, room_above_floor = measure()
-            # One column (see _rows): a row gives the GIL up once more a column it has.
+            # One column (see _rows): a row gives the GIL up once more a column it has. The
+            # LRU order's first rows come as text ('' || drops the JSON subtype), parsed only
+            # for an eviction.
             (found,) = conn.execute(
                 "SELECT json_array((SELECT value FROM meta WHERE name = 'capacity_bytes'), "
                 "(SELECT value FROM meta WHERE name = 'low_watermark_ppm'), "
-                "(SELECT used_bytes FROM totals), (SELECT COALESCE(SUM(charge), 0) FROM trash))"
+                "(SELECT used_bytes FROM totals), (SELECT COALESCE(SUM(charge), 0) FROM trash), "
+                f"'' || ({_LRU_ROWS}))",
+                (-1, -1, _EVICT_FIRST_ROWS),
             ).fetchone()
-            capacity, ppm, used, trash = json.loads(found)
+            capacity, ppm, used, trash, lru_rows = json.loads(found)
             if capacity is None:
                 raise KeyError("capacity_bytes")  # a root's settings are written at creation
             # The watermark is a share of the room the index files leave for the rest.
@@ -447,7 +455,7 @@ class Index:
             freed = 0
             if wanted and max(settled + total - capacity, extra) > 0:
                 want = max(settled + total - low, extra)
-                evicted = self._pick_lru(conn, want, pinned)
+                evicted = self._pick_lru(conn, want, pinned, lru_rows)
                 freed = sum(charge(r.record_bytes) for r in evicted)
             # Fewer than a call's most: the LRU scan freed what it wanted or found nothing
             # more to evict (a record that still does not fit never will).
@@ -705,23 +713,26 @@ class Index:
     # -- helpers (inside a transaction) -----------------------------------------------------
 
     def _pick_lru(
-        self, conn: sqlite3.Connection, want: int, pinned: Collection[bytes]
+        self, conn: sqlite3.Connection, want: int, pinned: Collection[bytes], first_rows: str
     ) -> list[Row]:
+        """Ready records to evict, in LRU order, skipping ``pinned`` keys of ``ns``, until
+        they free ``want`` bytes (at most TXN_ROWS_MAX); ``first_rows``: the order's first
+        _EVICT_FIRST_ROWS rows (``_LRU_ROWS``), read by the reservation."""
         picked: list[Row] = []
         freed = 0
         last_access, last_id = -1, -1
+        found: str | None = first_rows
+        limit = _EVICT_FIRST_ROWS
         while freed < want and len(picked) < TXN_ROWS_MAX:
-            # One result row for the scan's batch (see _rows); sorted here, since an
-            # aggregate's order is not promised.
-            (found,) = conn.execute(
-                f"SELECT json_group_array(json_array({_ROW_COLUMNS}, access_ns)) FROM "
-                "(SELECT * FROM records WHERE state = 1 AND (access_ns, id) > (?, ?) "
-                "ORDER BY access_ns, id LIMIT ?)",
-                (last_access, last_id, _EVICT_SCAN_BATCH),
-            ).fetchone()
+            if found is None:
+                # One result row for the scan's batch (see _rows).
+                (found,) = conn.execute(
+                    _LRU_ROWS, (last_access, last_id, _EVICT_SCAN_BATCH)
+                ).fetchone()
+                limit = _EVICT_SCAN_BATCH
+            # Sorted here, since an aggregate's order is not promised.
             batch = sorted(json.loads(found), key=lambda fields: (fields[-1], fields[0]))
-            if not batch:
-                break
+            found = None
             for *fields, access_ns in batch:
                 last_access, last_id = access_ns, fields[0]
                 row = _row(fields)
@@ -731,6 +742,8 @@ class Index:
                 freed += charge(row.record_bytes)
                 if freed >= want or len(picked) >= TXN_ROWS_MAX:
                     break
+            if len(batch) < limit:
+                break  # the scan reached the end of the order
         return picked
 
     def _remove(self, conn: sqlite3.Connection, rows: list[Row]) -> list[Trashed]:
@@ -846,6 +859,13 @@ def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -
 
 #: A row's columns as JSON (the key as hex: JSON has no bytes) and back (``_row``).
 _ROW_COLUMNS = "id, ns, hex(key), state, record_bytes, session"
+#: Ready records in LRU order after (access time, id) ``(?, ?)``, at most ``?`` of them, as one
+#: JSON array of their columns and access times (one result row, see _rows).
+_LRU_ROWS = (
+    f"SELECT json_group_array(json_array({_ROW_COLUMNS}, access_ns)) FROM "
+    "(SELECT * FROM records WHERE state = 1 AND (access_ns, id) > (?, ?) "
+    "ORDER BY access_ns, id LIMIT ?)"
+)
 
 
 def _row(fields: list) -> Row:
