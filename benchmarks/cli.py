@@ -392,6 +392,9 @@ def bench_handovers(
     folder: Annotated[
         Path | None, typer.Option("--dir", help="Folder for the store (default: temp).")
     ] = None,
+    threads: Annotated[
+        int, typer.Option(help="Write threads, one batch each per job, side by side.")
+    ] = 1,
 ) -> None:
     """Every GIL re-acquisition of a write thread storing batches through the tier's path,
     counted with a perf uprobe and charged to the call it returned from (needs perf with
@@ -401,7 +404,8 @@ def bench_handovers(
     """
     from benchmarks import handovers
 
-    typer.echo(handovers.table(handovers.run(batches, batch, record_kib, evicting, folder)))
+    account = handovers.run(batches, batch, record_kib, evicting, folder, threads)
+    typer.echo(handovers.table(account))
 
 
 @app.command("pool-on-disk")

@@ -93,11 +93,11 @@ def _probe_event(library: str) -> str:
 
 
 class _CallLog:
-    """Timestamped call events of the threads whose names start with ``prefix``."""
+    """Timestamped call events of the threads whose names start with ``prefix``, by thread."""
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix
-        self.events: list[tuple[int, str, str]] = []
+        self.events: dict[int, list[tuple[int, str, str]]] = collections.defaultdict(list)
         #: Events are logged only while on (the hook is set before the thread starts).
         self.on = False
 
@@ -105,20 +105,21 @@ class _CallLog:
         if not self.on or not threading.current_thread().name.startswith(self._prefix):
             return
         now = time.monotonic_ns()
+        events = self.events[threading.get_native_id()]
         if event == "c_call":
             name = getattr(arg, "__qualname__", None) or repr(arg)
-            self.events.append((now, "enter", f"C {name}"))
+            events.append((now, "enter", f"C {name}"))
         elif event in ("c_return", "c_exception", "return"):
-            self.events.append((now, "leave", ""))
+            events.append((now, "leave", ""))
         elif event == "call":
             code = frame.f_code
-            self.events.append((now, "enter", f"{Path(code.co_filename).name}:{code.co_name}"))
+            events.append((now, "enter", f"{Path(code.co_filename).name}:{code.co_name}"))
 
-    def stacks(self) -> tuple[list[int], list[tuple[str, ...]]]:
-        """The call stack after each event, for ``bisect`` by time."""
+    def stacks(self, tid: int) -> tuple[list[int], list[tuple[str, ...]]]:
+        """Thread ``tid``'s call stack after each of its events, for ``bisect`` by time."""
         stack: list[str] = []
         times, stacks = [], []
-        for when, kind, name in self.events:
+        for when, kind, name in self.events.get(tid, []):
             if kind == "enter":
                 stack.append(name)
             elif stack:
@@ -145,17 +146,18 @@ def _recording(event: str, output: Path) -> Iterator[None]:
         perf.wait(30)
 
 
-def _acquisitions(data: Path, comm_prefix: str) -> list[int]:
-    """CLOCK_MONOTONIC nanoseconds of each recorded event of the threads named so."""
+def _acquisitions(data: Path, comm_prefix: str) -> list[tuple[int, int]]:
+    """(thread id, CLOCK_MONOTONIC nanoseconds) of each recorded event of the threads named
+    so."""
     script = subprocess.run(
-        ["perf", "script", "-i", str(data), "-F", "comm,time"], capture_output=True, text=True
+        ["perf", "script", "-i", str(data), "-F", "comm,tid,time"], capture_output=True, text=True
     ).stdout
     found = []
     for line in script.splitlines():
         parts = line.split()
-        if len(parts) >= 2 and parts[0].startswith(comm_prefix):
-            found.append(round(float(parts[-1].rstrip(":")) * 1e9))
-    return sorted(found)
+        if len(parts) >= 3 and parts[0].startswith(comm_prefix):
+            found.append((int(parts[1]), round(float(parts[-1].rstrip(":")) * 1e9)))
+    return found
 
 
 def run(
@@ -164,12 +166,14 @@ def run(
     record_kib: int = 256,
     evicting: bool = False,
     folder: Path | None = None,
+    threads: int = 1,
 ) -> Account:
-    """Store ``batches`` batches of ``batch_records`` hashed keys on one write thread and
-    count its GIL re-acquisitions, by call site."""
+    """Store ``batches`` batches of ``batch_records`` hashed keys and count the write
+    threads' GIL re-acquisitions, by call site; ``threads`` > 1: each job is one batch a
+    write thread, written side by side (their locks then contend)."""
     event = _probe_event(libpython())
     record_bytes = record_kib << 10
-    rows = 2 * batch_records
+    rows = 2 * batch_records * threads
     pool_map = mmap.mmap(-1, rows * record_bytes)
     pool = memoryview(pool_map)
     base = Path(tempfile.mkdtemp(prefix="kvtier-handovers-", dir=folder))
@@ -190,13 +194,14 @@ def run(
         label="handovers",
     )
     jobs = JobTable(
-        thread_prefix=THREAD_PREFIX, io_threads=1, clock=time.monotonic, label="handovers"
+        thread_prefix=THREAD_PREFIX, io_threads=threads, clock=time.monotonic, label="handovers"
     )
     numbers = iter(range(1 << 62))
+    blocks = batch_records * threads
 
     def store_batch(job_id: int) -> None:
-        keys = [_block_key(next(numbers)) for _ in range(batch_records)]
-        jobs.submit_stores(job_id, keys, list(range(batch_records)), row_io.store_share)
+        keys = [_block_key(next(numbers)) for _ in range(blocks)]
+        jobs.submit_stores(job_id, keys, list(range(blocks)), row_io.store_share)
         while not jobs.finished():
             time.sleep(0.001)
 
@@ -204,7 +209,7 @@ def run(
     data = base / "perf.data"
     threading.setprofile(calls.hook)  # for the write thread, started by the first job
     try:
-        for job_id in range(150 if evicting else 2):  # folders measured, store full
+        for job_id in range((150 if evicting else 2) // threads + 1):  # store full, threads up
             store_batch(job_id)
         with _recording(event, data):
             calls.on = True
@@ -221,9 +226,10 @@ def run(
         pool.release()
         pool_map.close()
         shutil.rmtree(base, ignore_errors=True)
-    times, stacks = calls.stacks()
-    account = Account(batches, python=sys.version.split()[0])
-    for when in acquired:
+    account = Account(batches * threads, python=sys.version.split()[0])
+    by_thread = {tid: calls.stacks(tid) for tid in {tid for tid, _ in acquired}}
+    for tid, when in acquired:
+        times, stacks = by_thread[tid]
         at = bisect.bisect_right(times, when) - 1
         stack = stacks[at] if at >= 0 else ()
         account.sites[" < ".join(reversed(stack[-1 - CALLERS_SHOWN :])) or "(idle)"] += 1
@@ -233,7 +239,7 @@ def run(
 def table(account: Account) -> str:
     """Re-acquisitions per batch by call site, as a Markdown table."""
     lines = [
-        f"GIL re-acquisitions of the write thread: {account.total / account.batches:.2f} a "
+        f"GIL re-acquisitions of the write threads: {account.total / account.batches:.2f} a "
         f"batch ({account.batches} batches; Python {account.python})",
         "",
         "| per batch | where (the call it returned from < its callers) |",
