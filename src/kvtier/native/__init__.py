@@ -84,8 +84,8 @@ def _reader_module() -> ModuleType | None:
 def _writer_module() -> ModuleType | None:
     return _load(
         "kvtier.native._recordwrite",
-        "record writes run their steps in Python and the disk store measures its folders one "
-        "lstat at a time",
+        "record writes run their steps in Python and the disk store measures its folders and "
+        "index files and unlinks evicted files one system call at a time",
     )
 
 
