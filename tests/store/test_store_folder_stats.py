@@ -105,3 +105,21 @@ def test_a_batch_s_folders_are_measured_in_one_call(
     blocks = tmp_path / "ns" / layout.BLOCKS
     charge.note_put(blocks / "00", blocks / "7f", blocks / "ff", tmp_path / "ns" / "tmp")
     assert calls[-1] == 4 and len(calls) == 2  # the root at the measurement, then the batch
+
+
+@pytest.mark.skipif(native.file_sizes() is None, reason="the native record writer is not built")
+def test_the_native_path_calls_refuse_what_is_not_a_list_of_bytes(tmp_path: Path) -> None:
+    """Their shared prologue (``path_names``) raises, and leaks nothing, where a path is not
+    bytes or the argument no sequence; an empty list is measured as nothing."""
+    sizes, _ = native.folder_stats()  # type: ignore[misc]
+    measure, unlink = native.file_sizes(), native.files_unlinker()
+    assert measure is not None and unlink is not None
+    for call in (sizes, lambda paths: measure(paths, None), unlink):
+        with pytest.raises(TypeError):
+            call([os.fsencode(tmp_path), str(tmp_path)])
+        with pytest.raises(TypeError):
+            call(7)
+        assert call([]) in ([], ([], None))
+    (tmp_path / "kept").mkdir()
+    assert unlink([os.fsencode(tmp_path / "kept"), os.fsencode(tmp_path / "gone")])[1] == 0
+    assert (tmp_path / "kept").is_dir(), "a folder is never unlinked"

@@ -107,6 +107,43 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* The paths of a sequence of bytes objects as C strings (PyMem_Free them), borrowed from
+ * *held, a tuple the caller releases (Py_XDECREF, also on failure); NULL with an exception
+ * set. One prologue for the calls below that take a list of paths. */
+static const char **path_names(PyObject *arg, PyObject **held, Py_ssize_t *count) {
+    *held = PySequence_Tuple(arg);
+    if (*held == NULL)
+        return NULL;
+    *count = PyTuple_Size(*held);
+    const char **names = PyMem_Calloc(*count ? (size_t)*count : 1, sizeof *names);
+    if (names == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *count; i++) {
+        names[i] = PyBytes_AsString(PyTuple_GetItem(*held, i));
+        if (names[i] == NULL) {
+            PyMem_Free(names);
+            return NULL;
+        }
+    }
+    return names;
+}
+
+/* [(st_size, st_blocks) or None, ...]: found[i]'s where kept[i], else None; NULL with an
+ * exception set. */
+static PyObject *size_list(const struct stat *found, const int *kept, Py_ssize_t count) {
+    PyObject *out = PyList_New(count);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        PyObject *item = kept[i] ? Py_BuildValue("LL", (long long)found[i].st_size,
+                                                 (long long)found[i].st_blocks)
+                                 : (Py_INCREF(Py_None), Py_None);
+        if (item == NULL || PyList_SetItem(out, i, item) != 0)
+            Py_CLEAR(out);
+    }
+    return out;
+}
+
 PyDoc_STRVAR(folder_sizes_doc,
              "folder_sizes(paths) -> [(st_size, st_blocks) or None, ...]\n\n"
              "lstat each path (bytes) in one call without the GIL: a folder's size and\n"
@@ -115,45 +152,29 @@ PyDoc_STRVAR(folder_sizes_doc,
 
 static PyObject *folder_sizes(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *arg;
+    PyObject *arg, *paths = NULL, *out = NULL;
+    Py_ssize_t count = 0;
     if (!PyArg_ParseTuple(args, "O", &arg))
         return NULL;
-    PyObject *paths = PySequence_Tuple(arg);
-    if (paths == NULL)
-        return NULL;
-    Py_ssize_t count = PyTuple_Size(paths);
+    const char **names = path_names(arg, &paths, &count);
     struct stat *found = PyMem_Calloc(count ? (size_t)count : 1, sizeof *found);
     int *is_dir = PyMem_Calloc(count ? (size_t)count : 1, sizeof *is_dir);
-    const char **names = PyMem_Calloc(count ? (size_t)count : 1, sizeof *names);
-    PyObject *out = NULL;
-    if (found == NULL || is_dir == NULL || names == NULL) {
+    if (names == NULL)
+        goto done;
+    if (found == NULL || is_dir == NULL) {
         PyErr_NoMemory();
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        names[i] = PyBytes_AsString(PyTuple_GetItem(paths, i));
-        if (names[i] == NULL)
-            goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++)
         is_dir[i] = lstat(names[i], &found[i]) == 0 && S_ISDIR(found[i].st_mode);
     Py_END_ALLOW_THREADS
-    out = PyList_New(count);
-    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
-        PyObject *item = is_dir[i] ? Py_BuildValue("LL", (long long)found[i].st_size,
-                                                   (long long)found[i].st_blocks)
-                                   : (Py_INCREF(Py_None), Py_None);
-        if (item == NULL || PyList_SetItem(out, i, item) != 0) {
-            Py_CLEAR(out);
-            break;
-        }
-    }
+    out = size_list(found, is_dir, count);
 done:
     PyMem_Free(found);
     PyMem_Free(is_dir);
     PyMem_Free(names);
-    Py_DECREF(paths);
+    Py_XDECREF(paths);
     return out;
 }
 
@@ -167,26 +188,20 @@ PyDoc_STRVAR(file_sizes_doc,
 
 static PyObject *file_sizes(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *arg, *space_arg;
+    PyObject *arg, *space_arg, *paths = NULL, *out = NULL, *sizes = NULL;
+    Py_ssize_t count = 0;
     if (!PyArg_ParseTuple(args, "OO", &arg, &space_arg))
         return NULL;
-    PyObject *paths = PySequence_Tuple(arg);
-    if (paths == NULL)
-        return NULL;
-    Py_ssize_t count = PyTuple_Size(paths);
+    const char **names = path_names(arg, &paths, &count);
     struct stat *found = PyMem_Calloc(count ? (size_t)count : 1, sizeof *found);
     int *failed = PyMem_Calloc(count ? (size_t)count : 1, sizeof *failed);
-    const char **names = PyMem_Calloc(count ? (size_t)count : 1, sizeof *names);
+    int *exists = PyMem_Calloc(count ? (size_t)count : 1, sizeof *exists);
     const char *space_of = NULL;
-    PyObject *out = NULL, *sizes = NULL;
-    if (found == NULL || failed == NULL || names == NULL) {
+    if (names == NULL)
+        goto done;
+    if (found == NULL || failed == NULL || exists == NULL) {
         PyErr_NoMemory();
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        names[i] = PyBytes_AsString(PyTuple_GetItem(paths, i));
-        if (names[i] == NULL)
-            goto done;
     }
     if (space_arg != Py_None && (space_of = PyBytes_AsString(space_arg)) == NULL)
         goto done;
@@ -204,21 +219,14 @@ static PyObject *file_sizes(PyObject *self, PyObject *args) {
             PyErr_SetFromErrnoWithFilename(PyExc_OSError, names[i]);
             goto done;
         }
+        exists[i] = failed[i] == 0;
     }
     if (space_failed != 0) {
         errno = space_failed;
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, space_of);
         goto done;
     }
-    sizes = PyList_New(count);
-    for (Py_ssize_t i = 0; sizes != NULL && i < count; i++) {
-        PyObject *item = failed[i] == 0 ? Py_BuildValue("LL", (long long)found[i].st_size,
-                                                        (long long)found[i].st_blocks)
-                                        : (Py_INCREF(Py_None), Py_None);
-        if (item == NULL || PyList_SetItem(sizes, i, item) != 0)
-            Py_CLEAR(sizes);
-    }
-    if (sizes == NULL)
+    if ((sizes = size_list(found, exists, count)) == NULL)
         goto done;
     if (space_of == NULL)
         out = Py_BuildValue("(OO)", sizes, Py_None);
@@ -229,8 +237,9 @@ done:
     Py_XDECREF(sizes);
     PyMem_Free(found);
     PyMem_Free(failed);
+    PyMem_Free(exists);
     PyMem_Free(names);
-    Py_DECREF(paths);
+    Py_XDECREF(paths);
     return out;
 }
 
@@ -243,24 +252,17 @@ PyDoc_STRVAR(unlink_files_doc,
 
 static PyObject *unlink_files(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *arg;
+    PyObject *arg, *paths = NULL, *out = NULL;
+    Py_ssize_t count = 0;
     if (!PyArg_ParseTuple(args, "O", &arg))
         return NULL;
-    PyObject *paths = PySequence_Tuple(arg);
-    if (paths == NULL)
-        return NULL;
-    Py_ssize_t count = PyTuple_Size(paths);
+    const char **names = path_names(arg, &paths, &count);
     int *errors = PyMem_Calloc(count ? (size_t)count : 1, sizeof *errors);
-    const char **names = PyMem_Calloc(count ? (size_t)count : 1, sizeof *names);
-    PyObject *out = NULL;
-    if (errors == NULL || names == NULL) {
+    if (names == NULL)
+        goto done;
+    if (errors == NULL) {
         PyErr_NoMemory();
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        names[i] = PyBytes_AsString(PyTuple_GetItem(paths, i));
-        if (names[i] == NULL)
-            goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++)
@@ -275,7 +277,7 @@ static PyObject *unlink_files(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(errors);
     PyMem_Free(names);
-    Py_DECREF(paths);
+    Py_XDECREF(paths);
     return out;
 }
 
