@@ -77,6 +77,18 @@ def kvtier_logs(monkeypatch, caplog):
     return caplog
 
 
+def startup_line(kvtier_logs, timeout_s: float = 30.0) -> str:
+    """The engine's one start-up line, once the store has opened and logged it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [r.message for r in kvtier_logs.records if r.message.startswith("kvtier: tiers:")]
+        if lines:
+            (line,) = lines
+            return line
+        assert time.monotonic() < deadline, "no start-up line"
+        time.sleep(0.05)
+
+
 def test_unsupported_connector_option_is_refused_before_anything_is_built():
     with pytest.raises(ConfigError, match="store_threshold=3 is not supported"):
         KvtierCpuSpec(offloading_config("x", 64 * MiB, store_threshold=3))
@@ -266,11 +278,7 @@ def test_one_start_up_line_names_every_tier_once_they_are_open(engine_id, tmp_pa
     worker = KvtierCpuSpec(config).get_worker(engine_kv(256))
     manager = KvtierCpuSpec(config).get_manager()
     try:
-        deadline = time.monotonic() + 30
-        while not [r for r in kvtier_logs.records if r.message.startswith("kvtier: tiers:")]:
-            assert time.monotonic() < deadline, "no start-up line"
-            time.sleep(0.05)
-        (line,) = [r.message for r in kvtier_logs.records if r.message.startswith("kvtier: tiers")]
+        line = startup_line(kvtier_logs)
         assert "host pool 32.00 MiB (33,554,432 B) = 512 rows = 65,536 tokens" in line
         assert f"disk {tmp_path / 'disk'}: cap 64.00 MiB (67,108,864 B) = 963 records" in line
         assert "namespace " in line and "fsync never" in line
@@ -304,11 +312,7 @@ def test_the_scheduler_spec_and_its_encrypted_tier_read_the_key_file_once(
     reads = key_file_reads(monkeypatch)
     manager = KvtierCpuSpec(config).get_manager()
     try:
-        deadline = time.monotonic() + 30
-        while not [r for r in kvtier_logs.records if r.message.startswith("kvtier: tiers:")]:
-            assert time.monotonic() < deadline, "no start-up line"
-            time.sleep(0.05)
-        (line,) = [r.message for r in kvtier_logs.records if r.message.startswith("kvtier: tiers")]
+        line = startup_line(kvtier_logs)
         assert "encrypted (AES-256-GCM" in line
         assert reads == [path]
     finally:
