@@ -404,7 +404,11 @@ def bench_handovers(
     """
     from benchmarks import handovers
 
-    account = handovers.run(batches, batch, record_kib, evicting, folder, threads)
+    try:
+        account = handovers.run(batches, batch, record_kib, evicting, folder, threads)
+    except RuntimeError as exc:  # no perf, or no right to probe: say the fix, no traceback
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(handovers.table(account))
 
 

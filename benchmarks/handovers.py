@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import hashlib
 import mmap
 import os
 import shutil
@@ -77,14 +78,28 @@ def libpython() -> str:
     return os.path.realpath(sys.executable)
 
 
+def check_perf() -> None:
+    """Raise ``RuntimeError`` naming the fix where this tool cannot count: no ``perf``, or not
+    allowed to place uprobes (root, or ``kernel.perf_event_paranoid`` of -1)."""
+    if shutil.which("perf") is None:
+        raise RuntimeError("handovers needs perf on PATH (the linux-tools package of the kernel)")
+    if os.geteuid() != 0:
+        raise RuntimeError("handovers places a perf uprobe: run it as root")
+
+
 def _probe_event(library: str) -> str:
     """The uprobe event on ``PyEval_RestoreThread`` of ``library``, added if missing."""
     listed = subprocess.run(["perf", "probe", "-l"], capture_output=True, text=True).stdout
     for line in listed.splitlines():
         if "PyEval_RestoreThread" in line and library in line:
             return line.split()[0]
+    # Named after the library: perf's default name is the binary's up to its first dot, the
+    # same for every CPython ("python3"), so a second interpreter's probe would collide.
+    name = "kvho_" + hashlib.sha1(library.encode()).hexdigest()[:10]
     added = subprocess.run(
-        ["perf", "probe", "-x", library, "PyEval_RestoreThread"], capture_output=True, text=True
+        ["perf", "probe", "-x", library, f"{name}=PyEval_RestoreThread"],
+        capture_output=True,
+        text=True,
     )
     for line in added.stderr.splitlines():
         if "-e " in line:
@@ -171,6 +186,7 @@ def run(
     """Store ``batches`` batches of ``batch_records`` hashed keys and count the write
     threads' GIL re-acquisitions, by call site; ``threads`` > 1: each job is one batch a
     write thread, written side by side (their locks then contend)."""
+    check_perf()
     event = _probe_event(libpython())
     record_bytes = record_kib << 10
     rows = 2 * batch_records * threads
