@@ -5,8 +5,10 @@
 #   on-host.sh stage DIR              copy the first piece to the host's scratch (call 1; a
 #                                     MoE bundle's DIR/moe in a call of its own after it)
 #   on-host.sh unpack DIR             the rest, checked, unpacked into $KVTIER_GPU_ROOT/site
-#   on-host.sh overlay COMMIT         this checkout's kvtier (Python) over the bundle's, its
-#                                     native helpers kept; COMMIT is what machine.txt names
+#   on-host.sh overlay COMMIT [DIR]   this checkout's kvtier (or DIR's, a kvtier package folder
+#                                     carried beside it: another version to compare on the same
+#                                     host) over the bundle's, its native helpers kept unless
+#                                     the source has its own; COMMIT is what machine.txt names
 #   on-host.sh machine NAME           what the host is (GPU, CPUs, disk, kvtier commit)
 #   on-host.sh disk-read NAME ARGS..  python -m benchmarks disk-read ARGS (no engine)
 #   on-host.sh shared-busy NAME ARGS.. python -m benchmarks shared-busy ARGS (carried redis-server)
@@ -66,10 +68,10 @@ unpack)
     done
     echo "unpacked into $site" ;;
 overlay)
-    need_site; commit=${1:?commit of this checkout}
-    cp -r src/kvtier/. "$site/kvtier/" || exit 2
-    echo "$commit (this checkout's src/kvtier over the bundle's)" > "$root/pieces/kvtier-commit.txt"
-    echo "kvtier of $commit over the bundle's in $site" ;;
+    need_site; commit=${1:?commit of this checkout}; source=${2:-src/kvtier}
+    cp -r "$source"/. "$site/kvtier/" || exit 2
+    echo "$commit ($source over the bundle's)" > "$root/pieces/kvtier-commit.txt"
+    echo "kvtier of $commit ($source) over the bundle's in $site" ;;
 machine)
     results "${1:?name}"; describe | tee "$dir/machine.txt" ;;
 disk-read|shared-busy)
