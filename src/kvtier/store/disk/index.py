@@ -42,11 +42,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from kvtier.format.record import HEADER_BYTES
 from kvtier.store.disk.schema import (
@@ -93,6 +95,12 @@ __all__ = [
     "read_schema_version",
 ]
 
+#: Whether a transaction's statements run as scripts (``_change``), one GIL
+#: hand-over a statement. Only in CPython 3.12's ``autocommit=True`` does ``executescript`` not
+#: commit an open transaction before its script; in the legacy mode (3.11's only one,
+#: ``isolation_level=None`` too) it does, so there they run as before. ``commit()`` and
+#: ``rollback()`` do nothing then: a transaction ends by a script too (``Index._end``).
+_SCRIPTS = sys.version_info >= (3, 12)
 _EVICT_SCAN_BATCH = 256
 #: Rows of the LRU order a reservation reads with its figures, in the same statement, for the
 #: eviction it may need (at most TXN_ROWS_MAX records, past the few pinned ones): a statement
@@ -129,15 +137,15 @@ class Index:
         self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._conn = sqlite3.connect(
-            path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
+        # No implicit transactions in either mode: each one's BEGIN is the index's own.
+        mode: dict[str, object] = {"autocommit": True} if _SCRIPTS else {"isolation_level": None}
+        self._conn = sqlite3.connect(path, timeout=busy_timeout_s, check_same_thread=False, **mode)
         try:
             self._set_wal_mode()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
             self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-            with self._lock:  # executescript commits first, so it brings its own BEGIN
+            with self._lock:  # a script brings its own BEGIN (see _SCRIPTS)
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
                     version = read_schema_version(self._conn)
@@ -232,7 +240,7 @@ class Index:
                     break
                 # Busy (another checkpoint, readers), or another writer appended between this
                 # checkpoint and the next BEGIN: try again until the busy timeout.
-                self._conn.rollback()
+                self._end("ROLLBACK")
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 if self._wal_bytes() <= WAL_SIZE_LIMIT_BYTES:
                     continue
@@ -242,10 +250,9 @@ class Index:
                 pause = min(pause * 2, 0.05)
             try:
                 yield self._conn
-                self._conn.commit()
+                self._end("COMMIT")
             except BaseException:
-                if self._conn.in_transaction:  # a failed COMMIT may leave it open
-                    self._conn.rollback()
+                self._end("ROLLBACK")  # a failed COMMIT may leave it open
                 raise
 
     @contextmanager
@@ -256,24 +263,36 @@ class Index:
             try:
                 yield self._conn
             finally:
-                self._conn.commit()
+                self._end("COMMIT")
 
     def _begin(self, statement: str) -> None:
         """Start a transaction, giving the GIL up once.
 
         Through ``executescript``, which runs a statement in one GIL-free call, and ended by
-        ``commit()`` or ``rollback()``, one each too: ``execute`` gives the GIL up five or six
-        times a statement (reset, parameter count, step, column count, reset, last row id, in
-        CPython 3.11-3.13's sqlite3), and the writing thread waits for it at each return while
-        an engine thread runs Python (docs/store.md, "What a put costs the engine"), so
+        ``_end``, one call too: ``execute`` gives the GIL up five or six times a statement
+        (reset, parameter count, step, column count, reset, last row id, in CPython
+        3.11-3.13's sqlite3), and the writing thread waits for it at each return while an
+        engine thread runs Python (docs/store.md, "What a put costs the engine"), so
         ``execute("BEGIN IMMEDIATE")`` and ``execute("COMMIT")`` cost a transaction ten or
-        twelve hand-overs where these cost two. ``executescript`` commits a transaction left
-        open first; none may be here (``_write`` rolls back what it leaves open), and one that
-        is is rolled back, never committed: its caller was told it failed.
+        twelve hand-overs where these cost two. Before 3.12, ``executescript`` commits a
+        transaction left open first; none may be here (``_write`` rolls back what it leaves
+        open), and one that is is rolled back, never committed: its caller was told it failed.
         """
-        if self._conn.in_transaction:
-            self._conn.rollback()
+        self._end("ROLLBACK")
         self._conn.executescript(statement)
+
+    def _end(self, statement: str) -> None:
+        """End the open transaction, if any, by ``statement`` (COMMIT or ROLLBACK), giving the
+        GIL up once: as a script where ``commit()`` and ``rollback()`` do nothing
+        (``_SCRIPTS``)."""
+        if not self._conn.in_transaction:
+            return
+        if _SCRIPTS:
+            self._conn.executescript(statement)
+        elif statement == "COMMIT":
+            self._conn.commit()
+        else:
+            self._conn.rollback()
 
     # -- settings ----------------------------------------------------------------------------
 
@@ -422,15 +441,18 @@ class Index:
             overhead_bytes, room_above_floor = measure()
             # One column (see _rows): a row gives the GIL up once more a column it has. The
             # LRU order's first rows come as text ('' || drops the JSON subtype), parsed only
-            # for an eviction.
-            (found,) = conn.execute(
-                "SELECT json_array((SELECT value FROM meta WHERE name = 'capacity_bytes'), "
+            # for an eviction. The last id: AUTOINCREMENT's, what its next row is numbered
+            # after (the larger of the table's sequence and its largest id).
+            capacity, ppm, used, trash, lru_rows, last_id = _query_json(
+                conn,
+                "json_array((SELECT value FROM meta WHERE name = 'capacity_bytes'), "
                 "(SELECT value FROM meta WHERE name = 'low_watermark_ppm'), "
                 "(SELECT used_bytes FROM totals), (SELECT COALESCE(SUM(charge), 0) FROM trash), "
-                f"'' || ({_LRU_ROWS}))",
-                (-1, -1, _EVICT_FIRST_ROWS),
-            ).fetchone()
-            capacity, ppm, used, trash, lru_rows = json.loads(found)
+                f"'' || ({_LRU_ROWS}), "
+                "MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'records'), 0), "
+                "COALESCE((SELECT MAX(id) FROM records), 0)))",
+                params=(-1, -1, _EVICT_FIRST_ROWS),
+            )
             if capacity is None:
                 raise KeyError("capacity_bytes")  # a root's settings are written at creation
             # The watermark is a share of the room the index files leave for the rest.
@@ -470,19 +492,32 @@ class Index:
                 return Reservation([None] * len(records), refused, [])
             self._remove(conn, evicted)
             if inserts:
-                # One statement: AUTOINCREMENT numbers its rows one after another, in order.
-                cursor = conn.execute(
-                    "INSERT INTO records(ns, key, state, record_bytes, access_ns, session) "
-                    f"VALUES {','.join(['(?, ?, 0, ?, ?, ?)'] * len(inserts))}",
-                    [
-                        v
-                        for i in inserts
-                        for v in (self.ns, records[i][0], records[i][1], now, self.session)
-                    ],
-                )
-                first = cursor.lastrowid - len(inserts) + 1
+                # One statement, numbered as AUTOINCREMENT would (this transaction has held
+                # the write lock since the query read the last id), but by this code: the
+                # ids need no read of the last row id, a GIL hand-over (see _change), and
+                # one already taken fails the insert (the primary key) rather than a
+                # record being filed under another's id.
                 for offset, i in enumerate(inserts):
-                    record_ids[i] = first + offset
+                    record_ids[i] = last_id + 1 + offset
+                _change(
+                    conn,
+                    (
+                        "INSERT INTO records(id, ns, key, state, record_bytes, access_ns, "
+                        f"session) VALUES {','.join(['(?, ?, ?, 0, ?, ?, ?)'] * len(inserts))}",
+                        [
+                            v
+                            for i in inserts
+                            for v in (
+                                record_ids[i],
+                                self.ns,
+                                records[i][0],
+                                records[i][1],
+                                now,
+                                self.session,
+                            )
+                        ],
+                    ),
+                )
             return Reservation(record_ids, refused, evicted)
 
     def commit(self, records: Sequence[tuple[int, bytes]]) -> Commit:
@@ -499,11 +534,15 @@ class Index:
             # they supersede: they leave after, logged after) and the log's first position.
             _change(
                 conn,
-                f"UPDATE records SET state = 1, access_ns = ? WHERE id IN ({marks}) AND +state = 0",
-                [time.time_ns(), *ids],
+                (
+                    f"UPDATE records SET state = 1, access_ns = ? "
+                    f"WHERE id IN ({marks}) AND +state = 0",
+                    [time.time_ns(), *ids],
+                ),
             )
-            (found,) = conn.execute(
-                "SELECT json_array("
+            logged, older, first = _query_json(
+                conn,
+                "json_array("
                 "(SELECT json_group_array(json_array(record_id, seq)) FROM changes "
                 "WHERE seq > (SELECT MAX(seq) FROM changes) - ? AND op = 1 "
                 f"AND record_id IN ({marks})), "
@@ -511,9 +550,8 @@ class Index:
                 f"WHERE ns = ? AND {_READY} AND id NOT IN ({marks}) AND key IN "
                 f"(SELECT key FROM records WHERE id IN ({marks}))), "
                 "(SELECT COALESCE(MIN(seq), 0) FROM changes))",
-                [len(ids), *ids, self.ns, *ids, *ids],
-            ).fetchone()
-            logged, older, first = json.loads(found)
+                params=[len(ids), *ids, self.ns, *ids, *ids],
+            )
             seq_of = {record_id: seq for record_id, seq in logged}
             superseded = [_row(fields) for fields in older]
             self._remove(conn, superseded)
@@ -582,7 +620,7 @@ class Index:
             part = paths[start : start + TXN_ROWS_MAX]
             with self._write() as conn:
                 _change(
-                    conn, f"DELETE FROM {table} WHERE path IN ({','.join('?' * len(part))})", part
+                    conn, (f"DELETE FROM {table} WHERE path IN ({','.join('?' * len(part))})", part)
                 )
 
     def touch(self, touches: Mapping[bytes, int]) -> None:
@@ -721,17 +759,17 @@ class Index:
         picked: list[Row] = []
         freed = 0
         last_access, last_id = -1, -1
-        found: str | None = first_rows
+        found: list | None = json.loads(first_rows)
         limit = _EVICT_FIRST_ROWS
         while freed < want and len(picked) < TXN_ROWS_MAX:
             if found is None:
                 # One result row for the scan's batch (see _rows).
-                (found,) = conn.execute(
-                    _LRU_ROWS, (last_access, last_id, _EVICT_SCAN_BATCH)
-                ).fetchone()
+                found = _query_json(
+                    conn, f"({_LRU_ROWS})", params=(last_access, last_id, _EVICT_SCAN_BATCH)
+                )
                 limit = _EVICT_SCAN_BATCH
             # Sorted here, since an aggregate's order is not promised.
-            batch = sorted(json.loads(found), key=lambda fields: (fields[-1], fields[0]))
+            batch = sorted(found, key=lambda fields: (fields[-1], fields[0]))
             found = None
             for *fields, access_ns in batch:
                 last_access, last_id = access_ns, fields[0]
@@ -755,18 +793,19 @@ class Index:
             part = rows[start : start + _ROWS_PER_STATEMENT]
             _change(
                 conn,
-                f"DELETE FROM records WHERE id IN ({','.join('?' * len(part))})",
-                [r.record_id for r in part],
-            )
-            _change(
-                conn,
-                "INSERT OR IGNORE INTO trash(path, session, charge, temp) "
-                f"VALUES {','.join(['(?, ?, ?, ?)'] * len(part))}",
-                [
-                    v
-                    for e, r in zip(entries[start : start + len(part)], part, strict=True)
-                    for v in (e.path, self.session, charge(r.record_bytes), e.temp)
-                ],
+                (
+                    f"DELETE FROM records WHERE id IN ({','.join('?' * len(part))})",
+                    [r.record_id for r in part],
+                ),
+                (
+                    "INSERT OR IGNORE INTO trash(path, session, charge, temp) "
+                    f"VALUES {','.join(['(?, ?, ?, ?)'] * len(part))}",
+                    [
+                        v
+                        for e, r in zip(entries[start : start + len(part)], part, strict=True)
+                        for v in (e.path, self.session, charge(r.record_bytes), e.temp)
+                    ],
+                ),
             )
         return entries
 
@@ -778,12 +817,14 @@ class Index:
         rows = ",".join(["(?, ?)"] * len(touches))
         _change(
             conn,
-            f"WITH touched(key, access_ns) AS (VALUES {rows}) "
-            "UPDATE records SET access_ns = MAX(records.access_ns, "
-            "(SELECT touched.access_ns FROM touched WHERE touched.key = records.key)) "
-            f"WHERE records.ns = ? AND {_READY} "
-            "AND records.key IN (SELECT touched.key FROM touched)",
-            [*(v for k, t in touches.items() for v in (k, t)), self.ns],
+            (
+                f"WITH touched(key, access_ns) AS (VALUES {rows}) "
+                "UPDATE records SET access_ns = MAX(records.access_ns, "
+                "(SELECT touched.access_ns FROM touched WHERE touched.key = records.key)) "
+                f"WHERE records.ns = ? AND {_READY} "
+                "AND records.key IN (SELECT touched.key FROM touched)",
+                [*(v for k, t in touches.items() for v in (k, t)), self.ns],
+            ),
         )
 
     @staticmethod
@@ -793,8 +834,11 @@ class Index:
         # A few hundred sequential rows at a time keep the transaction's WAL pages few.
         floor = min(top - CHANGES_KEPT, bottom + 256)
         if floor > 0 and top - CHANGES_KEPT > 0:
-            _change(conn, "DELETE FROM changes WHERE seq <= ?", (floor,))
-            _change(conn, "UPDATE meta SET value = ? WHERE name = 'changes_floor'", (floor,))
+            _change(
+                conn,
+                ("DELETE FROM changes WHERE seq <= ?", (floor,)),
+                ("UPDATE meta SET value = ? WHERE name = 'changes_floor'", (floor,)),
+            )
 
 
 class _Room:
@@ -835,12 +879,55 @@ class _Room:
         return taken
 
 
-def _change(conn: sqlite3.Connection, sql: str, params: Sequence[object]) -> None:
-    """Run ``sql``, a statement that changes rows and returns none, as ``executemany`` of one
-    parameter set: ``execute`` then reads the last inserted row id, in CPython's sqlite3 one
-    more GIL hand-over (docs/store.md, "What a put costs the engine"). Not for an insert
-    whose row ids are wanted."""
-    conn.executemany(sql, [params])
+def _change(conn: sqlite3.Connection, *statements: tuple[str, Sequence[object]]) -> None:
+    """Run ``statements`` (SQL with ? placeholders, parameters), which change rows and return
+    none, in order: as one script, their parameters inlined as literals (``_SCRIPTS``), one
+    GIL hand-over a statement; else each as ``executemany`` of one parameter set, four
+    (``execute`` reads the last inserted row id too, one more). CPython's sqlite3 gives the
+    GIL up at each, and the thread waits for it at each return while an engine thread runs
+    Python (docs/store.md, "What a put costs the engine")."""
+    if _SCRIPTS:
+        conn.executescript(";".join(_inline(sql, params) for sql, params in statements))
+        return
+    for sql, params in statements:
+        conn.executemany(sql, [params])
+
+
+def _query_json(
+    conn: sqlite3.Connection, column: str, rest: str = "", params: Sequence[object] = ()
+) -> Any:
+    """The value of ``SELECT column rest`` (one result row whose one column is JSON), parsed:
+    a row gives the GIL up once more a column it has (see _rows)."""
+    (found,) = conn.execute(f"SELECT {column} {rest}", params).fetchone()
+    return json.loads(found)
+
+
+def _inline(sql: str, params: Sequence[object]) -> str:
+    """``sql`` with each ? replaced by its parameter as an SQL literal: a Python int as
+    digits, bytes as a blob literal, text as the blob of its UTF-8 cast to text (the same
+    value a bound string is, and no quoting to get wrong: nothing of it reaches the SQL
+    but hex digits), None as NULL. Any other type is refused."""
+    parts = sql.split("?")
+    if len(parts) != len(params) + 1:
+        raise ValueError(f"{len(params)} parameters for {len(parts) - 1} placeholders: {sql}")
+    inlined = [parts[0]]
+    for value, part in zip(params, parts[1:], strict=True):
+        inlined += (_literal(value), part)
+    return "".join(inlined)
+
+
+def _literal(value: object) -> str:
+    if type(value) is int:  # not bool, nor an int subclass with its own str()
+        if not -(1 << 63) <= value < 1 << 63:
+            raise OverflowError(f"{value} is past SQLite's 64-bit integers")
+        return str(value)
+    if type(value) is bytes:
+        return f"X'{value.hex()}'"
+    if type(value) is str:
+        return f"CAST(X'{value.encode().hex()}' AS TEXT)"
+    if value is None:
+        return "NULL"
+    raise TypeError(f"no SQL literal for {type(value).__name__} {value!r}")
 
 
 def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -> list[Row]:
@@ -850,11 +937,10 @@ def _rows(conn: sqlite3.Connection, where: str, params: Sequence[object] = ()) -
     return while an engine thread runs Python (docs/store.md, "What a put costs the
     engine"). For the few rows a serving path finds (a put's superseded records, a dead
     writer's pending ones), never a whole index (``all_rows``)."""
-    (found,) = conn.execute(
-        f"SELECT json_group_array(json_array({_ROW_COLUMNS})) FROM records WHERE {where}",
-        params,
-    ).fetchone()
-    return [_row(fields) for fields in json.loads(found)]
+    found = _query_json(
+        conn, f"json_group_array(json_array({_ROW_COLUMNS}))", f"FROM records WHERE {where}", params
+    )
+    return [_row(fields) for fields in found]
 
 
 #: A row's columns as JSON (the key as hex: JSON has no bytes) and back (``_row``).
