@@ -95,7 +95,7 @@ __all__ = [
     "read_schema_version",
 ]
 
-#: Whether a transaction's statements run as scripts (``_change``), one GIL
+#: Whether a transaction's statements run as scripts (``_change``, ``_query_json``), one GIL
 #: hand-over a statement. Only in CPython 3.12's ``autocommit=True`` does ``executescript`` not
 #: commit an open transaction before its script; in the legacy mode (3.11's only one,
 #: ``isolation_level=None`` too) it does, so there they run as before. ``commit()`` and
@@ -141,6 +141,7 @@ class Index:
         mode: dict[str, object] = {"autocommit": True} if _SCRIPTS else {"isolation_level": None}
         self._conn = sqlite3.connect(path, timeout=busy_timeout_s, check_same_thread=False, **mode)
         try:
+            self._conn.create_function(_RESULT_FUNCTION, 1, _keep_result, deterministic=False)
             self._set_wal_mode()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
@@ -896,10 +897,35 @@ def _change(conn: sqlite3.Connection, *statements: tuple[str, Sequence[object]])
 def _query_json(
     conn: sqlite3.Connection, column: str, rest: str = "", params: Sequence[object] = ()
 ) -> Any:
-    """The value of ``SELECT column rest`` (one result row whose one column is JSON), parsed:
-    a row gives the GIL up once more a column it has (see _rows)."""
-    (found,) = conn.execute(f"SELECT {column} {rest}", params).fetchone()
+    """The value of ``SELECT column rest`` (one result row whose one column is JSON), parsed.
+
+    With ``_SCRIPTS``, as a script whose statement hands the column to ``_keep_result``:
+    the statement gives the GIL up once and the call takes it once, two hand-overs where
+    ``execute`` and ``fetchone`` cost nine (docs/store.md, "What a put costs the engine").
+    A call that raises makes its statement fail (``sqlite3.OperationalError``, "user-defined
+    function raised exception"; the traceback is printed only under
+    ``sqlite3.enable_callback_tracebacks``, a process-wide switch left alone), and ``_write``
+    rolls the transaction back: it never passes unseen."""
+    if not _SCRIPTS:
+        (found,) = conn.execute(f"SELECT {column} {rest}", params).fetchone()
+        return json.loads(found)
+    _result.value = _NO_RESULT
+    conn.executescript(_inline(f"SELECT {_RESULT_FUNCTION}({column}) {rest}", params))
+    found, _result.value = _result.value, _NO_RESULT
+    if found is _NO_RESULT:
+        raise sqlite3.OperationalError(f"no result row: SELECT {column} {rest}")
     return json.loads(found)
+
+
+#: The SQL function (registered on the index's connection) that keeps a script's result
+#: (``_query_json``), in a slot of the calling thread: SQLite calls it on that thread.
+_RESULT_FUNCTION = "kvtier_result"
+_result = threading.local()
+_NO_RESULT = object()
+
+
+def _keep_result(value: object) -> None:
+    _result.value = value
 
 
 def _inline(sql: str, params: Sequence[object]) -> str:
