@@ -130,14 +130,14 @@ static const char **path_names(PyObject *arg, PyObject **held, Py_ssize_t *count
     return names;
 }
 
-/* [(st_size, st_blocks) or None, ...]: found[i]'s where kept[i], else None; NULL with an
- * exception set. */
-static PyObject *size_list(const struct stat *found, const int *kept, Py_ssize_t count) {
+/* [(st_size, st_blocks) or None, ...]: found[i]'s where skipped[i] is 0, else None (a path
+ * that is not what was asked for, or an errno); NULL with an exception set. */
+static PyObject *size_list(const struct stat *found, const int *skipped, Py_ssize_t count) {
     PyObject *out = PyList_New(count);
     for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
-        PyObject *item = kept[i] ? Py_BuildValue("LL", (long long)found[i].st_size,
-                                                 (long long)found[i].st_blocks)
-                                 : (Py_INCREF(Py_None), Py_None);
+        PyObject *item = skipped[i] == 0 ? Py_BuildValue("LL", (long long)found[i].st_size,
+                                                         (long long)found[i].st_blocks)
+                                         : (Py_INCREF(Py_None), Py_None);
         if (item == NULL || PyList_SetItem(out, i, item) != 0)
             Py_CLEAR(out);
     }
@@ -158,21 +158,21 @@ static PyObject *folder_sizes(PyObject *self, PyObject *args) {
         return NULL;
     const char **names = path_names(arg, &paths, &count);
     struct stat *found = PyMem_Calloc(count ? (size_t)count : 1, sizeof *found);
-    int *is_dir = PyMem_Calloc(count ? (size_t)count : 1, sizeof *is_dir);
+    int *not_dir = PyMem_Calloc(count ? (size_t)count : 1, sizeof *not_dir);
     if (names == NULL)
         goto done;
-    if (found == NULL || is_dir == NULL) {
+    if (found == NULL || not_dir == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++)
-        is_dir[i] = lstat(names[i], &found[i]) == 0 && S_ISDIR(found[i].st_mode);
+        not_dir[i] = !(lstat(names[i], &found[i]) == 0 && S_ISDIR(found[i].st_mode));
     Py_END_ALLOW_THREADS
-    out = size_list(found, is_dir, count);
+    out = size_list(found, not_dir, count);
 done:
     PyMem_Free(found);
-    PyMem_Free(is_dir);
+    PyMem_Free(not_dir);
     PyMem_Free(names);
     Py_XDECREF(paths);
     return out;
@@ -195,11 +195,10 @@ static PyObject *file_sizes(PyObject *self, PyObject *args) {
     const char **names = path_names(arg, &paths, &count);
     struct stat *found = PyMem_Calloc(count ? (size_t)count : 1, sizeof *found);
     int *failed = PyMem_Calloc(count ? (size_t)count : 1, sizeof *failed);
-    int *exists = PyMem_Calloc(count ? (size_t)count : 1, sizeof *exists);
     const char *space_of = NULL;
     if (names == NULL)
         goto done;
-    if (found == NULL || failed == NULL || exists == NULL) {
+    if (found == NULL || failed == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -219,14 +218,13 @@ static PyObject *file_sizes(PyObject *self, PyObject *args) {
             PyErr_SetFromErrnoWithFilename(PyExc_OSError, names[i]);
             goto done;
         }
-        exists[i] = failed[i] == 0;
     }
     if (space_failed != 0) {
         errno = space_failed;
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, space_of);
         goto done;
     }
-    if ((sizes = size_list(found, exists, count)) == NULL)
+    if ((sizes = size_list(found, failed, count)) == NULL) /* ENOENT: None */
         goto done;
     if (space_of == NULL)
         out = Py_BuildValue("(OO)", sizes, Py_None);
@@ -237,7 +235,6 @@ done:
     Py_XDECREF(sizes);
     PyMem_Free(found);
     PyMem_Free(failed);
-    PyMem_Free(exists);
     PyMem_Free(names);
     Py_XDECREF(paths);
     return out;
