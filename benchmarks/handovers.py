@@ -41,12 +41,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchmarks.write_cost import _block_key, _namespace
-from kvtier.runtime.health import TierHealth
+from benchmarks.write_cost import _block_key, _namespace, store_rows
 from kvtier.runtime.jobs import STORE_BATCH_BLOCKS, JobTable
-from kvtier.runtime.row_io import RowIO
-from kvtier.runtime.row_layout import RowLayout
-from kvtier.runtime.stats import TierStats
 from kvtier.store import DiskStore
 from kvtier.store.disk import layout
 
@@ -199,16 +195,7 @@ def run(
     store = DiskStore(base, _namespace(record_bytes), capacity_bytes=capacity)
     for fan in range(256):
         (store.namespace_dir / layout.BLOCKS / f"{fan:02x}").mkdir(exist_ok=True)
-    row_layout = RowLayout(segment_bytes=record_bytes, segment_slices=(0,), slices=("all",))
-    row_io = RowIO(
-        pool,
-        record_bytes,
-        row_layout,
-        wait_store=lambda: store,
-        stats=TierStats(),
-        health=TierHealth(time.monotonic),
-        label="handovers",
-    )
+    row_io = store_rows(pool, record_bytes, store, "handovers")
     jobs = JobTable(
         thread_prefix=THREAD_PREFIX, io_threads=threads, clock=time.monotonic, label="handovers"
     )

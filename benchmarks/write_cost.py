@@ -247,6 +247,21 @@ def _namespace(record_bytes: int) -> Namespace:
     )
 
 
+def store_rows(pool: memoryview, record_bytes: int, store: DiskStore, label: str) -> RowIO:
+    """The tier's row I/O over ``pool`` (rows of one record each) into ``store``: the path an
+    engine's store jobs take (``RowIO.store_many``, ``store_share``)."""
+    layout = RowLayout(segment_bytes=record_bytes, segment_slices=(0,), slices=("all",))
+    return RowIO(
+        pool,
+        record_bytes,
+        layout,
+        wait_store=lambda: store,
+        stats=TierStats(),
+        health=TierHealth(time.monotonic),
+        label=label,
+    )
+
+
 def _block_key(n: int) -> bytes:
     """Block ``n``'s key, hashed as vLLM's are: records spread over the store's 256 fan-out
     folders, as in an engine, not all into one."""
@@ -308,16 +323,7 @@ def _writer(
         free_space_floor_bytes=0,
         io=io,
     )
-    layout = RowLayout(segment_bytes=record_bytes, segment_slices=(0,), slices=("all",))
-    row_io = RowIO(
-        pool,
-        record_bytes,
-        layout,
-        wait_store=lambda: store,
-        stats=TierStats(),
-        health=TierHealth(time.monotonic),
-        label="bench",
-    )
+    row_io = store_rows(pool, record_bytes, store, "bench")
     patched = _NoChecksum.applied() if setting == "kvtier-nohash" else contextlib.nullcontext()
 
     per_call = batch_records if setting in ("kvtier-batch", "kvtier-pywrite") else 1
