@@ -132,3 +132,22 @@ def test_an_untagged_context_has_no_tenant(release, make_context):
     forged = Request("r", kv_transfer_params={TENANT_KEY: {"cache_salt": "b"}})
     assert release.request_tenant(make_context(forged)) is None
     assert tenant_of(forged.kv_transfer_params) is None
+
+
+def test_the_connector_builds_with_vllms_config_current_unless_one_already_is():
+    """vLLM 0.26 on builds the spec from an OffloadingConfig: kvtier's spec and tiers read the
+    engine's config (its max_model_len) from vLLM's current one, which the scheduler process
+    does not set around the connector."""
+    from types import SimpleNamespace
+
+    from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
+
+    from kvtier.vllm.connector import config_current
+
+    ours, outer = SimpleNamespace(name="ours"), SimpleNamespace(name="outer")
+    assert get_current_vllm_config_or_none() is None
+    with config_current(ours):
+        assert get_current_vllm_config_or_none() is ours
+    assert get_current_vllm_config_or_none() is None
+    with set_current_vllm_config(outer), config_current(ours):
+        assert get_current_vllm_config_or_none() is outer, "an outer config is kept"

@@ -370,6 +370,21 @@ def test_the_longest_prompt_is_read_only_where_positions_are_missing():
     assert API025.max_prompt_tokens(SimpleNamespace()) is None, "not said: None"
 
 
+def test_every_generation_reads_the_longest_prompt_for_the_write_admission():
+    """``max_model_len``: what a tier's store admission weighs a restore against
+    (kvtier.policy.write_admission); 0.26 on read it from vLLM's current config, which
+    kvtier's connector makes current while it builds."""
+    from kvtier.vllm.connector import config_current
+
+    config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=8192))
+    assert API025.max_model_len(SimpleNamespace(vllm_config=config)) == 8192
+    assert API026.max_model_len(SimpleNamespace()) is None, "no config current: None"
+    with config_current(config):
+        for release in (API026, API032, API033):
+            assert release.max_model_len(SimpleNamespace()) == 8192, release.api
+        assert API032.max_prompt_tokens(SimpleNamespace()) is None, "positions show the keys"
+
+
 def test_the_device_is_the_cpu_model_on_0_32_and_nothing_when_unknown(tmp_path):
     import os
 

@@ -13,10 +13,17 @@ vLLM's scheduler side builds a request's context in two places, both tagged here
 ``on_new_request``, and ``request_finished`` for a request it never tracked (a fresh context
 from the request). The other hooks use the context built on the new request. Tagging twice
 writes the same tag.
+
+From vLLM 0.26 on, the connector builds its offloading spec from an ``OffloadingConfig``, which
+says nothing of the engine's longest prompt or its steps in flight; kvtier's CUDA spec and its
+tiers read those from vLLM's current config (``Release.engine_vllm_config``). The engine's
+scheduler process builds its connector with no config current, so the connector makes its own
+current while it builds (never replacing one already current).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
@@ -34,8 +41,21 @@ def tag_request(request: Any) -> None:
     )
 
 
+def config_current(vllm_config: Any) -> contextlib.AbstractContextManager[Any]:
+    """vLLM's ``set_current_vllm_config(vllm_config)``, where no config is current yet."""
+    from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
+
+    if vllm_config is None or get_current_vllm_config_or_none() is not None:
+        return contextlib.nullcontext()
+    return set_current_vllm_config(vllm_config)
+
+
 class KvtierConnector(OffloadingConnector):
     """``OffloadingConnector`` whose scheduler side tags each request with its tenant."""
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        with config_current(vllm_config):
+            super().__init__(vllm_config, *args, **kwargs)
 
     def on_new_request(self, request: Any) -> None:
         tag_request(request)

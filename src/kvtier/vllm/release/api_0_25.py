@@ -183,15 +183,10 @@ class Api025(ReleaseBase):
         return spec.vllm_config
 
     def max_prompt_tokens(self, spec: Any) -> int | None:
-        """The longest prompt the engine takes (``max_model_len`` of the config
-        ``engine_vllm_config`` sees): without key positions the decision answers from it;
-        None where vLLM's config does not say (the decision then waits a step for a hit it
-        cannot refuse at once)."""
-        try:
-            value = int(self.engine_vllm_config(spec).model_config.max_model_len)
-        except (AttributeError, TypeError, ValueError):
-            return None
-        return value if value > 0 else None
+        """The longest prompt the engine takes (``max_model_len``): without key positions
+        the decision answers from it; None where vLLM's config does not say (the decision
+        then waits a step for a hit it cannot refuse at once)."""
+        return self.max_model_len(spec)
 
     def host_pool_rows(self, spec: Any) -> int:
         return int(spec.num_blocks)

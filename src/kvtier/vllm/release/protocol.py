@@ -133,6 +133,8 @@ class Release(Protocol):
 
     def max_prompt_tokens(self, spec: Any) -> int | None: ...
 
+    def max_model_len(self, spec: Any) -> int | None: ...
+
     def host_pool_rows(self, spec: Any) -> int: ...
 
     def require_cpu_spec(self) -> None: ...
@@ -173,6 +175,18 @@ class ReleaseBase:
         self.name = name
         self.cpu_build = cpu_build
         self._cpuinfo = cpuinfo
+
+    def engine_vllm_config(self, spec: Any) -> Any:  # each generation says where it is
+        raise NotImplementedError
+
+    def max_model_len(self, spec: Any) -> int | None:
+        """The longest prompt the engine takes (``max_model_len`` of the config
+        ``engine_vllm_config`` sees); None where vLLM's config does not say."""
+        try:
+            value = int(self.engine_vllm_config(spec).model_config.max_model_len)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return value if value > 0 else None
 
     def require_cpu_spec(self) -> None:
         """kvtier's CPU spec runs only on vLLM's CPU build; refuse it elsewhere."""
