@@ -686,3 +686,64 @@ def test_a_tier_never_measured_gets_the_ceiling_and_then_the_rule():
     second = policy.begin_load("disk", GIB)
     assert second.deadline_s == policy.settings.deadline.deadline_s(second.predicted_s)
     assert second.deadline_s < policy.settings.deadline.ceiling_s
+
+
+# -- whether a tier's writes can ever pay ---------------------------------------------------
+
+
+@given(
+    bandwidth=st.sampled_from([0.3e9, 0.5e9, 1e9, 2e9, 4e9, 8e9]),
+    latency=st.sampled_from([0.0, 0.001, 0.05]),
+    max_tokens=st.sampled_from([4096, 32768, 131_072]),
+    cached=st.integers(0, 131_072),
+    blocks=st.integers(1, 8192),
+    within=st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_tier_whose_restores_never_pay_gets_no_restore_verdict_at_any_hit(
+    bandwidth, latency, max_tokens, cached, blocks, within
+):
+    """What restore_never_pays promises the write admission: with the engine idle, no hit of
+    the tier in such a prompt is restored, whichever factor the verdict applies."""
+    margin = {"safety_factor_within_evidence": 1.0} if within else {}
+    policy = policy_with({"disk": FakeTier(bandwidth, latency)}, **margin)
+    never = policy.restore_never_pays("disk", max_tokens, BLOCK, BLOCK * TOKEN_BYTES)
+    tokens = min(blocks * BLOCK, max_tokens)
+    cached = min(cached, max_tokens - tokens)
+    if never:
+        assert not policy.decide("disk", cached, tokens, tokens * TOKEN_BYTES).restore
+
+
+def test_restores_never_pay_only_for_a_measured_tier_slower_than_every_prefill():
+    slow = policy_with({"disk": FakeTier(bandwidth=0.5e9)})
+    assert slow.restore_never_pays("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES)
+    assert slow.snapshot().tiers["disk"].refused == 0, "a question, not a verdict"
+    # 2 GB/s wins late in a 250k-token prompt: an engine that takes such prompts keeps it.
+    medium = policy_with({"disk": FakeTier(bandwidth=2e9)})
+    assert medium.restore_never_pays("disk", 4096, BLOCK, BLOCK * TOKEN_BYTES)
+    assert not medium.restore_never_pays("disk", 262_144, BLOCK, BLOCK * TOKEN_BYTES)
+    # Nothing measured of the tier (its prior errs slow) or of the engine: never said.
+    unmeasured = RestorePolicy(PolicySettings(), trained_engine(), FakeClock())
+    unmeasured.add_tier("disk")
+    assert not unmeasured.restore_never_pays("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES)
+    no_prefill = RestorePolicy(PolicySettings(), PrefillModel(), FakeClock())
+    no_prefill.add_tier("disk")
+    no_prefill.observe_load("disk", GIB, 10.0)
+    assert not no_prefill.restore_never_pays("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES)
+    off = policy_with({"disk": FakeTier(bandwidth=0.5e9)}, enabled=False)
+    assert not off.restore_never_pays("disk", 32768, BLOCK, BLOCK * TOKEN_BYTES)
+
+
+def test_restores_never_paying_holds_whatever_is_queued_and_ignores_a_passing_slow_mark():
+    clock = FakeClock()
+    policy = policy_with({"disk": FakeTier(bandwidth=3e9)}, clock)
+    assert not policy.restore_never_pays("disk", 131_072, BLOCK, BLOCK * TOKEN_BYTES)
+    queued = policy.decide("disk", 0, 8192, 8192 * TOKEN_BYTES)
+    policy.commit(queued)
+    assert not policy.restore_never_pays("disk", 131_072, BLOCK, BLOCK * TOKEN_BYTES)
+    # A slow mark (set as an overrun sets it, without the overrun's time in the fit) inflates
+    # the tier's predictions until it recovers; what the tier measured is unchanged.
+    policy.chain.estimate("disk").inflation = policy.settings.slow_inflation_max
+    assert policy.snapshot().tiers["disk"].slow
+    assert not policy.decide("disk", 0, 131_072 - 16, (131_072 - 16) * TOKEN_BYTES).restore
+    assert not policy.restore_never_pays("disk", 131_072, BLOCK, BLOCK * TOKEN_BYTES)

@@ -538,3 +538,32 @@ def test_a_read_into_a_record_buffer_leaves_the_load_claimed_until_its_row_is_wr
         assert not load.abandon(), "claimed, row not written yet: not abandoned"
     finally:
         store.close()
+
+
+def test_stores_no_restore_could_pay_for_are_skipped_and_counted(tier, pool):
+    """A disk the engine's prefill beats at every prompt length it takes: store jobs finish
+    failed with nothing written (kvtier.policy.write_admission), one a probe interval aside."""
+    from kvtier.policy.write_admission import WriteAdmission
+    from kvtier.vllm import metrics
+
+    wait_open(tier)
+    policy = tier.decider.policy
+    clock = [1000.0]
+    writes = WriteAdmission(policy, "disk", 4096, 16, ROW_BYTES, lambda: clock[0])
+    tier.decider.writes = writes  # the seam: this engine's longest prompt, 4,096 tokens
+    assert run(tier, 1, [key(1)], [0], False).success, "nothing measured yet: written"
+    for tokens in (256, 512, 1024, 2048, 4096):
+        policy.observe_prefill([(0, tokens)], tokens * 1e-6)  # 1 us a token
+    policy.observe_load("disk", ROW_BYTES, 0.05)  # 8 KiB in 50 ms
+    assert policy.restore_never_pays("disk", 4096, 16, ROW_BYTES)
+    assert run(tier, 2, [key(2)], [1], False).success, "the sample of its probe interval"
+    skipped = run(tier, 3, [key(3), key(4)], [2, 3], False)
+    assert not skipped.success
+    assert tier.lookup(key(3), CTX) is LookupResult.MISS
+    assert tier.counters.stores_skipped == 2 and tier.counters.stores == 2
+    counters = metrics.snapshot("disk", [], tier.counters, {}).counters
+    assert counters[(metrics.STORES_SKIPPED, ("disk",))] == 2
+    clock[0] += policy.settings.probe_interval_s
+    assert run(tier, 4, [key(5)], [4], False).success, "the next interval's sample"
+    writes.note_restore()
+    assert run(tier, 5, [key(6)], [5], False).success, "a restore verdict: every store again"

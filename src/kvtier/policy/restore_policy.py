@@ -34,7 +34,7 @@ from kvtier.policy import verdicts
 from kvtier.policy.backlog import Backlog
 from kvtier.policy.evidence import AdoptedEvidence, PolicyEvidence
 from kvtier.policy.load_tickets import LoadTicket, LoadTickets
-from kvtier.policy.prefill import PrefillCoefficients, PrefillModel
+from kvtier.policy.prefill import MIN_PREFILL_EVIDENCE, PrefillCoefficients, PrefillModel
 from kvtier.policy.restore import DEFAULT_RESTORE_PRIOR, RestorePrior, TierSnapshot
 from kvtier.policy.settings import PolicySettings
 from kvtier.policy.tier_chain import TierChain
@@ -219,6 +219,24 @@ class RestorePolicy:
             if decision is not None:
                 self.chain.estimate(tier).refused += 1
         return decision
+
+    def restore_never_pays(
+        self, tier: str, max_tokens: int, block_tokens: int, block_bytes: int
+    ) -> bool:
+        """Whether, on what is measured, no hit of ``tier`` could be restored in any prompt
+        of at most ``max_tokens`` tokens even with the engine idle (``verdicts.never_pays``):
+        the tier's writes are then spent on hits every verdict refuses. False with the
+        decision off, or until both the engine's prefill and the tier's loads are measured."""
+        if not self.settings.enabled:
+            return False
+        with self._lock:
+            if self.prefill.evidence < MIN_PREFILL_EVIDENCE:
+                return False
+            if self.chain.estimate(tier).measured == 0:
+                return False
+            return verdicts.never_pays(
+                self.chain, self.prefill, self.settings, tier, max_tokens, block_tokens, block_bytes
+            )
 
     def commit(self, decision: Decision) -> None:
         """The adapter carries ``decision`` out: its work joins the backlog that later

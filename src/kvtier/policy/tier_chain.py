@@ -87,12 +87,16 @@ class TierChain:
         """``name`` was measured, or a probe of it was claimed, at ``now``."""
         self._tier(name).last_evidence_s = now
 
-    def predict_s(self, name: str, nbytes: int) -> float:
+    def predict_s(self, name: str, nbytes: int, *, slow_mark: bool = True) -> float:
         """Predicted seconds to restore ``nbytes`` from ``name``: its own load, slow mark
-        included, plus the copy of every tier it passes through."""
+        included unless ``slow_mark`` is False, plus the copy of every tier it passes
+        through."""
         tier = self._tier(name)
-        seconds = tier.estimate.predict_seconds(nbytes)
-        return seconds + (self.predict_s(tier.via, nbytes) if tier.via is not None else 0.0)
+        estimate = tier.estimate
+        seconds = estimate.predict_seconds(nbytes) if slow_mark else estimate.base_seconds(nbytes)
+        if tier.via is None:
+            return seconds
+        return seconds + self.predict_s(tier.via, nbytes, slow_mark=slow_mark)
 
     def margin(
         self, loads: Iterable[tuple[str, int]], context_end: int, reach_tokens: int

@@ -344,3 +344,27 @@ def refuse_every_hit(
         charges=((ENGINE, block_recompute),),
         margin=factor,
     )
+
+
+def never_pays(
+    chain: TierChain,
+    prefill: PrefillModel,
+    settings: PolicySettings,
+    tier: str,
+    max_tokens: int,
+    block_tokens: int,
+    block_bytes: int,
+) -> bool:
+    """Whether no hit of ``tier`` could be restored in a prompt of at most ``max_tokens``
+    tokens with the engine idle, judged as ``refuse_every_hit`` judges (the longest hit's
+    restore per token against the last token's recompute) but on the tier's measured speed
+    without its slow mark and under the most lenient factor any verdict uses. For the tier's
+    writes (``kvtier.policy.write_admission``): neither a passing slow mark nor whether the
+    tier is writing (which moves ``TierChain.margin``) changes the answer."""
+    if max_tokens <= 0 or block_tokens <= 0:
+        return False
+    blocks = max(max_tokens // block_tokens, 1)
+    longest_s = chain.predict_s(tier, blocks * block_bytes, slow_mark=False)
+    restore_per_token = longest_s / (blocks * block_tokens)
+    factor = min(settings.safety_factor_within_evidence, settings.safety_factor)
+    return factor * restore_per_token >= prefill.most_seconds_per_token(max_tokens)

@@ -23,6 +23,9 @@ class TierCounters:
 
     #: Blocks whose store was dropped because the tier's queue was full.
     stores_dropped: int = 0
+    #: Blocks not written because no restore from the tier could pay
+    #: (``kvtier.policy.write_admission``).
+    stores_skipped: int = 0
     #: Blocks stored without their server part (the queue was full; the part that needs no
     #: server, a disk, was written).
     server_stores_dropped: int = 0
@@ -85,6 +88,9 @@ class TierStats:
 
     def dropped(self, blocks: int) -> None:
         self._add(stores_dropped=blocks)
+
+    def skipped(self, blocks: int) -> None:
+        self._add(stores_skipped=blocks)
 
     def dropped_server_part(self, blocks: int) -> None:
         self._add(server_stores_dropped=blocks)

@@ -17,6 +17,7 @@ kvtier:tier_records_quarantined      counter  blocks  records that failed a chec
 kvtier:tier_load_failures            counter  blocks  loads that became misses (any cause)
 kvtier:tier_store_failures           counter  blocks  stores the store refused or failed
 kvtier:tier_stores_dropped           counter  blocks  stores dropped because the tier was busy
+kvtier:tier_stores_skipped           counter  blocks  stores not written: no restore could pay
 kvtier:tier_bytes_read               counter  bytes   payload bytes of verified loads
 kvtier:tier_bytes_written            counter  bytes   record bytes written
 kvtier:tier_page_cache_reads         counter  blocks  verified loads copied from the page cache
@@ -57,6 +58,7 @@ QUARANTINED = "kvtier:tier_records_quarantined"
 LOAD_FAILURES = "kvtier:tier_load_failures"
 STORE_FAILURES = "kvtier:tier_store_failures"
 STORES_DROPPED = "kvtier:tier_stores_dropped"
+STORES_SKIPPED = "kvtier:tier_stores_skipped"
 BYTES_READ = "kvtier:tier_bytes_read"
 BYTES_WRITTEN = "kvtier:tier_bytes_written"
 PAGE_CACHE_READS = "kvtier:tier_page_cache_reads"
@@ -99,6 +101,11 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
             'Block stores dropped because the tier could not keep up; under tier="shared" '
             "behind a disk tier: blocks written to the disk but not to the server, which fell "
             "behind."
+        ),
+        STORES_SKIPPED: counter(
+            "Block stores not written because no restore from the tier could beat the "
+            "engine's prefill at any prompt length it takes, while the decision is on (one "
+            "store job is still written per probe interval, to keep measuring the tier)."
         ),
         BYTES_READ: counter("Payload bytes of verified loads from the kvtier tier."),
         BYTES_WRITTEN: counter("Record bytes written to the kvtier tier."),
@@ -169,6 +176,7 @@ def snapshot(
         (LOADED, label): tier_counters.loads,
         (LOAD_FAILURES, label): tier_counters.load_failures,
         (STORES_DROPPED, label): tier_counters.stores_dropped,
+        (STORES_SKIPPED, label): tier_counters.stores_skipped,
         (IO_SECONDS, (tier_word, "read")): tier_counters.read_seconds,
         (IO_SECONDS, (tier_word, "write")): tier_counters.write_seconds,
     }

@@ -72,6 +72,7 @@ from vllm.v1.kv_offload.base import (
 
 from kvtier.format import Namespace
 from kvtier.format.sealing import RecordSealer
+from kvtier.policy.write_admission import WriteAdmission
 from kvtier.runtime.decision_memory import DecisionMemory
 from kvtier.runtime.engine_policy import HOST_TIER
 from kvtier.runtime.health import NEGATIVE_TTL_S, SLOW_BACKOFF_S, TierHealth
@@ -234,6 +235,14 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
         )
         policy = context.policy
         policy.add_tier(self.metric_tier, via=HOST_TIER, writing=self._jobs.writing)
+        writes = WriteAdmission(
+            policy,
+            self.metric_tier,
+            context.release.max_model_len(spec),
+            self.tokens_per_row,
+            self.record_bytes,
+            self._clock,
+        )
         return TierDecider(
             policy,
             self.metric_tier,
@@ -244,6 +253,7 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             release=context.release,
             max_tokens=context.release.max_prompt_tokens(spec),
             step_clock=context.step_clock if observes_prefill else None,
+            writes=writes,
         )
 
     # -- store lifecycle (opener thread) -------------------------------------------------
@@ -389,6 +399,12 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             self._jobs.refuse_stores(job_metadata.job_id, keys)
             return
         self.decider.on_store(keys, job_metadata.req_context)
+        if not self.decider.writes.admit():
+            # No restore from this tier could pay (kvtier.policy.write_admission): the write
+            # would only cost the engine. Failed, so vLLM counts it as not stored.
+            self._jobs.refuse_stores(job_metadata.job_id, keys)
+            self._stats.skipped(len(keys))
+            return
         rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
         salt = self._salt(job_metadata.req_context)
         self._recent_salt = salt

@@ -95,6 +95,7 @@ from dataclasses import dataclass, field
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 
 from kvtier.policy import MIN_PREFILL_EVIDENCE, BatchHit, Decision, RestorePolicy
+from kvtier.policy.write_admission import WriteAdmission
 from kvtier.runtime.step_clock import StepClock
 from kvtier.vllm.release import Release, current
 
@@ -169,6 +170,7 @@ class TierDecider:
         release: Release | None = None,
         max_tokens: int | None = None,
         step_clock: StepClock | None = None,
+        writes: WriteAdmission | None = None,
     ) -> None:
         """``release`` (default: the installed one): where its request context records
         every key's position (``has_key_positions``) the plan reads them; else kvtier counts
@@ -176,7 +178,8 @@ class TierDecider:
         engine takes, where the tier cannot see a request's keys ahead; None where
         it can or where it is not known. ``step_clock``: when the engine computed each stored
         block (read only by the tier that ``observes_prefill``); None: a store job is timed
-        to its arrival."""
+        to its arrival. ``writes``: the tier's store admission
+        (``kvtier.policy.write_admission``); None: every store is written."""
         self.policy = policy
         self._step_clock = step_clock
         self._max_tokens = max_tokens
@@ -196,6 +199,12 @@ class TierDecider:
         #: ``STORED_KEPT`` within ``STORED_WINDOW_S``: the work done beside a request's prefill.
         self._stored: deque[tuple[float, int, int, int]] = deque(maxlen=STORED_KEPT)
         self._warned_bad_param = False
+        #: Whether a store job is worth writing, told of every restore verdict.
+        self.writes = (
+            writes
+            if writes is not None
+            else WriteAdmission(policy, tier, None, self.tokens_per_key, row_bytes, clock)
+        )
 
     def _plan(self, ctx: ReqContext) -> _Plan:
         slot = self._release.get_request_state(ctx, _PlanSlot)
@@ -369,6 +378,8 @@ class TierDecider:
         the requests decided after it see the engine's and the tier's queues."""
         plan.verdict = restore
         setattr(self.counts, why, getattr(self.counts, why) + 1)
+        if why == "restore":
+            self.writes.note_restore()
         if decision is not None:
             self.policy.commit(decision)
             # Why a verdict went as it did is otherwise invisible on a serving engine
