@@ -567,3 +567,20 @@ def test_stores_no_restore_could_pay_for_are_skipped_and_counted(tier, pool):
     assert run(tier, 4, [key(5)], [4], False).success, "the next interval's sample"
     writes.note_restore()
     assert run(tier, 5, [key(6)], [5], False).success, "a restore verdict: every store again"
+
+
+def test_a_fresh_tier_is_probed_on_its_first_record_not_an_interval_later(tier, pool):
+    """The housekeeping's probe of a never-measured tier waits for a record to read instead
+    of claiming the probe on an empty store (which put the first measurement, and with it
+    the write admission, a probe interval late)."""
+    wait_open(tier)
+    policy = tier.decider.policy
+    store = tier._wait_store()
+    tier._measure_idle_tier(store)  # nothing stored yet: no probe claimed
+    run(tier, 1, [key(1)], [0], False)
+    tier._measure_idle_tier(store)
+    # Half a probe interval: ample for one read, short of the next claim of a wasted probe.
+    deadline = time.monotonic() + policy.settings.probe_interval_s / 2
+    while policy.snapshot().tiers["disk"].loads == 0:
+        assert time.monotonic() < deadline, "the first record was not probed at once"
+        time.sleep(0.01)

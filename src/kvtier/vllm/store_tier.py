@@ -326,12 +326,14 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
 
     def _measure_idle_tier(self, store: BlockStore) -> None:
         """A refused or never-measured tier gets a timed read of one stored record off any
-        request's path (the policy says when), so it can show that it recovered."""
-        if not self.decider.policy.probe_due(self.metric_tier):
-            return
+        request's path (the policy says when), so it can show that it recovered. A store
+        with nothing to read claims no probe: a fresh tier is measured on its first record,
+        not a probe interval later (until then its stores cannot be weighed either)."""
         store = self._tenants.of(store, self._recent_salt)
         key = next(iter(store.keys()), None)
         if key is None or self._opener.stopping:
+            return
+        if not self.decider.policy.probe_due(self.metric_tier):
             return
 
         def timed_read() -> None:
