@@ -124,15 +124,18 @@ def test_the_same_tier_is_refused_for_short_contexts_and_used_for_long_ones():
 
 
 BLOCK = 16
+#: A tier, the engine's longest prompt and one hit in it (``blocks`` of ``BLOCK`` tokens after
+#: ``cached``), for the promises made about every hit of a tier.
+ANY_HIT = {
+    "bandwidth": st.sampled_from([0.3e9, 0.5e9, 1e9, 2e9, 4e9, 8e9]),
+    "latency": st.sampled_from([0.0, 0.001, 0.05]),
+    "max_tokens": st.sampled_from([4096, 32768, 131_072]),
+    "cached": st.integers(0, 131_072),
+    "blocks": st.integers(1, 8192),
+}
 
 
-@given(
-    bandwidth=st.sampled_from([0.3e9, 0.5e9, 1e9, 2e9, 4e9, 8e9]),
-    latency=st.sampled_from([0.0, 0.001, 0.05]),
-    max_tokens=st.sampled_from([4096, 32768, 131_072]),
-    cached=st.integers(0, 131_072),
-    blocks=st.integers(1, 8192),
-)
+@given(**ANY_HIT)
 @settings(max_examples=300, deadline=None)
 def test_a_refusal_of_every_hit_holds_for_any_hit_within_the_longest_prompt(
     bandwidth, latency, max_tokens, cached, blocks
@@ -691,14 +694,7 @@ def test_a_tier_never_measured_gets_the_ceiling_and_then_the_rule():
 # -- whether a tier's writes can ever pay ---------------------------------------------------
 
 
-@given(
-    bandwidth=st.sampled_from([0.3e9, 0.5e9, 1e9, 2e9, 4e9, 8e9]),
-    latency=st.sampled_from([0.0, 0.001, 0.05]),
-    max_tokens=st.sampled_from([4096, 32768, 131_072]),
-    cached=st.integers(0, 131_072),
-    blocks=st.integers(1, 8192),
-    within=st.booleans(),
-)
+@given(**ANY_HIT, within=st.booleans())
 @settings(max_examples=300, deadline=None)
 def test_a_tier_whose_restores_never_pay_gets_no_restore_verdict_at_any_hit(
     bandwidth, latency, max_tokens, cached, blocks, within
