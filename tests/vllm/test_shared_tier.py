@@ -553,3 +553,35 @@ def test_a_replica_asks_the_server_for_each_tenants_blocks_under_its_own_names(
         assert np.array_equal(other_pool[3], pool[0])
     finally:
         reader.shutdown()
+
+
+class _NeverAdmits:
+    """A write admission that would skip every store (no restore could pay here)."""
+
+    def admit(self) -> bool:
+        return False
+
+    def note_restore(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("behind_a_disk", [False, True])
+def test_stores_with_a_part_on_a_server_are_written_whatever_this_engine_could_restore(
+    tmp_path, behind_a_disk
+):
+    """The write admission skips only where this host alone reads the records: a server's
+    readers are other machines, whose prefill this engine's policy does not know."""
+    server = FakeRemoteStore()
+    local = MemoryStore(1 << 20)
+    store = LocalThenShared(local, server) if behind_a_disk else server
+    made = bounded_tier(tmp_path, store)
+    try:
+        assert wait_until(lambda: made.store is not None, 30, 0.01), "the store never opened"
+        made.decider.writes = _NeverAdmits()
+        made.submit_store(TransferJob(1, [key(1)], np.array([0]), False, CTX))
+        made.drain_jobs()
+        assert [r.success for r in made.get_finished_jobs()] == [True]
+        assert server.contains(key(1)) and made.counters.stores_skipped == 0
+        assert local.contains(key(1)) is behind_a_disk
+    finally:
+        made.shutdown()

@@ -19,7 +19,9 @@ on, a store is skipped while:
 While skipping, one store job in each ``probe_interval_s`` (the policy's probe period) is
 still written: the tier keeps records to be measured on and looked up, so a restore verdict
 under load, or a faster disk, can end the skipping. Nothing here changes what is served: a
-skipped block is a miss that the engine recomputes, as the decision would have had it.
+skipped block is a miss that the engine recomputes, as the decision would have had it. The
+tier asks only for stores that this host alone reads (``kvtier.vllm.store_tier``): records on
+a server serve other machines, whose prefill this policy does not know.
 """
 
 from __future__ import annotations

@@ -401,18 +401,20 @@ class StoreTier(RELEASE.tier_base):  # type: ignore[misc,valid-type]
             self._jobs.refuse_stores(job_metadata.job_id, keys)
             return
         self.decider.on_store(keys, job_metadata.req_context)
-        if not self.decider.writes.admit():
-            # No restore from this tier could pay (kvtier.policy.write_admission): the write
-            # would only cost the engine. Failed, so vLLM counts it as not stored.
-            self._jobs.refuse_stores(job_metadata.job_id, keys)
-            self._stats.skipped(len(keys))
-            return
-        rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
         salt = self._salt(job_metadata.req_context)
         self._recent_salt = salt
         opened = self.store
         store = None if opened is None else self._tenants.of(opened, salt)
         local = None if store is None else store.without_server()
+        # Only where this host alone reads the records (no part on a server, whose readers
+        # are other machines with a prefill this engine's policy does not know) and no
+        # restore from the tier could pay (kvtier.policy.write_admission): the write would
+        # only cost the engine. Failed, so vLLM counts it as not stored.
+        if store is not None and local is store and not self.decider.writes.admit():
+            self._jobs.refuse_stores(job_metadata.job_id, keys)
+            self._stats.skipped(len(keys))
+            return
+        rows = [int(c) for c in RELEASE.job_rows(job_metadata)]
         # Over the bound, a store with a part that needs no server still writes that part.
         keeps_part = local is not None and local is not store
         over_bound = functools.partial(self._io.store_many, local) if keeps_part else None
