@@ -205,8 +205,9 @@ class HostPoolSettings(SettingsModel):
         strict=True,
         **_option("allow_small_tiers / --allow-small-tiers", "give true or false"),
     )
-    #: Restore a tier's hit only when its measured restore time beats recomputing the same tokens;
-    #: false restores every hit (load deadlines apply either way).
+    #: Restore a tier's hit only when its measured restore time beats recomputing the same tokens,
+    #: and skip a disk's stores while no restore from it could pay; false restores every hit and
+    #: writes every store (load deadlines apply either way).
     restore_decision: bool = Field(
         default=True,
         strict=True,

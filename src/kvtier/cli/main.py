@@ -69,7 +69,8 @@ def serve(
         bool,
         typer.Option(
             "--restore-decision/--no-restore-decision",
-            help="Restore a hit only when faster than recomputing it (default on).",
+            help="Restore a hit only when faster than recomputing it, and skip a disk's "
+            "stores while no restore from it could pay (default on).",
         ),
     ] = True,
     shared: Annotated[
