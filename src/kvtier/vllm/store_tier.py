@@ -16,6 +16,10 @@ The tier runs in the scheduler process; vLLM calls every method on the scheduler
   (``BlockStore.without_server``: the disk of a disk tier with a shared tier behind it) still
   writes that part, unbounded as a disk tier alone, and only the server's part is dropped and
   counted (``kvtier:tier_stores_dropped`` under the server part's name).
+* A store job for a store this host alone reads (no part on a server) is skipped, finished
+  failed with nothing written and counted (``kvtier:tier_stores_skipped``), while no restore
+  from the tier could beat the engine's prefill (``kvtier.policy.write_admission``, asked
+  through the decider, which tells it of every restore verdict).
 * A store that can ask a server about keys it has not seen (``abilities.remote_lookup``: the
   shared tier) answers RETRY for such a key and asks the server on the tier's prober thread,
   all keys of one scheduler step in one batch; vLLM keeps scanning a request's keys on RETRY
