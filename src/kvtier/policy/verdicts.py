@@ -322,13 +322,12 @@ def refuse_every_hit(
     """
     if max_tokens <= 0 or block_tokens <= 0:
         return None
-    blocks = max(max_tokens // block_tokens, 1)
     chain.estimate(tier)  # an unknown tier is refused
     if wait_s(ENGINE) > 0:
         return None
-    longest_s = chain.predict_s(tier, blocks * block_bytes)
-    restore_per_token = longest_s / (blocks * block_tokens)
-    recompute_per_token = prefill.most_seconds_per_token(max_tokens)
+    restore_per_token, recompute_per_token = _per_token_at_most(
+        chain, prefill, tier, max_tokens, block_tokens, block_bytes, slow_mark=True
+    )
     factor = chain.margin([(tier, block_bytes)], block_tokens, prefill.reach_tokens)
     if factor * restore_per_token < recompute_per_token:
         return None
@@ -363,8 +362,25 @@ def never_pays(
     tier is writing (which moves ``TierChain.margin``) changes the answer."""
     if max_tokens <= 0 or block_tokens <= 0:
         return False
-    blocks = max(max_tokens // block_tokens, 1)
-    longest_s = chain.predict_s(tier, blocks * block_bytes, slow_mark=False)
-    restore_per_token = longest_s / (blocks * block_tokens)
+    restore_per_token, recompute_per_token = _per_token_at_most(
+        chain, prefill, tier, max_tokens, block_tokens, block_bytes, slow_mark=False
+    )
     factor = min(settings.safety_factor_within_evidence, settings.safety_factor)
-    return factor * restore_per_token >= prefill.most_seconds_per_token(max_tokens)
+    return factor * restore_per_token >= recompute_per_token
+
+
+def _per_token_at_most(
+    chain: TierChain,
+    prefill: PrefillModel,
+    tier: str,
+    max_tokens: int,
+    block_tokens: int,
+    block_bytes: int,
+    *,
+    slow_mark: bool,
+) -> tuple[float, float]:
+    """Seconds per token of the cheapest restore of ``tier`` in a prompt of at most
+    ``max_tokens`` (the longest hit) and of the dearest recompute (the last token)."""
+    blocks = max(max_tokens // block_tokens, 1)
+    longest_s = chain.predict_s(tier, blocks * block_bytes, slow_mark=slow_mark)
+    return longest_s / (blocks * block_tokens), prefill.most_seconds_per_token(max_tokens)
